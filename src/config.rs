@@ -1,0 +1,678 @@
+//! This module owns the configuration: the command line and the environment
+//! (flag > env var > default, the Kubernetes image's names), resolved once
+//! into the plain `Config` struct that the rest of the program reads. Tests
+//! build `Config` directly or resolve it against a fake environment.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::log::LogFormat;
+use crate::version::{ParseError, Storage, Version, VersionPair};
+
+/// How long a step's etcd may take to accept its first write (the
+/// Kubernetes tool waited 2 minutes too).
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What to do once the data dir is at the target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Replace this process with the target etcd, with these arguments.
+    Exec {
+        /// Arguments after `--`, passed to etcd as they are.
+        etcd_args: Vec<String>,
+    },
+    /// Migrate and exit 0 (what `migrate-if-needed.sh`-style manifests do).
+    NoExec,
+    /// Print the plan and change nothing.
+    DryRun,
+}
+
+/// Everything the run needs, resolved and validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Where the data must end up.
+    pub target: VersionPair,
+    /// The etcd data dir.
+    pub data_dir: PathBuf,
+    /// The member name.
+    pub name: String,
+    /// Where `etcd-<v>`, `etcdctl-<v>`, `etcdutl-<v>` live.
+    pub bin_dir: PathBuf,
+    /// The releases to use; `None` means every `etcd-<semver>` in `bin_dir`.
+    pub bundled_versions: Option<Vec<Version>>,
+    /// The loopback client port of every intermediate etcd.
+    pub client_port: u16,
+    /// The peer port the defaults below are built from.
+    pub peer_port: u16,
+    /// `--listen-peer-urls` of every intermediate etcd.
+    pub listen_peer_urls: String,
+    /// `--initial-advertise-peer-urls` of every intermediate etcd.
+    pub initial_advertise_peer_urls: String,
+    /// `--initial-cluster` of every intermediate etcd.
+    pub initial_cluster: String,
+    /// Client URLs for the exec'd etcd when its arguments set none.
+    pub listen_client_urls: Option<String>,
+    /// The Kubernetes key prefix (used by the storage-migration steps).
+    pub data_prefix: String,
+    /// Keys under here get a flat lease in the Kubernetes-compatible TTL mode.
+    pub ttl_keys_directory: String,
+    /// Extra etcd flags for every intermediate etcd (`ETCD_CREDS`).
+    pub extra_args: Vec<String>,
+    /// Deadline for a step's etcd to accept its first write.
+    pub health_timeout: Duration,
+    /// What to do after migrating.
+    pub mode: Mode,
+    /// How our own log lines look.
+    pub log_format: LogFormat,
+}
+
+/// Why the configuration was rejected. Each names the flag and env var.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A required setting is absent.
+    #[error("{flag} (or ${env}) is required: {hint}")]
+    Missing {
+        /// The flag.
+        flag: &'static str,
+        /// The env var.
+        env: &'static str,
+        /// What to set.
+        hint: &'static str,
+    },
+    /// A setting has a malformed value.
+    #[error("{flag} (or ${env}) = {value:?} is invalid: {reason}")]
+    Invalid {
+        /// The flag.
+        flag: &'static str,
+        /// The env var.
+        env: &'static str,
+        /// The rejected value.
+        value: String,
+        /// Why.
+        reason: String,
+    },
+    /// No member name could be derived.
+    #[error("no member name: set --name or $ETCD_NAME (or $ETCD_HOSTNAME / $HOSTNAME, which give etcd-<host>)")]
+    NoName,
+    /// The exec'd etcd would serve a different data dir than the migrated one.
+    #[error("the etcd arguments set --data-dir {theirs:?} but the migrated data dir is {ours:?}; make them the same or drop --data-dir from the etcd arguments")]
+    DataDirConflict {
+        /// What the etcd arguments say.
+        theirs: String,
+        /// What `--data-dir` / `DATA_DIRECTORY` says.
+        ours: PathBuf,
+    },
+    /// Incompatible mode flags.
+    #[error("--dry-run and --no-exec cannot be combined")]
+    Modes,
+    /// Arguments after `--` in a mode that does not exec.
+    #[error("etcd arguments after `--` are only used when etcd-migrate execs etcd; drop them or drop {mode}")]
+    ArgsWithoutExec {
+        /// The mode flag given.
+        mode: &'static str,
+    },
+    /// The command line itself does not parse.
+    #[error("{0}")]
+    Cli(#[from] clap::Error),
+}
+
+/// The command line. Every option falls back to its env var, then to a
+/// default, in [`resolve`]; clap only parses the flags.
+#[derive(Debug, Parser)]
+#[command(
+    name = "etcd-migrate",
+    version,
+    about = "Walks an etcd data dir to TARGET_VERSION one minor at a time on real etcd, then execs etcd.",
+    after_help = "Exit codes: 0 success; 2 bad configuration or precondition (nothing touched); \
+3 a step failed (data as the last completed step left it, version.txt says which); \
+1 other failure (e.g. exec); 128+n killed by signal n."
+)]
+struct Cli {
+    /// Target etcd release, X.Y.Z [env: TARGET_VERSION]
+    #[arg(long)]
+    target_version: Option<String>,
+    /// Target storage, etcd2|etcd3 [env: TARGET_STORAGE] [default: etcd3 for 3.x, etcd2 for 2.x]
+    #[arg(long)]
+    target_storage: Option<String>,
+    /// The etcd data dir [env: DATA_DIRECTORY]
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Member name [env: ETCD_NAME] [default: etcd-$ETCD_HOSTNAME, else etcd-$HOSTNAME]
+    #[arg(long)]
+    name: Option<String>,
+    /// Directory holding etcd-<v>, etcdctl-<v>, etcdutl-<v> [default: /usr/local/bin]
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Comma-separated releases to use [default: every etcd-<semver> in --bin-dir]
+    #[arg(long)]
+    bundled_versions: Option<String>,
+    /// Loopback client port of intermediate etcds [default: 18629, 18631 if the data dir path contains "event"]
+    #[arg(long)]
+    port: Option<u16>,
+    /// Peer port for the default peer URLs [default: 2380, 2381 if the data dir path contains "event"]
+    #[arg(long)]
+    peer_port: Option<u16>,
+    /// [env: LISTEN_PEER_URLS] [default: http://localhost:<peer-port>]
+    #[arg(long)]
+    listen_peer_urls: Option<String>,
+    /// [env: INITIAL_ADVERTISE_PEER_URLS] [default: http://localhost:<peer-port>]
+    #[arg(long)]
+    initial_advertise_peer_urls: Option<String>,
+    /// [env: INITIAL_CLUSTER] [default: <name>=http://localhost:<peer-port>]
+    #[arg(long)]
+    initial_cluster: Option<String>,
+    /// Client URLs of the exec'd etcd when its arguments set none [env: LISTEN_CLIENT_URLS]
+    #[arg(long)]
+    listen_client_urls: Option<String>,
+    /// Kubernetes key prefix [env: ETCD_DATA_PREFIX] [default: /registry]
+    #[arg(long)]
+    etcd_data_prefix: Option<String>,
+    /// Directory of TTL keys for the flat-lease mode [default: <prefix>/events]
+    #[arg(long)]
+    ttl_keys_directory: Option<String>,
+    /// Extra flags for every intermediate etcd, whitespace-separated [env: ETCD_CREDS]
+    #[arg(long, allow_hyphen_values = true)]
+    etcd_server_extra_args: Option<String>,
+    /// Seconds a step's etcd may take to accept its first write [default: 120]
+    #[arg(long)]
+    health_timeout: Option<u64>,
+    /// Migrate, then exit 0 instead of exec'ing etcd
+    #[arg(long)]
+    no_exec: bool,
+    /// Print the plan and change nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Our log lines: text|json
+    #[arg(long, default_value = "text")]
+    log_format: String,
+    /// Arguments for the exec'd etcd
+    #[arg(last = true)]
+    etcd_args: Vec<String>,
+}
+
+/// Parses the command line and resolves it against the process environment.
+pub fn from_process() -> Result<Config, ConfigError> {
+    resolve(std::env::args_os(), &|name| std::env::var(name).ok())
+}
+
+/// Parses `args` (program name first) and resolves every setting: the flag
+/// if given, else the env var read through `env`, else the default.
+pub fn resolve<I, T>(args: I, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = Cli::try_parse_from(args)?;
+    // An empty env var counts as unset: manifests often template `VAR: ""`.
+    let env = |name: &str| env(name).filter(|value| !value.trim().is_empty());
+
+    let version_text =
+        cli.target_version
+            .or_else(|| env("TARGET_VERSION"))
+            .ok_or(ConfigError::Missing {
+                flag: "--target-version",
+                env: "TARGET_VERSION",
+                hint: "the etcd release to run, e.g. 3.5.16",
+            })?;
+    let version: Version =
+        version_text
+            .trim()
+            .parse()
+            .map_err(|err: ParseError| ConfigError::Invalid {
+                flag: "--target-version",
+                env: "TARGET_VERSION",
+                value: version_text.clone(),
+                reason: err.to_string(),
+            })?;
+    let storage = match cli.target_storage.or_else(|| env("TARGET_STORAGE")) {
+        None => version.default_storage(),
+        Some(text) => text
+            .trim()
+            .parse::<Storage>()
+            .map_err(|err| ConfigError::Invalid {
+                flag: "--target-storage",
+                env: "TARGET_STORAGE",
+                value: text.clone(),
+                reason: err.to_string(),
+            })?,
+    };
+    if storage == Storage::Etcd3 && version.major < 3 {
+        return Err(ConfigError::Invalid {
+            flag: "--target-storage",
+            env: "TARGET_STORAGE",
+            value: storage.to_string(),
+            reason: format!("etcd {version} has no etcd3 storage; use etcd2 or a 3.x target"),
+        });
+    }
+
+    let data_dir = cli
+        .data_dir
+        .or_else(|| env("DATA_DIRECTORY").map(PathBuf::from))
+        .ok_or(ConfigError::Missing {
+            flag: "--data-dir",
+            env: "DATA_DIRECTORY",
+            hint: "the etcd data dir to migrate, e.g. /var/etcd/data",
+        })?;
+    let name = cli
+        .name
+        .or_else(|| env("ETCD_NAME"))
+        .or_else(|| env("ETCD_HOSTNAME").map(|host| format!("etcd-{host}")))
+        .or_else(|| env("HOSTNAME").map(|host| format!("etcd-{host}")))
+        .ok_or(ConfigError::NoName)?;
+
+    let bundled_versions = cli
+        .bundled_versions
+        .map(|list| parse_version_list(&list))
+        .transpose()?;
+
+    // The Kubernetes image told etcd-events apart by its data dir path.
+    let events = data_dir.to_string_lossy().contains("event");
+    let client_port = cli.port.unwrap_or(if events { 18631 } else { 18629 });
+    let peer_port = cli.peer_port.unwrap_or(if events { 2381 } else { 2380 });
+    let local_peer = format!("http://localhost:{peer_port}");
+    let listen_peer_urls = cli
+        .listen_peer_urls
+        .or_else(|| env("LISTEN_PEER_URLS"))
+        .unwrap_or_else(|| local_peer.clone());
+    let initial_advertise_peer_urls = cli
+        .initial_advertise_peer_urls
+        .or_else(|| env("INITIAL_ADVERTISE_PEER_URLS"))
+        .unwrap_or_else(|| local_peer.clone());
+    let initial_cluster = cli
+        .initial_cluster
+        .or_else(|| env("INITIAL_CLUSTER"))
+        .unwrap_or_else(|| format!("{name}={local_peer}"));
+    let listen_client_urls = cli.listen_client_urls.or_else(|| env("LISTEN_CLIENT_URLS"));
+    let data_prefix = cli
+        .etcd_data_prefix
+        .or_else(|| env("ETCD_DATA_PREFIX"))
+        .unwrap_or_else(|| "/registry".to_string());
+    let ttl_keys_directory = cli
+        .ttl_keys_directory
+        .unwrap_or_else(|| format!("{data_prefix}/events"));
+    let extra_args = cli
+        .etcd_server_extra_args
+        .or_else(|| env("ETCD_CREDS"))
+        .map(|text| text.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    let health_timeout = cli
+        .health_timeout
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_HEALTH_TIMEOUT);
+    if health_timeout.is_zero() {
+        return Err(ConfigError::Invalid {
+            flag: "--health-timeout",
+            env: "(none)",
+            value: "0".to_string(),
+            reason: "a step needs time to start etcd; give at least 1 second".to_string(),
+        });
+    }
+    let log_format = cli
+        .log_format
+        .parse()
+        .map_err(|reason| ConfigError::Invalid {
+            flag: "--log-format",
+            env: "(none)",
+            value: cli.log_format.clone(),
+            reason,
+        })?;
+
+    let mode = match (cli.dry_run, cli.no_exec) {
+        (true, true) => return Err(ConfigError::Modes),
+        (true, false) if !cli.etcd_args.is_empty() => {
+            return Err(ConfigError::ArgsWithoutExec { mode: "--dry-run" })
+        }
+        (false, true) if !cli.etcd_args.is_empty() => {
+            return Err(ConfigError::ArgsWithoutExec { mode: "--no-exec" })
+        }
+        (true, false) => Mode::DryRun,
+        (false, true) => Mode::NoExec,
+        (false, false) => {
+            check_data_dir_arg(&cli.etcd_args, &data_dir, &env)?;
+            Mode::Exec {
+                etcd_args: cli.etcd_args,
+            }
+        }
+    };
+
+    Ok(Config {
+        target: VersionPair { version, storage },
+        data_dir,
+        name,
+        bin_dir: cli
+            .bin_dir
+            .unwrap_or_else(|| PathBuf::from("/usr/local/bin")),
+        bundled_versions,
+        client_port,
+        peer_port,
+        listen_peer_urls,
+        initial_advertise_peer_urls,
+        initial_cluster,
+        listen_client_urls,
+        data_prefix,
+        ttl_keys_directory,
+        extra_args,
+        health_timeout,
+        mode,
+        log_format,
+    })
+}
+
+fn parse_version_list(list: &str) -> Result<Vec<Version>, ConfigError> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            item.parse()
+                .map_err(|err: ParseError| ConfigError::Invalid {
+                    flag: "--bundled-versions",
+                    env: "(none)",
+                    value: list.to_string(),
+                    reason: err.to_string(),
+                })
+        })
+        .collect()
+}
+
+/// The value of `--data-dir` (or `-data-dir`, Go's flag package takes both)
+/// in etcd arguments, if any.
+pub fn data_dir_in_args(args: &[String]) -> Option<String> {
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let flag = arg.trim_start_matches('-');
+        if arg.starts_with('-') && flag == "data-dir" {
+            return iter.next().cloned();
+        }
+        if arg.starts_with('-') {
+            if let Some(value) = flag.strip_prefix("data-dir=") {
+                return Some(value.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// The exec'd etcd must serve the dir that was migrated: refuse arguments
+/// (or an `ETCD_DATA_DIR` that etcd itself would read) naming another.
+fn check_data_dir_arg(
+    args: &[String],
+    data_dir: &std::path::Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    let theirs = data_dir_in_args(args).or_else(|| env("ETCD_DATA_DIR"));
+    match theirs {
+        Some(theirs) if std::path::Path::new(&theirs) != data_dir => {
+            Err(ConfigError::DataDirConflict {
+                theirs,
+                ours: data_dir.to_path_buf(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn resolve_with(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let argv = std::iter::once("etcd-migrate").chain(args.iter().copied());
+        resolve(argv, &move |name| env.get(name).cloned())
+    }
+
+    const MINIMAL: [(&str, &str); 3] = [
+        ("TARGET_VERSION", "3.5.16"),
+        ("DATA_DIRECTORY", "/var/etcd/data"),
+        ("HOSTNAME", "m1"),
+    ];
+
+    #[test]
+    fn defaults_match_the_kubernetes_image() {
+        let config = resolve_with(&[], &MINIMAL).expect("resolves");
+        assert_eq!(config.target.to_string(), "3.5.16/etcd3");
+        assert_eq!(config.name, "etcd-m1");
+        assert_eq!(config.client_port, 18629);
+        assert_eq!(config.peer_port, 2380);
+        assert_eq!(config.listen_peer_urls, "http://localhost:2380");
+        assert_eq!(config.initial_advertise_peer_urls, "http://localhost:2380");
+        assert_eq!(config.initial_cluster, "etcd-m1=http://localhost:2380");
+        assert_eq!(config.data_prefix, "/registry");
+        assert_eq!(config.ttl_keys_directory, "/registry/events");
+        assert_eq!(config.bin_dir, PathBuf::from("/usr/local/bin"));
+        assert_eq!(config.health_timeout, DEFAULT_HEALTH_TIMEOUT);
+        assert_eq!(config.mode, Mode::Exec { etcd_args: vec![] });
+        assert!(config.extra_args.is_empty());
+    }
+
+    #[test]
+    fn events_data_dir_gets_the_events_ports() {
+        let config = resolve_with(
+            &[],
+            &[
+                ("TARGET_VERSION", "3.5.16"),
+                ("DATA_DIRECTORY", "/var/etcd/data-events"),
+                ("ETCD_NAME", "e"),
+            ],
+        )
+        .expect("resolves");
+        assert_eq!((config.client_port, config.peer_port), (18631, 2381));
+        assert_eq!(config.initial_cluster, "e=http://localhost:2381");
+    }
+
+    #[test]
+    fn flag_beats_env_beats_default() {
+        let env = [
+            ("TARGET_VERSION", "3.4.23"),
+            ("TARGET_STORAGE", "etcd2"),
+            ("DATA_DIRECTORY", "/env/dir"),
+            ("ETCD_NAME", "from-env"),
+            ("ETCD_HOSTNAME", "host-a"),
+            ("HOSTNAME", "host-b"),
+            ("INITIAL_CLUSTER", "from-env=http://10.0.0.1:2380"),
+            ("LISTEN_PEER_URLS", "http://10.0.0.1:2380"),
+            ("ETCD_CREDS", "--peer-client-cert-auth  --peer-cert-file=/c"),
+            ("ETCD_DATA_PREFIX", "/prefix"),
+        ];
+        let config = resolve_with(&[], &env).expect("resolves");
+        assert_eq!(config.target.to_string(), "3.4.23/etcd2");
+        assert_eq!(config.data_dir, PathBuf::from("/env/dir"));
+        assert_eq!(config.name, "from-env");
+        assert_eq!(config.initial_cluster, "from-env=http://10.0.0.1:2380");
+        assert_eq!(config.listen_peer_urls, "http://10.0.0.1:2380");
+        assert_eq!(config.initial_advertise_peer_urls, "http://localhost:2380");
+        assert_eq!(
+            config.extra_args,
+            ["--peer-client-cert-auth", "--peer-cert-file=/c"]
+        );
+        assert_eq!(config.ttl_keys_directory, "/prefix/events");
+
+        let flags = [
+            "--target-version",
+            "3.5.1",
+            "--target-storage",
+            "etcd3",
+            "--data-dir",
+            "/flag/dir",
+            "--name",
+            "from-flag",
+            "--initial-cluster",
+            "from-flag=http://127.0.0.1:2380",
+            "--etcd-server-extra-args",
+            "--a --b",
+            "--etcd-data-prefix",
+            "/p2",
+            "--ttl-keys-directory",
+            "/p2/ttl",
+            "--port",
+            "1234",
+            "--peer-port",
+            "4321",
+        ];
+        let config = resolve_with(&flags, &env).expect("resolves");
+        assert_eq!(config.target.to_string(), "3.5.1/etcd3");
+        assert_eq!(config.data_dir, PathBuf::from("/flag/dir"));
+        assert_eq!(config.name, "from-flag");
+        assert_eq!(config.initial_cluster, "from-flag=http://127.0.0.1:2380");
+        assert_eq!(config.extra_args, ["--a", "--b"]);
+        assert_eq!(config.data_prefix, "/p2");
+        assert_eq!(config.ttl_keys_directory, "/p2/ttl");
+        assert_eq!((config.client_port, config.peer_port), (1234, 4321));
+        assert_eq!(config.initial_advertise_peer_urls, "http://localhost:4321");
+    }
+
+    #[test]
+    fn name_falls_back_to_etcd_hostname_then_hostname() {
+        let base = [("TARGET_VERSION", "3.5.16"), ("DATA_DIRECTORY", "/d")];
+        let with = |extra: &[(&str, &str)]| {
+            let env: Vec<(&str, &str)> = base.iter().chain(extra).copied().collect();
+            resolve_with(&[], &env).map(|c| c.name)
+        };
+        assert_eq!(
+            with(&[("ETCD_HOSTNAME", "a"), ("HOSTNAME", "b")]).expect("name"),
+            "etcd-a"
+        );
+        assert_eq!(with(&[("HOSTNAME", "b")]).expect("name"), "etcd-b");
+        assert_eq!(
+            with(&[("ETCD_NAME", ""), ("HOSTNAME", "b")]).expect("name"),
+            "etcd-b"
+        );
+        assert!(matches!(with(&[]), Err(ConfigError::NoName)));
+    }
+
+    #[test]
+    fn default_storage_follows_the_major_version() {
+        let config = resolve_with(
+            &[],
+            &[
+                ("TARGET_VERSION", "2.2.1"),
+                ("DATA_DIRECTORY", "/d"),
+                ("HOSTNAME", "h"),
+            ],
+        )
+        .expect("resolves");
+        assert_eq!(config.target.to_string(), "2.2.1/etcd2");
+    }
+
+    #[test]
+    fn bad_input_names_the_flag_and_env_var() {
+        type Case<'a> = (Vec<(&'a str, &'a str)>, &'a [&'a str], &'a str);
+        let cases: Vec<Case> = vec![
+            (
+                vec![("DATA_DIRECTORY", "/d"), ("HOSTNAME", "h")],
+                &[],
+                "--target-version (or $TARGET_VERSION) is required",
+            ),
+            (
+                vec![
+                    ("TARGET_VERSION", "3.5"),
+                    ("DATA_DIRECTORY", "/d"),
+                    ("HOSTNAME", "h"),
+                ],
+                &[],
+                "--target-version (or $TARGET_VERSION) = \"3.5\" is invalid",
+            ),
+            (
+                vec![("TARGET_VERSION", "3.5.16"), ("HOSTNAME", "h")],
+                &[],
+                "--data-dir (or $DATA_DIRECTORY) is required",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--target-storage", "etcd4"],
+                "--target-storage (or $TARGET_STORAGE) = \"etcd4\" is invalid",
+            ),
+            (
+                vec![
+                    ("TARGET_VERSION", "2.2.1"),
+                    ("TARGET_STORAGE", "etcd3"),
+                    ("DATA_DIRECTORY", "/d"),
+                    ("HOSTNAME", "h"),
+                ],
+                &[],
+                "etcd 2.2.1 has no etcd3 storage",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--bundled-versions", "3.4.23,3.5"],
+                "--bundled-versions",
+            ),
+            (MINIMAL.to_vec(), &["--log-format", "xml"], "--log-format"),
+            (
+                MINIMAL.to_vec(),
+                &["--dry-run", "--no-exec"],
+                "cannot be combined",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--no-exec", "--", "--name", "x"],
+                "only used when etcd-migrate execs etcd",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--", "--data-dir=/elsewhere"],
+                "the etcd arguments set --data-dir \"/elsewhere\"",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--health-timeout", "0"],
+                "--health-timeout",
+            ),
+        ];
+        for (env, args, expected) in cases {
+            let err = resolve_with(args, &env).expect_err(expected);
+            assert!(
+                err.to_string().contains(expected),
+                "{err} should contain {expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn etcd_args_after_double_dash_are_kept_verbatim() {
+        let config = resolve_with(
+            &[
+                "--",
+                "--listen-client-urls",
+                "http://127.0.0.1:2379",
+                "--data-dir",
+                "/var/etcd/data",
+            ],
+            &MINIMAL,
+        )
+        .expect("resolves");
+        assert_eq!(
+            config.mode,
+            Mode::Exec {
+                etcd_args: vec![
+                    "--listen-client-urls".into(),
+                    "http://127.0.0.1:2379".into(),
+                    "--data-dir".into(),
+                    "/var/etcd/data".into()
+                ]
+            }
+        );
+    }
+
+    #[test]
+    fn finds_data_dir_in_both_go_flag_spellings() {
+        let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            data_dir_in_args(&args(&["--data-dir", "/a"])),
+            Some("/a".into())
+        );
+        assert_eq!(
+            data_dir_in_args(&args(&["-data-dir=/b"])),
+            Some("/b".into())
+        );
+        assert_eq!(data_dir_in_args(&args(&["--name", "data-dir"])), None);
+        assert_eq!(data_dir_in_args(&args(&["--wal-dir", "/w"])), None);
+    }
+}

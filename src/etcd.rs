@@ -1,0 +1,148 @@
+//! This module owns a step's etcd process: starting `etcd-<v>` with its
+//! dialect's flags and a clean environment, relaying its output into our
+//! log with a `[etcd-<v>]` prefix while keeping the last lines for error
+//! reports, and stopping it through the supervisor.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use crate::binaries;
+use crate::dialect::StepEtcd;
+use crate::executor::{Launcher, RunningEtcd, StepError};
+use crate::log;
+use crate::plan::Binary;
+use crate::supervisor::{Child, ExitStatus, Supervisor, SupervisorError, STOP_GRACE};
+
+/// How many of a step's last output lines an error report quotes.
+pub const OUTPUT_TAIL_LINES: usize = 20;
+
+/// Starts real etcd binaries from the bin dir under the supervisor.
+pub struct ProcessLauncher {
+    supervisor: Supervisor,
+    bin_dir: PathBuf,
+}
+
+/// A step's etcd, running under the supervisor.
+pub struct ProcessEtcd {
+    child: Child,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    relays: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ProcessLauncher {
+    /// A launcher for binaries in `bin_dir`.
+    pub fn new(supervisor: Supervisor, bin_dir: PathBuf) -> Self {
+        ProcessLauncher {
+            supervisor,
+            bin_dir,
+        }
+    }
+}
+
+impl Launcher for ProcessLauncher {
+    type Etcd = ProcessEtcd;
+
+    fn launch(&self, spec: &StepEtcd<'_>) -> Result<ProcessEtcd, StepError> {
+        let program = binaries::path(&self.bin_dir, Binary::etcd(spec.version));
+        let mut command = Command::new(&program);
+        command
+            .args(spec.args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // etcd reads ETCD_<FLAG> env vars as flags and refuses to start when
+        // one shadows a flag we pass ("conflicting environment variable");
+        // our own ETCD_NAME/ETCD_CREDS/ETCD_DATA_PREFIX would also be read
+        // as config. The step's command line is the whole config.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("ETCD") {
+                command.env_remove(key);
+            }
+        }
+        let mut child =
+            self.supervisor
+                .spawn(&mut command)
+                .map_err(|source| StepError::Launch {
+                    version: spec.version,
+                    source,
+                })?;
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(OUTPUT_TAIL_LINES)));
+        let source = format!("etcd-{}", spec.version);
+        let mut relays = Vec::new();
+        let streams: [Option<Box<dyn Read + Send>>; 2] = [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ];
+        for stream in streams.into_iter().flatten() {
+            let tail = Arc::clone(&tail);
+            let source = source.clone();
+            relays.push(std::thread::spawn(move || relay(stream, &source, &tail)));
+        }
+        Ok(ProcessEtcd {
+            child,
+            tail,
+            relays,
+        })
+    }
+}
+
+/// Copies a child's stream into our log line by line until it closes.
+fn relay(stream: Box<dyn Read + Send>, source: &str, tail: &Mutex<VecDeque<String>>) {
+    let mut reader = BufReader::new(stream);
+    let mut bytes = Vec::new();
+    loop {
+        bytes.clear();
+        match reader.read_until(b'\n', &mut bytes) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let line = String::from_utf8_lossy(&bytes);
+                let line = line.trim_end();
+                log::relay(source, line);
+                let mut tail = tail.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if tail.len() == OUTPUT_TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(line.to_string());
+            }
+        }
+    }
+}
+
+impl RunningEtcd for ProcessEtcd {
+    fn pid(&self) -> i32 {
+        self.child.pid()
+    }
+
+    fn wait(&mut self) -> impl Future<Output = ExitStatus> {
+        self.child.wait()
+    }
+
+    fn stop(&mut self) -> impl Future<Output = Result<(ExitStatus, bool), SupervisorError>> {
+        self.child.stop(STOP_GRACE)
+    }
+
+    fn recent_output(&mut self) -> Vec<String> {
+        // Once the child is gone its pipes close: let the relays drain the
+        // last lines (usually the panic that explains the exit) first.
+        if self.child.try_status().is_some() {
+            for relay in self.relays.drain(..) {
+                let _ = relay.join();
+            }
+        }
+        let tail = self
+            .tail
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        tail.iter().cloned().collect()
+    }
+}

@@ -1,0 +1,102 @@
+//! This module owns the proof of health: one write of the key
+//! `etcd_version` = the release, through the API the data is served by (v2
+//! HTTP for etcd2 storage, v3 gRPC for etcd3). `/health` is not used: 3.5
+//! answers it while refusing every v3 call as "not capable" (ETCD-NOTES).
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::executor::Health;
+use crate::version::Storage;
+
+/// The key every step writes, as the Kubernetes tool did.
+pub const HEALTH_KEY: &str = "etcd_version";
+
+/// How long one write attempt may take before the next is tried. A
+/// single-member write is a few ms; 2.x holds writes up to 500 ms before it
+/// has elected itself.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Writes through the real APIs.
+pub struct EtcdHealth {
+    http: reqwest::Client,
+}
+
+impl EtcdHealth {
+    /// A prober with its own HTTP client (no proxy: steps are on loopback).
+    pub fn new() -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(ATTEMPT_TIMEOUT)
+            .timeout(ATTEMPT_TIMEOUT)
+            .build()
+            .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
+        Ok(EtcdHealth { http })
+    }
+
+    async fn write_v2(&self, endpoint: &str, value: &str) -> Result<(), String> {
+        let url = format!("{endpoint}/v2/keys/{HEALTH_KEY}");
+        let response = self
+            .http
+            .put(&url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("value={value}"))
+            .send()
+            .await
+            .map_err(|err| format!("v2 PUT {url}: {}", error_chain(&err)))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = response.text().await.unwrap_or_default();
+        Err(format!("v2 PUT {url}: HTTP {status}: {}", body.trim()))
+    }
+
+    async fn write_v3(&self, endpoint: &str, value: &str) -> Result<(), String> {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(ATTEMPT_TIMEOUT)
+            .with_timeout(ATTEMPT_TIMEOUT);
+        let mut client = etcd_client::Client::connect([endpoint], Some(options))
+            .await
+            .map_err(|err| format!("v3 connect {endpoint}: {}", error_chain(&err)))?;
+        client
+            .put(HEALTH_KEY, value, None)
+            .await
+            .map(|_| ())
+            .map_err(|err| format!("v3 put {endpoint}: {}", error_chain(&err)))
+    }
+}
+
+impl Health for EtcdHealth {
+    fn write(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+        value: &str,
+    ) -> impl Future<Output = Result<(), String>> {
+        let endpoint = endpoint.to_string();
+        let value = value.to_string();
+        async move {
+            match storage {
+                Storage::Etcd2 => self.write_v2(&endpoint, &value).await,
+                Storage::Etcd3 => self.write_v3(&endpoint, &value).await,
+            }
+        }
+    }
+}
+
+/// An error and its causes on one line ("connection refused" hides two or
+/// three levels down in hyper/tonic errors).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,79 @@
+//! This module owns the process entry: block signals before any thread
+//! exists, parse the configuration, call `run`, and turn the result into
+//! the documented exit code (or the exec of the target etcd).
+
+use std::process::ExitCode;
+
+use etcd_migrate::config::{self, ConfigError};
+use etcd_migrate::exec::ExecError;
+use etcd_migrate::{log, run, signal_exit_code, Outcome, EXIT_FAILURE, EXIT_OK, EXIT_PRECONDITION};
+
+fn main() -> ExitCode {
+    // First, before the async runtime or any helper thread exists: threads
+    // inherit the mask, so only the signal thread ever sees these signals.
+    let original_mask = match etcd_migrate::supervisor::block_signals() {
+        Ok(mask) => mask,
+        Err(err) => {
+            log::error(&err.to_string(), &[]);
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let config = match config::from_process() {
+        Ok(config) => config,
+        Err(ConfigError::Cli(err)) if !err.use_stderr() => {
+            // --help / --version: clap prints to stdout.
+            let _ = err.print();
+            return ExitCode::from(EXIT_OK);
+        }
+        Err(err) => {
+            log::error(&err.to_string(), &[]);
+            return ExitCode::from(EXIT_PRECONDITION);
+        }
+    };
+    log::init(config.log_format);
+    match run(&config, original_mask) {
+        Ok(Outcome::Exit) => ExitCode::from(EXIT_OK),
+        Ok(Outcome::Exec(target)) => {
+            log::info(
+                "exec",
+                &[
+                    ("program", target.program.display().to_string().into()),
+                    ("args", target.args.join(" ").into()),
+                ],
+            );
+            match target.exec(original_mask) {
+                ExecError::Interrupted(signal) => {
+                    log::error(
+                        &format!("stopped by {signal} before exec; the data dir is migrated"),
+                        &[],
+                    );
+                    ExitCode::from(signal_exit_code(signal))
+                }
+                err => {
+                    log::error(&chain(&err), &[]);
+                    ExitCode::from(EXIT_FAILURE)
+                }
+            }
+        }
+        Err(err) => {
+            log::error(&chain(&err), &[("exit", err.exit_code().into())]);
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
+
+/// The error and each cause once, joined with ": " (a cause already quoted
+/// in its parent's message is not repeated).
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
