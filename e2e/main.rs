@@ -1,1 +1,21 @@
+//! End-to-end tests: `etcd-migrate` run as a process against real etcd
+//! binaries (from `images/fetch-etcd.sh`, or `$ETCD_BIN_DIR`), on data dirs
+//! written by real etcd. Each test owns its temp dirs and its ports, so the
+//! tests run in parallel; every wait has a deadline, and every process a
+//! test starts is killed when its guard drops.
+//!
+//! - `harness`: bin dir, ports, etcd processes, fixtures, keyspace and tree
+//!   snapshots, running `etcd-migrate`.
+//! - `walks`: migrations that run steps, in `--no-exec` and exec mode.
+//! - `no_step`: runs that only record (or keep) `version.txt`.
+//! - `refusals`: bad input refused with exit 2 and the dir left untouched.
+//! - `failures`: a step that fails, a stop signal mid-step, and the rerun.
+//! - `logging`: `--log-format json`.
 
+mod harness;
+
+mod failures;
+mod logging;
+mod no_step;
+mod refusals;
+mod walks;

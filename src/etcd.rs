@@ -58,8 +58,11 @@ impl Launcher for ProcessLauncher {
         // one shadows a flag we pass ("conflicting environment variable");
         // our own ETCD_NAME/ETCD_CREDS/ETCD_DATA_PREFIX would also be read
         // as config. The step's command line is the whole config.
+        // ETCD_UNSUPPORTED_ARCH is kept: it is how etcd is allowed to run
+        // at all on some architectures, not configuration.
         for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("ETCD") {
+            let key_text = key.to_string_lossy();
+            if key_text.starts_with("ETCD") && key_text != "ETCD_UNSUPPORTED_ARCH" {
                 command.env_remove(key);
             }
         }

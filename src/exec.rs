@@ -10,6 +10,10 @@ use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
 use crate::config::data_dir_in_args;
 use crate::supervisor;
 
+/// Variables that configure etcd-migrate and mean nothing (or something
+/// else) to etcd.
+const OUR_ETCD_VARS: [&str; 3] = ["ETCD_CREDS", "ETCD_DATA_PREFIX", "ETCD_HOSTNAME"];
+
 /// The process that replaces us.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecTarget {
@@ -71,6 +75,32 @@ impl ExecTarget {
         ExecTarget { program, args }
     }
 
+    /// Our environment minus the variables that configured etcd-migrate
+    /// and that etcd would misread: it reads every `ETCD_*` as a flag,
+    /// warns about unknown ones, and refuses to start when one shadows a
+    /// flag on the command line (`ETCD_NAME` next to `--name`).
+    fn environment(&self) -> Result<Vec<CString>, ExecError> {
+        let sets_name = self.args.iter().any(|a| {
+            a.starts_with('-') && a.trim_start_matches('-').split('=').next() == Some("name")
+        });
+        let mut envp = Vec::new();
+        for (key, value) in std::env::vars_os() {
+            let key_text = key.to_string_lossy().into_owned();
+            if OUR_ETCD_VARS.contains(&key_text.as_str()) || (sets_name && key_text == "ETCD_NAME")
+            {
+                continue;
+            }
+            let mut entry = key.into_encoded_bytes();
+            entry.push(b'=');
+            entry.extend_from_slice(value.as_encoded_bytes());
+            match CString::new(entry) {
+                Ok(entry) => envp.push(entry),
+                Err(_) => return Err(ExecError::Nul(key_text)),
+            }
+        }
+        Ok(envp)
+    }
+
     /// Replaces this process with the target etcd. Returns only on failure.
     pub fn exec(&self, original_mask: SigSet) -> ExecError {
         // A stop request that came while we were migrating is honoured, not
@@ -98,7 +128,11 @@ impl ExecTarget {
                 source: errno,
             };
         }
-        let errno = match nix::unistd::execv(&program, &argv) {
+        let envp = match self.environment() {
+            Ok(envp) => envp,
+            Err(err) => return err,
+        };
+        let errno = match nix::unistd::execve(&program, &argv, &envp) {
             Err(errno) => errno,
             Ok(never) => match never {},
         };

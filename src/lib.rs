@@ -208,8 +208,10 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     };
     check_preconditions(config, &plan)?;
     let mut needed = plan.binaries();
+    // The target's server is needed even with --no-exec: the manifest
+    // starts it next, and a bundle that lists it without the file is broken.
     let target_etcd = Binary::etcd(config.target.version);
-    if matches!(config.mode, Mode::Exec { .. }) && !needed.contains(&target_etcd) {
+    if !needed.contains(&target_etcd) {
         needed.push(target_etcd);
     }
     binaries::check_present(&config.bin_dir, &needed)?;
@@ -251,7 +253,10 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     ))?;
     log::info(
         "binaries verified",
-        &[("count", needed.len().into()), ("ms", log::ms(verifying.elapsed()))],
+        &[
+            ("count", needed.len().into()),
+            ("ms", log::ms(verifying.elapsed())),
+        ],
     );
 
     if state == DirState::Missing {

@@ -1,0 +1,318 @@
+//! Benchmark helper for bench/run.sh (not a test, not shipped).
+//!
+//! `floor step`: the minimal hand-rolled migration step, the floor our step
+//! time is compared with. Spawn one etcd with exactly the flags
+//! src/dialect.rs gives a step, poll a v3 put of `etcd_version` every
+//! `--poll-ms` until one succeeds, SIGTERM, wait for exit. Prints one JSON
+//! line: total (spawn -> exit), healthy (spawn -> first successful put),
+//! stop (SIGTERM -> exit), attempts.
+//!
+//! `floor seed`: writes a realistic key set (some keys on leases) into a
+//! running etcd. `floor count`: prints how many keys/leases a running etcd
+//! holds (used to check the data survived the walk).
+//!
+//! Arguments are `--key=value` or `--key value`.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn main() {
+    let mut argv = std::env::args().skip(1);
+    let cmd = argv.next().unwrap_or_default();
+    let args = parse(argv.collect());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let result = match cmd.as_str() {
+        "step" => runtime.block_on(step(&args)),
+        "seed" => runtime.block_on(seed(&args)),
+        "count" => runtime.block_on(count(&args)),
+        _ => Err(format!("usage: floor step|seed|count --key=value ... (got {cmd:?})")),
+    };
+    if let Err(err) = result {
+        eprintln!("floor: {err}");
+        std::process::exit(1);
+    }
+}
+
+fn parse(list: Vec<String>) -> HashMap<String, String> {
+    let mut map = HashMap::new();
+    let mut it = list.into_iter().peekable();
+    while let Some(arg) = it.next() {
+        let Some(key) = arg.strip_prefix("--") else {
+            continue;
+        };
+        if let Some((k, v)) = key.split_once('=') {
+            map.insert(k.to_string(), v.to_string());
+        } else if let Some(v) = it.next_if(|v| !v.starts_with("--")) {
+            map.insert(key.to_string(), v);
+        } else {
+            map.insert(key.to_string(), String::new());
+        }
+    }
+    map
+}
+
+fn get<'a>(args: &'a HashMap<String, String>, key: &str) -> Result<&'a str, String> {
+    args.get(key)
+        .map(String::as_str)
+        .ok_or_else(|| format!("--{key} is required"))
+}
+
+fn get_or<T: std::str::FromStr>(args: &HashMap<String, String>, key: &str, default: T) -> T {
+    args.get(key).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(ATTEMPT_TIMEOUT)
+        .with_timeout(ATTEMPT_TIMEOUT)
+}
+
+/// One put on a fresh client: exactly what src/health.rs does per attempt.
+async fn put_fresh(endpoint: &str, value: &str) -> Result<(), String> {
+    let mut client = Client::connect([endpoint], Some(options()))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    client
+        .put("etcd_version", value, None)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("put: {e}"))
+}
+
+async fn step(args: &HashMap<String, String>) -> Result<(), String> {
+    let etcd = get(args, "etcd")?;
+    let name = get(args, "name")?;
+    let data_dir = get(args, "data-dir")?;
+    let client_port: u16 = get(args, "client-port")?
+        .parse()
+        .map_err(|e| format!("--client-port: {e}"))?;
+    let peer_url = get(args, "peer-url")?;
+    let mode = args.get("mode").map(String::as_str).unwrap_or("fresh");
+    let poll = Duration::from_millis(get_or(args, "poll-ms", 10u64));
+    let output = args.get("output").map(String::as_str).unwrap_or("null");
+    let value = args.get("value").map(String::as_str).unwrap_or("floor");
+    let timeout = Duration::from_secs(get_or(args, "timeout-s", 60u64));
+    // --trace: one stderr line per attempt (start, duration, outcome).
+    let trace = args.contains_key("trace");
+
+    let client_url = format!("http://127.0.0.1:{client_port}");
+    // The exact line src/dialect.rs builds for an etcd3 step.
+    let flags = [
+        format!("--name={name}"),
+        format!("--data-dir={data_dir}"),
+        format!("--listen-client-urls={client_url}"),
+        format!("--advertise-client-urls={client_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster={name}={peer_url}"),
+        "--heartbeat-interval=10".to_string(),
+        "--election-timeout=100".to_string(),
+        "--snapshot-count=1".to_string(),
+    ];
+    let mut command = Command::new(etcd);
+    command.args(&flags).stdin(Stdio::null());
+    if output == "pipe" {
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    } else {
+        command.stdout(Stdio::null()).stderr(Stdio::null());
+    }
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("ETCD") {
+            command.env_remove(key);
+        }
+    }
+    // SAFETY: only prctl between fork and exec. If this helper dies, etcd
+    // dies too (no stray etcd holding the bench ports).
+    unsafe {
+        command.pre_exec(|| {
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+
+    // Built before the clock starts, as a persistent client would be in a
+    // real tool (Client::connect is lazy: no network until the first call).
+    let mut persistent = if mode == "persistent" {
+        Some(
+            Client::connect([client_url.as_str()], Some(options()))
+                .await
+                .map_err(|e| format!("connect: {e}"))?,
+        )
+    } else {
+        None
+    };
+
+    let started = Instant::now();
+    let mut child = command.spawn().map_err(|e| format!("spawn {etcd}: {e}"))?;
+    let mut drains = Vec::new();
+    if output == "pipe" {
+        let streams: [Option<Box<dyn Read + Send>>; 2] = [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ];
+        for mut stream in streams.into_iter().flatten() {
+            drains.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+            }));
+        }
+    }
+    let pid = Pid::from_raw(child.id() as i32);
+    let mut attempts = 0u32;
+    let mut first_error = String::new();
+    let mut last_error: String;
+    let healthy = loop {
+        attempts += 1;
+        let attempt_start = started.elapsed();
+        let attempt = match persistent.as_mut() {
+            Some(client) => client
+                .put("etcd_version", value, None)
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("put: {e}")),
+            None => put_fresh(&client_url, value).await,
+        };
+        if trace {
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            eprintln!(
+                "attempt {attempts} at {:.1} ms took {:.1} ms: {}",
+                ms(attempt_start),
+                ms(started.elapsed() - attempt_start),
+                match &attempt {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => e.chars().take(120).collect(),
+                }
+            );
+        }
+        match attempt {
+            Ok(()) => break started.elapsed(),
+            Err(err) => {
+                if first_error.is_empty() {
+                    first_error = err.clone();
+                }
+                last_error = err;
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("etcd exited early with {status}: {last_error}"));
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("no successful put within {timeout:?}: {last_error}"));
+        }
+        tokio::time::sleep(poll).await;
+    };
+    drop(persistent.take());
+    let stopping = Instant::now();
+    kill(pid, Signal::SIGTERM).map_err(|e| format!("kill: {e}"))?;
+    let status = child.wait().map_err(|e| format!("wait: {e}"))?;
+    let stopped = stopping.elapsed();
+    let total = started.elapsed();
+    for drain in drains {
+        let _ = drain.join();
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{{\"total_ms\":{:.3},\"healthy_ms\":{:.3},\"stop_ms\":{:.3},\"attempts\":{},\"exit\":{:?},\"first_error\":{:?}}}",
+        ms(total),
+        ms(healthy),
+        ms(stopped),
+        attempts,
+        status.to_string(),
+        first_error
+    );
+    Ok(())
+}
+
+async fn seed(args: &HashMap<String, String>) -> Result<(), String> {
+    let endpoint = get(args, "endpoint")?;
+    let keys: usize = get_or(args, "keys", 1000);
+    let leased: usize = get_or(args, "leased", 100);
+    let leases: usize = get_or(args, "leases", 10).max(1);
+    let value_bytes: usize = get_or(args, "value-bytes", 512);
+    let prefix = args.get("prefix").map(String::as_str).unwrap_or("/registry");
+    let mut client = Client::connect([endpoint], Some(options()))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut lease_ids = Vec::new();
+    for _ in 0..leases {
+        // 1 h: long enough to outlive the benchmark.
+        let lease = client
+            .lease_grant(3600, None)
+            .await
+            .map_err(|e| format!("lease grant: {e}"))?;
+        lease_ids.push(lease.id());
+    }
+    let value: String = "x".repeat(value_bytes);
+    for i in 0..keys {
+        let (key, options) = if i < leased {
+            (
+                format!("{prefix}/events/default/event-{i:05}"),
+                Some(PutOptions::new().with_lease(lease_ids[i % lease_ids.len()])),
+            )
+        } else {
+            (format!("{prefix}/pods/default/pod-{i:05}"), None)
+        };
+        client
+            .put(key, value.as_str(), options)
+            .await
+            .map_err(|e| format!("put: {e}"))?;
+    }
+    println!("{{\"keys\":{keys},\"leased\":{leased},\"leases\":{leases}}}");
+    Ok(())
+}
+
+async fn count(args: &HashMap<String, String>) -> Result<(), String> {
+    let endpoint = get(args, "endpoint")?;
+    let prefix = args.get("prefix").map(String::as_str).unwrap_or("/registry");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut client = Client::connect([endpoint], Some(options()))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let keys = loop {
+        match client
+            .get(prefix, Some(GetOptions::new().with_prefix().with_count_only()))
+            .await
+        {
+            Ok(resp) => break resp.count(),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                client = Client::connect([endpoint], Some(options()))
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
+            }
+            Err(err) => return Err(format!("get: {err}")),
+        }
+    };
+    let leases = client
+        .leases()
+        .await
+        .map_err(|e| format!("leases: {e}"))?
+        .leases()
+        .len();
+    let version = client
+        .get("etcd_version", None)
+        .await
+        .map_err(|e| format!("get: {e}"))?
+        .kvs()
+        .first()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+        .unwrap_or_default();
+    println!("{{\"keys\":{keys},\"leases\":{leases},\"etcd_version\":{version:?}}}");
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! This module owns what every e2e test shares: where the real etcd
+//! binaries are, unique loopback ports, the member identity a fixture and
+//! the migrator must agree on, deadlines, and small file helpers.
+
+pub mod etcd;
+pub mod fixture;
+pub mod keyspace;
+pub mod migrator;
+pub mod tree;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a real etcd may take from spawn to its first successful write.
+/// Measured 0.1–1.6 s (ETCD-NOTES); 30 s leaves room for a loaded CI box.
+pub const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one `etcd-migrate` run may take before the test kills it. A
+/// two-step walk takes 1–3 s here.
+pub const MIGRATE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How long a process gets between SIGTERM and SIGKILL (etcd stops in
+/// 3–50 ms, ETCD-NOTES).
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Poll interval of every wait loop.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// The bin dir holding `etcd-<v>`, `etcdctl-<v>`, `etcdutl-<v>`:
+/// `$ETCD_BIN_DIR`, else the cache `images/fetch-etcd.sh` fills.
+pub fn bin_dir() -> PathBuf {
+    match std::env::var_os("ETCD_BIN_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/etcd/bin"),
+    }
+}
+
+/// The path of a real binary, e.g. `binary("etcd-3.4.23")`. Fails the test
+/// (never skips it) when the binary is absent.
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    let usable = std::fs::metadata(&path)
+        .map(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false);
+    assert!(
+        usable,
+        "{} is missing or not executable: the e2e tests run real etcd binaries; \
+         run `images/fetch-etcd.sh` (it fills {}), or point $ETCD_BIN_DIR at a dir \
+         holding etcd-<version> files",
+        path.display(),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(".cache/etcd/bin")
+            .display()
+    );
+    path
+}
+
+/// The real `etcd-<version>`.
+pub fn etcd_binary(version: &str) -> PathBuf {
+    binary(&format!("etcd-{version}"))
+}
+
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// A loopback port nobody listens on, never handed out twice in this
+/// process (tests run in parallel threads).
+pub fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .unwrap_or_else(|err| panic!("cannot bind a loopback port: {err}"));
+        let mut handed_out = HANDED_OUT
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
+}
+
+/// The identity of the single member that owns a data dir. The fixture
+/// etcd, every intermediate etcd the migrator starts, and the final etcd
+/// must all use the same name and peer URL: etcd records both in the data.
+#[derive(Debug, Clone)]
+pub struct Member {
+    /// `--name`.
+    pub name: String,
+    /// The port of `http://localhost:<peer_port>`, the migrator's default
+    /// peer URL.
+    pub peer_port: u16,
+}
+
+impl Member {
+    /// A member with a fresh peer port, named after the test.
+    pub fn new(tag: &str) -> Self {
+        Member {
+            name: format!("e2e-{tag}"),
+            peer_port: free_port(),
+        }
+    }
+
+    /// `http://localhost:<peer_port>`.
+    pub fn peer_url(&self) -> String {
+        format!("http://localhost:{}", self.peer_port)
+    }
+
+    /// `<name>=<peer_url>`.
+    pub fn initial_cluster(&self) -> String {
+        format!("{}={}", self.name, self.peer_url())
+    }
+}
+
+/// Runs `future` to completion on a fresh current-thread runtime.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|err| panic!("cannot build a tokio runtime: {err}"))
+        .block_on(future)
+}
+
+/// Polls `check` until it returns `Some`, or panics after `timeout` naming
+/// `what`.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// A fresh temp dir for one test; its data dir goes in a subdir so etcd
+/// logs and fake bin dirs can sit beside it without being fingerprinted.
+pub fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("etcd-migrate-e2e-{tag}-"))
+        .tempdir()
+        .unwrap_or_else(|err| panic!("cannot create a temp dir: {err}"))
+}
+
+/// The content of `<dir>/version.txt`.
+pub fn read_version_txt(dir: &Path) -> String {
+    let path = dir.join("version.txt");
+    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("read {}: {err}", path.display()))
+}
+
+/// Writes `<dir>/version.txt` as the Kubernetes image did (no newline).
+pub fn write_version_txt(dir: &Path, content: &str) {
+    let path = dir.join("version.txt");
+    std::fs::write(&path, content).unwrap_or_else(|err| panic!("write {}: {err}", path.display()));
+}
+
+/// The permission bits of `path`.
+pub fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|err| panic!("stat {}: {err}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// Sets the permission bits of `path`.
+pub fn set_mode(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|err| panic!("chmod {:o} {}: {err}", mode, path.display()));
+}
+
+/// Copies a tree, keeping permission bits (for data dirs shared as a
+/// read-only template).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir(to).unwrap_or_else(|err| panic!("mkdir {}: {err}", to.display()));
+    let entries =
+        std::fs::read_dir(from).unwrap_or_else(|err| panic!("list {}: {err}", from.display()));
+    for entry in entries {
+        let entry = entry.unwrap_or_else(|err| panic!("list {}: {err}", from.display()));
+        let source = entry.path();
+        let target = to.join(entry.file_name());
+        let kind = entry
+            .file_type()
+            .unwrap_or_else(|err| panic!("stat {}: {err}", source.display()));
+        if kind.is_dir() {
+            copy_tree(&source, &target);
+        } else {
+            std::fs::copy(&source, &target).unwrap_or_else(|err| {
+                panic!("copy {} to {}: {err}", source.display(), target.display())
+            });
+        }
+    }
+    set_mode(to, mode(from));
+}
+
+/// Installs `content` as an executable file at `path` through a separate
+/// `install` process. Writing it from this multi-threaded test process
+/// would risk ETXTBSY: a child forked by another test between our open and
+/// its exec holds our write fd, and exec'ing a file open for writing fails.
+pub fn install_script(path: &Path, content: &str) {
+    let mut source = tempfile::NamedTempFile::new()
+        .unwrap_or_else(|err| panic!("create a temp file for {}: {err}", path.display()));
+    std::io::Write::write_all(&mut source, content.as_bytes())
+        .unwrap_or_else(|err| panic!("write {}: {err}", source.path().display()));
+    let status = std::process::Command::new("install")
+        .arg("-m")
+        .arg("0755")
+        .arg(source.path())
+        .arg(path)
+        .status()
+        .unwrap_or_else(|err| panic!("run install: {err}"));
+    assert!(status.success(), "install {} failed: {status}", path.display());
+}
+
+/// Links `link` to `target`.
+pub fn symlink(target: &Path, link: &Path) {
+    std::os::unix::fs::symlink(target, link).unwrap_or_else(|err| {
+        panic!("symlink {} -> {}: {err}", link.display(), target.display())
+    });
+}
+
+/// Whether `pid` is still a live (not zombie) process.
+pub fn is_running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may
+        // itself hold spaces or parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
