@@ -11,7 +11,10 @@
 //! running etcd. `floor count`: prints how many keys/leases a running etcd
 //! holds (used to check the data survived the walk).
 //!
-//! Arguments are `--key=value` or `--key value`.
+//! Arguments are `--key=value` or `--key value`. `step` options: --mode
+//! fresh|persistent (a new client per attempt, as src/health.rs does, or one
+//! client for all attempts), --poll-ms, --output null|pipe|file=PATH (where
+//! etcd's stdout/stderr go), --trace (one stderr line per attempt).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -37,7 +40,9 @@ fn main() {
         "step" => runtime.block_on(step(&args)),
         "seed" => runtime.block_on(seed(&args)),
         "count" => runtime.block_on(count(&args)),
-        _ => Err(format!("usage: floor step|seed|count --key=value ... (got {cmd:?})")),
+        _ => Err(format!(
+            "usage: floor step|seed|count --key=value ... (got {cmd:?})"
+        )),
     };
     if let Err(err) = result {
         eprintln!("floor: {err}");
@@ -70,7 +75,9 @@ fn get<'a>(args: &'a HashMap<String, String>, key: &str) -> Result<&'a str, Stri
 }
 
 fn get_or<T: std::str::FromStr>(args: &HashMap<String, String>, key: &str, default: T) -> T {
-    args.get(key).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.get(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn options() -> ConnectOptions {
@@ -125,6 +132,13 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
     command.args(&flags).stdin(Stdio::null());
     if output == "pipe" {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    } else if let Some(path) = output.strip_prefix("file=") {
+        // etcd's own timestamped lines, for the driver to find "ready to
+        // serve client requests"; a file append costs etcd no more than
+        // /dev/null does (no reader to wait for).
+        let file = std::fs::File::create(path).map_err(|e| format!("{path}: {e}"))?;
+        let copy = file.try_clone().map_err(|e| format!("{path}: {e}"))?;
+        command.stdout(Stdio::from(file)).stderr(Stdio::from(copy));
     } else {
         command.stdout(Stdio::null()).stderr(Stdio::null());
     }
@@ -156,13 +170,23 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
         None
     };
 
+    let spawn_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
     let started = Instant::now();
     let mut child = command.spawn().map_err(|e| format!("spawn {etcd}: {e}"))?;
     let mut drains = Vec::new();
     if output == "pipe" {
         let streams: [Option<Box<dyn Read + Send>>; 2] = [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
         ];
         for mut stream in streams.into_iter().flatten() {
             drains.push(std::thread::spawn(move || {
@@ -213,7 +237,9 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
         if started.elapsed() > timeout {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!("no successful put within {timeout:?}: {last_error}"));
+            return Err(format!(
+                "no successful put within {timeout:?}: {last_error}"
+            ));
         }
         tokio::time::sleep(poll).await;
     };
@@ -228,7 +254,8 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
     }
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "{{\"total_ms\":{:.3},\"healthy_ms\":{:.3},\"stop_ms\":{:.3},\"attempts\":{},\"exit\":{:?},\"first_error\":{:?}}}",
+        "{{\"spawn_epoch\":{:.6},\"total_ms\":{:.3},\"healthy_ms\":{:.3},\"stop_ms\":{:.3},\"attempts\":{},\"exit\":{:?},\"first_error\":{:?}}}",
+        spawn_epoch,
         ms(total),
         ms(healthy),
         ms(stopped),
@@ -245,7 +272,10 @@ async fn seed(args: &HashMap<String, String>) -> Result<(), String> {
     let leased: usize = get_or(args, "leased", 100);
     let leases: usize = get_or(args, "leases", 10).max(1);
     let value_bytes: usize = get_or(args, "value-bytes", 512);
-    let prefix = args.get("prefix").map(String::as_str).unwrap_or("/registry");
+    let prefix = args
+        .get("prefix")
+        .map(String::as_str)
+        .unwrap_or("/registry");
     let mut client = Client::connect([endpoint], Some(options()))
         .await
         .map_err(|e| format!("connect: {e}"))?;
@@ -279,14 +309,20 @@ async fn seed(args: &HashMap<String, String>) -> Result<(), String> {
 
 async fn count(args: &HashMap<String, String>) -> Result<(), String> {
     let endpoint = get(args, "endpoint")?;
-    let prefix = args.get("prefix").map(String::as_str).unwrap_or("/registry");
+    let prefix = args
+        .get("prefix")
+        .map(String::as_str)
+        .unwrap_or("/registry");
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut client = Client::connect([endpoint], Some(options()))
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let keys = loop {
         match client
-            .get(prefix, Some(GetOptions::new().with_prefix().with_count_only()))
+            .get(
+                prefix,
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
             .await
         {
             Ok(resp) => break resp.count(),

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::backup::{BackupMode, BackupPolicy};
+use crate::executor::TtlLeases;
 use crate::log::LogFormat;
 use crate::version::{ParseError, Storage, Version, VersionPair};
 
@@ -63,6 +65,14 @@ pub struct Config {
     pub extra_args: Vec<String>,
     /// Deadline for a step's etcd to accept its first write.
     pub health_timeout: Duration,
+    /// `--initial-cluster-token` for restored and rebuilt data.
+    pub initial_cluster_token: String,
+    /// When and where backups are taken, and how many are kept.
+    pub backup: BackupPolicy,
+    /// How v2 TTL keys get their expiry in v3.
+    pub ttl_leases: TtlLeases,
+    /// Leave the v2 copies of migrated keys in place.
+    pub keep_v2_keys: bool,
     /// What to do after migrating.
     pub mode: Mode,
     /// How our own log lines look.
@@ -179,6 +189,24 @@ struct Cli {
     /// Seconds a step's etcd may take to accept its first write [default: 120]
     #[arg(long)]
     health_timeout: Option<u64>,
+    /// Cluster token for restored and rebuilt data (rollbacks) [env: INITIAL_CLUSTER_TOKEN] [default: etcd-cluster]
+    #[arg(long)]
+    initial_cluster_token: Option<String>,
+    /// When to back up the data dir: destructive (before the first storage migration or rollback), always (before any step), never [default: destructive]
+    #[arg(long)]
+    backup: Option<String>,
+    /// Where backups go [default: <data-dir>.backup]
+    #[arg(long)]
+    backup_dir: Option<PathBuf>,
+    /// How many backups to keep [default: 3]
+    #[arg(long)]
+    backup_keep: Option<usize>,
+    /// Expiry of v2 TTL keys in v3: exact (a lease per remaining TTL) or flat (one 1 h lease for --ttl-keys-directory, as Kubernetes did) [default: exact]
+    #[arg(long)]
+    ttl_leases: Option<String>,
+    /// Keep the v2 copies of migrated keys (etcd 3.6 refuses to start with them)
+    #[arg(long)]
+    keep_v2_keys: bool,
     /// Migrate, then exit 0 instead of exec'ing etcd
     #[arg(long)]
     no_exec: bool,
@@ -320,6 +348,51 @@ where
             reason,
         })?;
 
+    let initial_cluster_token = cli
+        .initial_cluster_token
+        .or_else(|| env("INITIAL_CLUSTER_TOKEN"))
+        .unwrap_or_else(|| "etcd-cluster".to_string());
+    let backup_mode: BackupMode = match cli.backup {
+        None => BackupMode::default(),
+        Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
+            flag: "--backup",
+            env: "(none)",
+            value: text.clone(),
+            reason,
+        })?,
+    };
+    let backup_root = cli.backup_dir.unwrap_or_else(|| {
+        let mut root = data_dir.as_os_str().to_os_string();
+        root.push(".backup");
+        PathBuf::from(root)
+    });
+    if backup_root.starts_with(&data_dir) {
+        return Err(ConfigError::Invalid {
+            flag: "--backup-dir",
+            env: "(none)",
+            value: backup_root.display().to_string(),
+            reason: "backups must live outside the data dir".to_string(),
+        });
+    }
+    let backup_keep = cli.backup_keep.unwrap_or(3);
+    if backup_keep == 0 {
+        return Err(ConfigError::Invalid {
+            flag: "--backup-keep",
+            env: "(none)",
+            value: "0".to_string(),
+            reason: "keep at least one backup, or pass --backup never".to_string(),
+        });
+    }
+    let ttl_leases: TtlLeases = match cli.ttl_leases {
+        None => TtlLeases::default(),
+        Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
+            flag: "--ttl-leases",
+            env: "(none)",
+            value: text.clone(),
+            reason,
+        })?,
+    };
+
     let mode = match (cli.dry_run, cli.no_exec) {
         (true, true) => return Err(ConfigError::Modes),
         (true, false) if !cli.etcd_args.is_empty() => {
@@ -356,6 +429,14 @@ where
         ttl_keys_directory,
         extra_args,
         health_timeout,
+        initial_cluster_token,
+        backup: BackupPolicy {
+            mode: backup_mode,
+            root: backup_root,
+            keep: backup_keep,
+        },
+        ttl_leases,
+        keep_v2_keys: cli.keep_v2_keys,
         mode,
         log_format,
     })
@@ -450,6 +531,12 @@ mod tests {
         assert_eq!(config.health_timeout, DEFAULT_HEALTH_TIMEOUT);
         assert_eq!(config.mode, Mode::Exec { etcd_args: vec![] });
         assert!(config.extra_args.is_empty());
+        assert_eq!(config.initial_cluster_token, "etcd-cluster");
+        assert_eq!(config.backup.mode, BackupMode::Destructive);
+        assert_eq!(config.backup.root, PathBuf::from("/var/etcd/data.backup"));
+        assert_eq!(config.backup.keep, 3);
+        assert_eq!(config.ttl_leases, TtlLeases::Exact);
+        assert!(!config.keep_v2_keys);
     }
 
     #[test]

@@ -20,9 +20,14 @@ pub const VERSION_FILE: &str = "version.txt";
 /// A crash can leave it behind; it is ignored and overwritten.
 pub const VERSION_TEMP_FILE: &str = ".version.txt.tmp";
 
+/// Scratch space of steps that rebuild the data (restores, rollbacks). It
+/// lives inside the data dir so that swaps are renames within one
+/// filesystem, even when the data dir is a mount point.
+pub const WORK_DIR: &str = ".etcd-migrate.work";
+
 /// Entries that do not make a data dir "non-empty": a filesystem's
-/// `lost+found` at the root of a volume, and our own leftover temp file.
-const IGNORED_ENTRIES: [&str; 2] = ["lost+found", VERSION_TEMP_FILE];
+/// `lost+found` at the root of a volume, and our own leftovers.
+const IGNORED_ENTRIES: [&str; 3] = ["lost+found", VERSION_TEMP_FILE, WORK_DIR];
 
 /// What the data dir holds, as far as planning is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,6 +20,9 @@ pub struct StepEtcd<'a> {
     /// The storage the data holds while it runs (decides whether the v2
     /// API must be switched on).
     pub storage: Storage,
+    /// Switch the v2 API on even for etcd3 data (to clean up the v2 store
+    /// after a storage migration).
+    pub force_v2: bool,
     /// Member name.
     pub name: &'a str,
     /// Data dir.
@@ -32,6 +35,9 @@ pub struct StepEtcd<'a> {
     pub initial_advertise_peer_urls: &'a str,
     /// `--initial-cluster`.
     pub initial_cluster: &'a str,
+    /// Bootstrap a new single-member cluster with this token (an empty
+    /// data dir being rebuilt); `None` for existing data.
+    pub new_cluster_token: Option<&'a str>,
     /// `ETCD_CREDS`, appended last so the user can override anything.
     pub extra_args: &'a [String],
 }
@@ -69,7 +75,12 @@ impl StepEtcd<'_> {
         // version and come up "not capable" of v3 (ETCD-NOTES; fixed
         // upstream only after 3.5.30, etcd PR 17860).
         args.push("--snapshot-count=1".to_string());
-        if self.storage == Storage::Etcd2 && self.version.needs_enable_v2_flag() {
+        if let Some(token) = self.new_cluster_token {
+            args.push("--initial-cluster-state=new".to_string());
+            args.push(format!("--initial-cluster-token={token}"));
+        }
+        if (self.storage == Storage::Etcd2 || self.force_v2) && self.version.needs_enable_v2_flag()
+        {
             // 3.4 and 3.5 serve the v2 API only when asked; the step proves
             // etcd2 data through it.
             args.push("--enable-v2=true".to_string());
@@ -88,6 +99,8 @@ mod tests {
         StepEtcd {
             version: version.parse().expect("version"),
             storage,
+            force_v2: false,
+            new_cluster_token: None,
             name: "etcd-m1",
             data_dir: "/var/etcd/data",
             client_port: 18629,

@@ -1,5 +1,6 @@
-//! This module owns a step's etcd process: starting `etcd-<v>` with its
-//! dialect's flags and a clean environment, relaying its output into our
+//! This module owns the processes of a step: starting `etcd-<v>` with its
+//! dialect's flags (and the offline tools `etcdctl`/`etcdutl`) with a clean
+//! environment, relaying its output into our
 //! log with a `[etcd-<v>]` prefix while keeping the last lines for error
 //! reports, and stopping it through the supervisor.
 
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::binaries;
 use crate::dialect::StepEtcd;
-use crate::executor::{Launcher, RunningEtcd, StepError};
+use crate::executor::{Launcher, RunningEtcd, StepError, Tools};
 use crate::log;
 use crate::plan::Binary;
 use crate::supervisor::{Child, ExitStatus, Supervisor, SupervisorError, STOP_GRACE};
@@ -47,56 +48,118 @@ impl Launcher for ProcessLauncher {
     type Etcd = ProcessEtcd;
 
     fn launch(&self, spec: &StepEtcd<'_>) -> Result<ProcessEtcd, StepError> {
-        let program = binaries::path(&self.bin_dir, Binary::etcd(spec.version));
-        let mut command = Command::new(&program);
-        command
-            .args(spec.args())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // etcd reads ETCD_<FLAG> env vars as flags and refuses to start when
-        // one shadows a flag we pass ("conflicting environment variable");
-        // our own ETCD_NAME/ETCD_CREDS/ETCD_DATA_PREFIX would also be read
-        // as config. The step's command line is the whole config.
-        // ETCD_UNSUPPORTED_ARCH is kept: it is how etcd is allowed to run
-        // at all on some architectures, not configuration.
-        for (key, _) in std::env::vars_os() {
-            let key_text = key.to_string_lossy();
-            if key_text.starts_with("ETCD") && key_text != "ETCD_UNSUPPORTED_ARCH" {
-                command.env_remove(key);
-            }
-        }
-        let mut child =
-            self.supervisor
-                .spawn(&mut command)
-                .map_err(|source| StepError::Launch {
-                    version: spec.version,
-                    source,
-                })?;
-        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(OUTPUT_TAIL_LINES)));
-        let source = format!("etcd-{}", spec.version);
-        let mut relays = Vec::new();
-        let streams: [Option<Box<dyn Read + Send>>; 2] = [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ];
-        for stream in streams.into_iter().flatten() {
-            let tail = Arc::clone(&tail);
-            let source = source.clone();
-            relays.push(std::thread::spawn(move || relay(stream, &source, &tail)));
-        }
-        Ok(ProcessEtcd {
-            child,
-            tail,
-            relays,
-        })
+        let binary = Binary::etcd(spec.version);
+        spawn_relayed(&self.supervisor, &self.bin_dir, binary, &spec.args(), &[]).map_err(
+            |source| StepError::Launch {
+                version: spec.version,
+                source,
+            },
+        )
     }
+}
+
+impl Tools for ProcessLauncher {
+    fn run(
+        &self,
+        binary: Binary,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> impl Future<Output = Result<(), StepError>> {
+        let spawned = spawn_relayed(&self.supervisor, &self.bin_dir, binary, args, env);
+        let args = args.join(" ");
+        async move {
+            let mut process = spawned.map_err(|source| StepError::Launch {
+                version: binary.version,
+                source,
+            })?;
+            let status = {
+                // If this future is dropped (a stop signal), the guard stops
+                // the tool so it never outlives the step.
+                let mut guard = StopOnDrop(Some(&mut process.child));
+                let status = match guard.0.as_mut() {
+                    Some(child) => child.wait().await,
+                    None => return Ok(()),
+                };
+                guard.0 = None;
+                status
+            };
+            if status == ExitStatus::Exited(0) {
+                return Ok(());
+            }
+            Err(StepError::Tool {
+                binary,
+                args,
+                status,
+                output: process.recent_output().join("\n"),
+            })
+        }
+    }
+}
+
+/// Sends SIGTERM to a child whose waiting future was dropped.
+struct StopOnDrop<'a>(Option<&'a mut Child>);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            child.signal(nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+}
+
+/// Spawns a release's binary with a clean environment (plus `env`) and
+/// relays its output into our log, prefixed with its name.
+fn spawn_relayed(
+    supervisor: &Supervisor,
+    bin_dir: &std::path::Path,
+    binary: Binary,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> Result<ProcessEtcd, SupervisorError> {
+    let program = binaries::path(bin_dir, binary);
+    let mut command = Command::new(&program);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // etcd reads ETCD_<FLAG> env vars as flags and refuses to start when
+    // one shadows a flag we pass ("conflicting environment variable"), and
+    // etcdctl reads ETCDCTL_*; our own ETCD_NAME/ETCD_CREDS would be read
+    // as config too. The command line is the whole config.
+    // ETCD_UNSUPPORTED_ARCH is kept: it is how etcd is allowed to run at
+    // all on some architectures, not configuration.
+    for (key, _) in std::env::vars_os() {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("ETCD") && key_text != "ETCD_UNSUPPORTED_ARCH" {
+            command.env_remove(key);
+        }
+    }
+    command.envs(env.iter().copied());
+    let mut child = supervisor.spawn(&mut command)?;
+    let tail = Arc::new(Mutex::new(VecDeque::with_capacity(OUTPUT_TAIL_LINES)));
+    let source = binary.to_string();
+    let mut relays = Vec::new();
+    let streams: [Option<Box<dyn Read + Send>>; 2] = [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ];
+    for stream in streams.into_iter().flatten() {
+        let tail = Arc::clone(&tail);
+        let source = source.clone();
+        relays.push(std::thread::spawn(move || relay(stream, &source, &tail)));
+    }
+    Ok(ProcessEtcd {
+        child,
+        tail,
+        relays,
+    })
 }
 
 /// Copies a child's stream into our log line by line until it closes.

@@ -1,25 +1,34 @@
 //! This module owns carrying out a plan: for each step, start its etcd,
 //! wait until a write succeeds (or it dies, or the deadline passes, or we
-//! are told to stop), stop it, and record the step in `version.txt`. It
-//! talks to the outside only through the small traits below, so a test can
-//! make step N fail in each way and check what was recorded.
+//! are told to stop), do the step's work while it serves, stop it, and
+//! record the step in `version.txt`; and the backup before the first step
+//! that rewrites the data. It talks to the outside only through the small
+//! traits below, so a test can make step N fail in each way and check what
+//! was recorded. The steps that rebuild data live in `rebuild`.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
+use crate::backup::{self, BackupMode, BackupPolicy};
 use crate::datadir::DataDirError;
 use crate::dialect::StepEtcd;
 use crate::log;
-use crate::plan::{Plan, Step};
+use crate::plan::{Binary, Plan, Step};
 use crate::supervisor::{ExitStatus, SupervisorError};
 use crate::version::{Storage, Version, VersionPair};
 
 /// Pause between two health attempts. Tens of ms: a step's etcd is usually
 /// writable 100–200 ms after start, and each attempt is a loopback call.
 pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_millis(15);
+
+/// Deadline for one piece of work inside a step (a snapshot, a restore, an
+/// `etcdctl migrate`, a keyspace copy). Generous: 100,000 keys × 1 KiB
+/// take seconds; the deadline only catches a hung tool, which is killed.
+pub const WORK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// Starts a step's etcd.
 pub trait Launcher {
@@ -53,6 +62,18 @@ pub trait Health {
     ) -> impl Future<Output = Result<(), String>>;
 }
 
+/// Runs the offline tools of a release (`etcdctl`, `etcdutl`).
+pub trait Tools {
+    /// Runs `binary` with `args` (and `env`) to completion. Dropping the
+    /// future stops the tool.
+    fn run(
+        &self,
+        binary: Binary,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> impl Future<Output = Result<(), StepError>>;
+}
+
 /// Where completed steps are recorded.
 pub trait Progress {
     /// Durably records that the data is now at `pair`.
@@ -72,7 +93,7 @@ pub enum StepError {
         source: SupervisorError,
     },
     /// etcd exited before it accepted a write.
-    #[error("etcd {version} (pid {pid}) exited with {status} before accepting a write; its last output:\n{output}")]
+    #[error("etcd {version} (pid {pid}) exited with {status} before the step's work was done; its last output:\n{output}")]
     ExitedEarly {
         /// The release.
         version: Version,
@@ -106,6 +127,37 @@ pub enum StepError {
         #[source]
         source: SupervisorError,
     },
+    /// An offline tool failed.
+    #[error("{binary} {args} failed with {status}; its last output:\n{output}")]
+    Tool {
+        /// The tool.
+        binary: Binary,
+        /// Its arguments, for the operator to rerun by hand.
+        args: String,
+        /// How it ended.
+        status: ExitStatus,
+        /// Its last lines.
+        output: String,
+    },
+    /// A piece of the step's work failed (a read, a copy, a check).
+    #[error("{what}: {detail}")]
+    Work {
+        /// What was being done.
+        what: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The work did not finish in time.
+    #[error("{what} did not finish within {waited:?}; it was stopped")]
+    WorkTimeout {
+        /// What was being done.
+        what: String,
+        /// The deadline.
+        waited: Duration,
+    },
+    /// The backup before a destructive step failed.
+    #[error("cannot back up the data dir before a step that rewrites it")]
+    Backup(#[source] backup::BackupError),
     /// The step worked but could not be recorded.
     #[error("etcd {} ran on the data but {} could not be recorded", .pair.version, .pair)]
     Record {
@@ -114,12 +166,6 @@ pub enum StepError {
         /// Why it was not.
         #[source]
         source: DataDirError,
-    },
-    /// The step kind exists in the plan but not yet in the executor.
-    #[error("{step}: this step kind is planned but not implemented in this release of etcd-migrate (it lands with the storage-migration/rollback work); nothing was changed")]
-    NotImplemented {
-        /// The step.
-        step: Step,
     },
 }
 
@@ -153,13 +199,37 @@ pub enum ExecuteError {
     },
 }
 
-/// The parts of the configuration every step's etcd shares.
+/// How keys that expired in the v2 store get their expiry in v3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TtlLeases {
+    /// Each key gets a lease with its own remaining TTL; keys that expire
+    /// in the same second share one.
+    #[default]
+    Exact,
+    /// The Kubernetes tool's way: every key under the TTL keys directory
+    /// gets one lease of an hour (other TTL keys still get exact leases).
+    Flat,
+}
+
+impl std::str::FromStr for TtlLeases {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "exact" => Ok(TtlLeases::Exact),
+            "flat" => Ok(TtlLeases::Flat),
+            _ => Err("expected exact or flat".to_string()),
+        }
+    }
+}
+
+/// The parts of the configuration every step shares.
 #[derive(Debug, Clone)]
 pub struct StepSettings<'a> {
     /// Member name.
     pub name: &'a str,
     /// Data dir.
-    pub data_dir: &'a str,
+    pub data_dir: &'a Path,
     /// Loopback client port.
     pub client_port: u16,
     /// `--listen-peer-urls`.
@@ -168,18 +238,30 @@ pub struct StepSettings<'a> {
     pub initial_advertise_peer_urls: &'a str,
     /// `--initial-cluster`.
     pub initial_cluster: &'a str,
+    /// `--initial-cluster-token` for restored and rebuilt data.
+    pub initial_cluster_token: &'a str,
     /// `ETCD_CREDS`.
     pub extra_args: &'a [String],
     /// Deadline for the first successful write.
     pub health_timeout: Duration,
+    /// Backups before destructive steps.
+    pub backup: &'a BackupPolicy,
+    /// Expiry of migrated v2 TTL keys.
+    pub ttl_leases: TtlLeases,
+    /// The Kubernetes TTL keys directory (flat mode).
+    pub ttl_keys_directory: &'a str,
+    /// Leave the v2 copies of migrated keys in place.
+    pub keep_v2_keys: bool,
 }
 
 /// Runs a plan's steps through the given effects.
-pub struct Executor<'a, L, H, P> {
+pub struct Executor<'a, L, H, T, P> {
     /// Starts etcd.
     pub launcher: &'a L,
     /// Proves it healthy.
     pub health: &'a H,
+    /// Runs offline tools.
+    pub tools: &'a T,
     /// Records progress.
     pub progress: &'a mut P,
     /// Shared step settings.
@@ -189,7 +271,7 @@ pub struct Executor<'a, L, H, P> {
 }
 
 /// What ended a wait that races the etcd process and the stop signal.
-enum Race<T> {
+pub(crate) enum Race<T> {
     Done(T),
     Signal(Signal),
     Exited(ExitStatus),
@@ -197,24 +279,67 @@ enum Race<T> {
 }
 
 /// A step-level failure before the step was recorded.
-enum Failure {
+pub(crate) enum Failure {
     Step(StepError),
     Interrupted(Signal),
 }
 
-impl<L: Launcher, H: Health, P: Progress> Executor<'_, L, H, P> {
+impl From<StepError> for Failure {
+    fn from(err: StepError) -> Self {
+        Failure::Step(err)
+    }
+}
+
+/// A step's etcd that has accepted a write and is serving the data.
+pub(crate) struct Serving<E> {
+    pub(crate) etcd: E,
+    pub(crate) pid: i32,
+    pub(crate) version: Version,
+    pub(crate) endpoint: String,
+    pub(crate) started: Instant,
+    pub(crate) healthy_after: Duration,
+}
+
+/// How a step's etcd is to be started, beyond the shared settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Run<'p> {
+    pub(crate) version: Version,
+    pub(crate) storage: Storage,
+    pub(crate) data_dir: &'p Path,
+    pub(crate) force_v2: bool,
+    pub(crate) new_cluster: bool,
+}
+
+impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
     /// Runs every step in order, recording each as it completes.
     pub async fn execute(&mut self, plan: &Plan) -> Result<(), ExecuteError> {
         let total = plan.steps.len();
         let mut recorded = plan.current;
+        let mut backed_up = false;
         for (i, step) in plan.steps.iter().enumerate() {
             let label = format!("{}/{total}", i + 1);
+            let fail = |recorded, source| ExecuteError::Step {
+                index: i + 1,
+                total,
+                step: *step,
+                recorded,
+                source: Box::new(source),
+            };
             if let Some(signal) = *self.termination.borrow() {
                 return Err(ExecuteError::Interrupted {
                     signal,
                     during: None,
                     recorded,
                 });
+            }
+            let wants_backup = match self.settings.backup.mode {
+                BackupMode::Always => true,
+                BackupMode::Destructive => step.is_destructive(),
+                BackupMode::Never => false,
+            };
+            if wants_backup && !backed_up {
+                self.back_up(recorded).map_err(|err| fail(recorded, err))?;
+                backed_up = true;
             }
             let started = Instant::now();
             log::info(
@@ -235,26 +360,12 @@ impl<L: Launcher, H: Health, P: Progress> Executor<'_, L, H, P> {
                         recorded,
                     })
                 }
-                Err(Failure::Step(source)) => {
-                    return Err(ExecuteError::Step {
-                        index: i + 1,
-                        total,
-                        step: *step,
-                        recorded,
-                        source: Box::new(source),
-                    })
-                }
+                Err(Failure::Step(source)) => return Err(fail(recorded, source)),
             }
             let pair = step.result();
             self.progress
                 .record(pair)
-                .map_err(|source| ExecuteError::Step {
-                    index: i + 1,
-                    total,
-                    step: *step,
-                    recorded,
-                    source: Box::new(StepError::Record { pair, source }),
-                })?;
+                .map_err(|source| fail(recorded, StepError::Record { pair, source }))?;
             recorded = pair;
             log::info(
                 "step done",
@@ -268,177 +379,266 @@ impl<L: Launcher, H: Health, P: Progress> Executor<'_, L, H, P> {
         Ok(())
     }
 
+    fn back_up(&self, pair: VersionPair) -> Result<(), StepError> {
+        let started = Instant::now();
+        let path = backup::create(
+            self.settings.data_dir,
+            self.settings.backup,
+            pair,
+            SystemTime::now(),
+        )
+        .map_err(StepError::Backup)?;
+        log::info(
+            "backup taken",
+            &[
+                ("path", path.display().to_string().into()),
+                ("holds", pair.to_string().into()),
+                ("ms", log::ms(started.elapsed())),
+                (
+                    "restore",
+                    backup::restore_command(self.settings.data_dir, &path).into(),
+                ),
+            ],
+        );
+        Ok(())
+    }
+
     async fn run_step(&mut self, step: &Step, label: &str) -> Result<(), Failure> {
-        match step {
+        match *step {
             Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. } => {
-                self.run_on_data(step.result(), label).await
+                let pair = step.result();
+                let run = Run {
+                    version: pair.version,
+                    storage: pair.storage,
+                    data_dir: self.settings.data_dir,
+                    force_v2: false,
+                    new_cluster: false,
+                };
+                let serving = self.start_serving(run, label).await?;
+                self.stop_serving(serving, label).await
             }
-            Step::StorageMigration { .. }
-            | Step::MinorRollback { .. }
-            | Step::RollbackToEtcd2 { .. } => {
-                Err(Failure::Step(StepError::NotImplemented { step: *step }))
+            Step::StorageMigration { at } => self.storage_migration(at, label).await,
+            Step::MinorRollback { serve, to, .. } => self.minor_rollback(serve, to, label).await,
+            Step::RollbackToEtcd2 { serve, to, .. } => {
+                self.rollback_to_etcd2(serve, to, label).await
             }
         }
     }
 
-    /// Runs `pair.version` on the data until one write succeeds, then stops
-    /// it. The write is the proof that this release can serve the data.
-    async fn run_on_data(&mut self, pair: VersionPair, label: &str) -> Result<(), Failure> {
+    /// Starts `run.version` on `run.data_dir` and waits until one write
+    /// succeeds: the proof that this release can serve the data. On any
+    /// failure the etcd is stopped before returning.
+    pub(crate) async fn start_serving(
+        &mut self,
+        run: Run<'_>,
+        label: &str,
+    ) -> Result<Serving<L::Etcd>, Failure> {
         let settings = self.settings.clone();
+        let data_dir = run.data_dir.to_string_lossy();
         let spec = StepEtcd {
-            version: pair.version,
-            storage: pair.storage,
+            version: run.version,
+            storage: run.storage,
+            force_v2: run.force_v2,
             name: settings.name,
-            data_dir: settings.data_dir,
+            data_dir: &data_dir,
             client_port: settings.client_port,
             listen_peer_urls: settings.listen_peer_urls,
             initial_advertise_peer_urls: settings.initial_advertise_peer_urls,
             initial_cluster: settings.initial_cluster,
+            new_cluster_token: run.new_cluster.then_some(settings.initial_cluster_token),
             extra_args: settings.extra_args,
         };
         let started = Instant::now();
-        let mut etcd = self.launcher.launch(&spec).map_err(Failure::Step)?;
+        let mut etcd = self.launcher.launch(&spec)?;
         let pid = etcd.pid();
         log::info(
             "etcd started",
             &[
                 ("step", label.into()),
-                ("version", pair.version.to_string().into()),
+                ("version", run.version.to_string().into()),
                 ("pid", pid.into()),
                 ("client", spec.client_url().into()),
+                ("data_dir", data_dir.as_ref().into()),
             ],
         );
         let endpoint = spec.client_url();
-        let value = pair.version.to_string();
+        let value = run.version.to_string();
         let deadline = tokio::time::Instant::now() + settings.health_timeout;
         let mut last_error = String::from("no attempt finished");
-        let failure = loop {
-            match self
+        let ended = loop {
+            let attempt = self
                 .race(
                     &mut etcd,
                     deadline,
-                    self.health.write(&endpoint, pair.storage, &value),
+                    self.health.write(&endpoint, run.storage, &value),
                 )
-                .await
-            {
-                Race::Done(Ok(())) => break None,
-                Race::Done(Err(err)) => last_error = err,
-                Race::Signal(signal) => break Some(Failure::Interrupted(signal)),
-                Race::Exited(status) => {
-                    return Err(Failure::Step(StepError::ExitedEarly {
-                        version: pair.version,
+                .await;
+            let ended = match attempt {
+                Race::Done(Ok(())) => {
+                    return Ok(Serving {
+                        etcd,
                         pid,
-                        status,
-                        output: etcd.recent_output().join("\n"),
-                    }))
+                        version: run.version,
+                        endpoint,
+                        started,
+                        healthy_after: started.elapsed(),
+                    })
                 }
-                Race::Deadline => {
-                    break Some(Failure::Step(StepError::HealthTimeout {
-                        version: pair.version,
-                        pid,
-                        waited: settings.health_timeout,
-                        last_error: last_error.clone(),
-                        output: String::new(),
-                    }))
+                Race::Done(Err(err)) => {
+                    last_error = err;
+                    self.race(
+                        &mut etcd,
+                        deadline,
+                        tokio::time::sleep(HEALTH_POLL_INTERVAL),
+                    )
+                    .await
                 }
-            }
-            match self
-                .race(
-                    &mut etcd,
-                    deadline,
-                    tokio::time::sleep(HEALTH_POLL_INTERVAL),
-                )
-                .await
-            {
-                Race::Done(()) => {}
-                Race::Signal(signal) => break Some(Failure::Interrupted(signal)),
-                Race::Exited(status) => {
-                    return Err(Failure::Step(StepError::ExitedEarly {
-                        version: pair.version,
-                        pid,
-                        status,
-                        output: etcd.recent_output().join("\n"),
-                    }))
-                }
-                Race::Deadline => {
-                    break Some(Failure::Step(StepError::HealthTimeout {
-                        version: pair.version,
-                        pid,
-                        waited: settings.health_timeout,
-                        last_error: last_error.clone(),
-                        output: String::new(),
-                    }))
-                }
+                Race::Signal(signal) => Race::Signal(signal),
+                Race::Exited(status) => Race::Exited(status),
+                Race::Deadline => Race::Deadline,
+            };
+            if !matches!(ended, Race::Done(())) {
+                break ended;
             }
         };
-        let healthy_after = started.elapsed();
-        let stopping = Instant::now();
-        let stopped = etcd.stop().await;
-        let stop_time = stopping.elapsed();
-        match failure {
-            Some(Failure::Step(StepError::HealthTimeout {
-                version,
+        let failure = match ended {
+            Race::Signal(signal) => {
+                stop_quietly(&mut etcd, pid).await;
+                Failure::Interrupted(signal)
+            }
+            Race::Exited(status) => Failure::Step(StepError::ExitedEarly {
+                version: run.version,
                 pid,
-                waited,
-                last_error,
-                ..
-            })) => {
-                return Err(Failure::Step(StepError::HealthTimeout {
-                    version,
+                status,
+                output: etcd.recent_output().join("\n"),
+            }),
+            Race::Deadline | Race::Done(()) => {
+                // Stopped first, so the report carries its last words.
+                stop_quietly(&mut etcd, pid).await;
+                Failure::Step(StepError::HealthTimeout {
+                    version: run.version,
                     pid,
-                    waited,
+                    waited: settings.health_timeout,
                     last_error,
                     output: etcd.recent_output().join("\n"),
-                }))
+                })
             }
-            Some(failure) => {
-                if let Err(err) = stopped {
-                    log::error(
-                        "cannot stop etcd",
-                        &[("pid", pid.into()), ("error", err.to_string().into())],
-                    );
-                }
-                return Err(failure);
-            }
-            None => {}
-        }
-        let (status, killed) = stopped.map_err(|source| {
-            Failure::Step(StepError::Stop {
-                version: pair.version,
+        };
+        Err(failure)
+    }
+
+    /// Stops a serving etcd and logs how the step's etcd went.
+    pub(crate) async fn stop_serving(
+        &mut self,
+        mut serving: Serving<L::Etcd>,
+        label: &str,
+    ) -> Result<(), Failure> {
+        let stopping = Instant::now();
+        let (status, killed) = serving
+            .etcd
+            .stop()
+            .await
+            .map_err(|source| StepError::Stop {
+                version: serving.version,
                 source,
-            })
-        })?;
+            })?;
         let clean = matches!(
             status,
             ExitStatus::Exited(0) | ExitStatus::Signaled(Signal::SIGTERM)
         ) && !killed;
         let fields = [
             ("step", label.into()),
-            ("version", pair.version.to_string().into()),
-            ("pid", pid.into()),
-            ("healthy_ms", log::ms(healthy_after)),
-            ("stop_ms", log::ms(stop_time)),
+            ("version", serving.version.to_string().into()),
+            ("pid", serving.pid.into()),
+            ("healthy_ms", log::ms(serving.healthy_after)),
+            ("served_ms", log::ms(serving.started.elapsed())),
+            ("stop_ms", log::ms(stopping.elapsed())),
             ("exit", status.to_string().into()),
         ];
         if clean {
             log::info("etcd healthy and stopped", &fields);
         } else {
-            // The write was committed (raft fsyncs before acknowledging), so
-            // the step stands; an unclean stop only costs the next start a
-            // longer WAL replay.
+            // Every write we made was committed (raft fsyncs before it
+            // acknowledges), so the step stands; an unclean stop only costs
+            // the next start a longer WAL replay.
             log::warn("etcd healthy but stopped uncleanly", &fields);
         }
         Ok(())
     }
 
+    /// Does `work` while `serving` runs: fails (and stops etcd) if etcd
+    /// dies, a stop signal arrives, the work fails or takes longer than
+    /// [`WORK_TIMEOUT`].
+    pub(crate) async fn while_serving<R>(
+        &self,
+        serving: &mut Serving<L::Etcd>,
+        what: &str,
+        work: impl Future<Output = Result<R, String>>,
+    ) -> Result<R, Failure> {
+        let deadline = tokio::time::Instant::now() + WORK_TIMEOUT;
+        let failure = match self.race(&mut serving.etcd, deadline, work).await {
+            Race::Done(Ok(value)) => return Ok(value),
+            Race::Done(Err(detail)) => Failure::Step(StepError::Work {
+                what: what.to_string(),
+                detail,
+            }),
+            Race::Signal(signal) => Failure::Interrupted(signal),
+            Race::Exited(status) => {
+                return Err(Failure::Step(StepError::ExitedEarly {
+                    version: serving.version,
+                    pid: serving.pid,
+                    status,
+                    output: serving.etcd.recent_output().join("\n"),
+                }))
+            }
+            Race::Deadline => Failure::Step(StepError::WorkTimeout {
+                what: what.to_string(),
+                waited: WORK_TIMEOUT,
+            }),
+        };
+        stop_quietly(&mut serving.etcd, serving.pid).await;
+        Err(failure)
+    }
+
+    /// Runs an offline tool, unless a stop signal comes first (dropping the
+    /// tool's future stops it).
+    pub(crate) async fn offline(
+        &self,
+        binary: Binary,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<(), Failure> {
+        let mut termination = self.termination.clone();
+        let started = Instant::now();
+        let result = tokio::select! {
+            biased;
+            signal = termination.wait_for(Option::is_some) => match signal.ok().and_then(|s| *s) {
+                Some(signal) => return Err(Failure::Interrupted(signal)),
+                None => Err(StepError::WorkTimeout { what: binary.to_string(), waited: WORK_TIMEOUT }),
+            },
+            _ = tokio::time::sleep(WORK_TIMEOUT) => Err(StepError::WorkTimeout { what: binary.to_string(), waited: WORK_TIMEOUT }),
+            result = self.tools.run(binary, args, env) => result,
+        };
+        log::info(
+            "tool finished",
+            &[
+                ("tool", binary.to_string().into()),
+                ("args", args.join(" ").into()),
+                ("ok", result.is_ok().into()),
+                ("ms", log::ms(started.elapsed())),
+            ],
+        );
+        result.map_err(Failure::Step)
+    }
+
     /// Polls `work` until it finishes, unless etcd exits, a stop signal
     /// arrives or the deadline passes first.
-    async fn race<T>(
+    pub(crate) async fn race<R>(
         &self,
         etcd: &mut L::Etcd,
         deadline: tokio::time::Instant,
-        work: impl Future<Output = T>,
-    ) -> Race<T> {
+        work: impl Future<Output = R>,
+    ) -> Race<R> {
         let mut termination = self.termination.clone();
         tokio::select! {
             biased;
@@ -452,6 +652,22 @@ impl<L: Launcher, H: Health, P: Progress> Executor<'_, L, H, P> {
             _ = tokio::time::sleep_until(deadline) => Race::Deadline,
             output = work => Race::Done(output),
         }
+    }
+}
+
+/// Stops a serving etcd on a failure path (see [`stop_quietly`]).
+pub(crate) async fn stop_serving_quietly<E: RunningEtcd>(serving: &mut Serving<E>) {
+    stop_quietly(&mut serving.etcd, serving.pid).await;
+}
+
+/// Stops an etcd on a failure path, where the failure itself is what gets
+/// reported; a stop error is logged.
+async fn stop_quietly<E: RunningEtcd>(etcd: &mut E, pid: i32) {
+    if let Err(err) = etcd.stop().await {
+        log::error(
+            "cannot stop etcd",
+            &[("pid", pid.into()), ("error", err.to_string().into())],
+        );
     }
 }
 
@@ -493,6 +709,20 @@ mod tests {
     struct FakeHealth {
         launches: Rc<RefCell<Vec<(Version, Behaviour)>>>,
         attempts: RefCell<u32>,
+    }
+
+    /// Upgrades use no offline tool.
+    struct NoTools;
+
+    impl Tools for NoTools {
+        async fn run(
+            &self,
+            binary: Binary,
+            _args: &[String],
+            _env: &[(&str, &str)],
+        ) -> Result<(), StepError> {
+            panic!("an upgrade ran {binary}")
+        }
     }
 
     struct FakeProgress {
@@ -641,19 +871,30 @@ mod tests {
         };
         let (sender, termination) = watch::channel(signal);
         let extra = Vec::new();
+        let backup = BackupPolicy {
+            mode: BackupMode::Destructive,
+            root: "/data.backup".into(),
+            keep: 3,
+        };
         let mut executor = Executor {
             launcher: &launcher,
             health: &health,
+            tools: &NoTools,
             progress: &mut progress,
             settings: StepSettings {
                 name: "m",
-                data_dir: "/data",
+                data_dir: Path::new("/data"),
                 client_port: 18629,
                 listen_peer_urls: "http://localhost:2380",
                 initial_advertise_peer_urls: "http://localhost:2380",
                 initial_cluster: "m=http://localhost:2380",
+                initial_cluster_token: "etcd-cluster",
                 extra_args: &extra,
                 health_timeout: Duration::from_millis(300),
+                backup: &backup,
+                ttl_leases: TtlLeases::Exact,
+                ttl_keys_directory: "/registry/events",
+                keep_v2_keys: false,
             },
             termination,
         };
@@ -727,7 +968,7 @@ mod tests {
                     "{source}"
                 ),
                 Behaviour::DiesAtStart => assert!(
-                    source.contains("exited with exit code 2 before accepting a write")
+                    source.contains("exited with exit code 2 before the step's work was done")
                         && source.contains("panic: fake etcd 3.5.16"),
                     "{source}"
                 ),

@@ -7,6 +7,7 @@
 // they travel up once per process, so their size costs nothing.
 #![allow(clippy::result_large_err)]
 
+pub mod backup;
 pub mod binaries;
 pub mod config;
 pub mod datadir;
@@ -15,8 +16,10 @@ pub mod etcd;
 pub mod exec;
 pub mod executor;
 pub mod health;
+pub mod keyspace;
 pub mod log;
 pub mod plan;
+pub mod rebuild;
 pub mod supervisor;
 pub mod version;
 
@@ -26,11 +29,12 @@ use std::time::Instant;
 
 use nix::sys::signal::{SigSet, Signal};
 
+use crate::backup::BackupMode;
 use crate::binaries::BinError;
 use crate::config::{Config, Mode};
 use crate::datadir::{DataDirError, DirState};
 use crate::exec::ExecTarget;
-use crate::executor::{ExecuteError, Executor, Progress, StepError, StepSettings};
+use crate::executor::{ExecuteError, Executor, Progress, StepSettings};
 use crate::plan::{Binary, Bundle, Plan, PlanError, Step};
 use crate::supervisor::{Supervisor, SupervisorError};
 use crate::version::VersionPair;
@@ -73,17 +77,9 @@ pub enum Error {
         #[source]
         source: PlanError,
     },
-    /// The plan has a step this release cannot carry out yet.
-    #[error("cannot migrate {current} to {target}")]
-    NotImplemented {
-        /// What version.txt says.
-        current: VersionPair,
-        /// What was asked for.
-        target: VersionPair,
-        /// The step.
-        #[source]
-        source: Box<StepError>,
-    },
+    /// The filesystems cannot take the backup or the scratch copies.
+    #[error(transparent)]
+    Space(#[from] backup::BackupError),
     /// A needed binary is absent or wrong.
     #[error(transparent)]
     Binary(#[from] BinError),
@@ -126,7 +122,7 @@ impl Error {
         match self {
             Error::DataDir(_)
             | Error::Plan { .. }
-            | Error::NotImplemented { .. }
+            | Error::Space(_)
             | Error::Binary(_)
             | Error::MultiMember { .. } => EXIT_PRECONDITION,
             Error::Execute(ExecuteError::Step { .. }) => EXIT_STEP_FAILED,
@@ -306,7 +302,6 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
             ],
         );
     } else {
-        let data_dir = config.data_dir.to_string_lossy().into_owned();
         let launcher = etcd::ProcessLauncher::new(supervisor.clone(), config.bin_dir.clone());
         let health = health::EtcdHealth::new().map_err(Error::Runtime)?;
         let mut progress = DataDirProgress {
@@ -315,16 +310,22 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         let mut executor = Executor {
             launcher: &launcher,
             health: &health,
+            tools: &launcher,
             progress: &mut progress,
             settings: StepSettings {
                 name: &config.name,
-                data_dir: &data_dir,
+                data_dir: &config.data_dir,
                 client_port: config.client_port,
                 listen_peer_urls: &config.listen_peer_urls,
                 initial_advertise_peer_urls: &config.initial_advertise_peer_urls,
                 initial_cluster: &config.initial_cluster,
+                initial_cluster_token: &config.initial_cluster_token,
                 extra_args: &config.extra_args,
                 health_timeout: config.health_timeout,
+                backup: &config.backup,
+                ttl_leases: config.ttl_leases,
+                ttl_keys_directory: &config.ttl_keys_directory,
+                keep_v2_keys: config.keep_v2_keys,
             },
             termination: supervisor.termination(),
         };
@@ -347,23 +348,25 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
 /// Refuses plans this release cannot or must not carry out, before
 /// anything is touched.
 fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
-    if let Some(step) = plan
-        .steps
-        .iter()
-        .find(|s| !matches!(s, Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. }))
-    {
-        return Err(Error::NotImplemented {
-            current: plan.current,
-            target: plan.target,
-            source: Box::new(StepError::NotImplemented { step: *step }),
-        });
-    }
     let members = initial_cluster_members(&config.initial_cluster);
     if !plan.steps.is_empty() && members > 1 {
         return Err(Error::MultiMember {
             initial_cluster: config.initial_cluster.clone(),
             members,
         });
+    }
+    let destructive = plan.steps.iter().any(Step::is_destructive);
+    let backup = match config.backup.mode {
+        BackupMode::Always => !plan.steps.is_empty(),
+        BackupMode::Destructive => destructive,
+        BackupMode::Never => false,
+    };
+    if backup || destructive {
+        backup::check_free_space(
+            &config.data_dir,
+            backup.then_some(config.backup.root.as_path()),
+            destructive,
+        )?;
     }
     Ok(())
 }

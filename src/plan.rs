@@ -326,6 +326,17 @@ impl Step {
         }
     }
 
+    /// True for steps that rewrite the data rather than run a newer etcd
+    /// on it; a backup is taken before the first of them.
+    pub fn is_destructive(&self) -> bool {
+        matches!(
+            self,
+            Step::StorageMigration { .. }
+                | Step::MinorRollback { .. }
+                | Step::RollbackToEtcd2 { .. }
+        )
+    }
+
     /// The short name of the step kind, for logs.
     pub fn kind(&self) -> &'static str {
         match self {

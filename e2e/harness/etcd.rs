@@ -14,7 +14,10 @@ use etcd_client::{Client, ConnectOptions};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::{etcd_binary, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, STOP_GRACE};
+use super::keyspace::Keyspace;
+use super::{
+    block_on, etcd_binary, free_port, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, STOP_GRACE,
+};
 
 /// How long one connect or request of the test's own client may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -120,7 +123,8 @@ impl EtcdProcess {
     ) -> Self {
         let program = etcd_binary(version);
         let log = log_dir.join(format!("etcd-{version}-{client_port}.log"));
-        let out = File::create(&log).unwrap_or_else(|err| panic!("create {}: {err}", log.display()));
+        let out =
+            File::create(&log).unwrap_or_else(|err| panic!("create {}: {err}", log.display()));
         let err_out = out
             .try_clone()
             .unwrap_or_else(|err| panic!("dup {}: {err}", log.display()));
@@ -132,7 +136,10 @@ impl EtcdProcess {
             .arg(format!("--listen-client-urls={client_url}"))
             .arg(format!("--advertise-client-urls={client_url}"))
             .arg(format!("--listen-peer-urls={}", member.peer_url()))
-            .arg(format!("--initial-advertise-peer-urls={}", member.peer_url()))
+            .arg(format!(
+                "--initial-advertise-peer-urls={}",
+                member.peer_url()
+            ))
             .arg(format!("--initial-cluster={}", member.initial_cluster()))
             .arg("--heartbeat-interval=10")
             .arg("--election-timeout=100")
@@ -176,7 +183,6 @@ impl EtcdProcess {
     pub async fn wait_ready(&mut self) {
         let started = Instant::now();
         let endpoint = self.endpoint();
-        let mut last_error = String::from("no attempt finished");
         loop {
             if let Ok(Some(status)) = self.child().try_wait() {
                 panic!(
@@ -185,10 +191,10 @@ impl EtcdProcess {
                     self.log_tail()
                 );
             }
-            match probe(&endpoint).await {
+            let last_error = match probe(&endpoint).await {
                 Ok(()) => return,
-                Err(err) => last_error = err,
-            }
+                Err(err) => err,
+            };
             if started.elapsed() > ETCD_READY_TIMEOUT {
                 panic!(
                     "etcd {} did not accept a write on {endpoint} within {ETCD_READY_TIMEOUT:?} \
@@ -234,4 +240,16 @@ impl Drop for EtcdProcess {
             kill_and_reap(child);
         }
     }
+}
+
+/// Starts `etcd-<version>` on `data_dir` as `member` (on a fresh client
+/// port), reads everything it serves, and stops it cleanly.
+pub fn read_back(version: &str, member: &Member, data_dir: &Path, log_dir: &Path) -> Keyspace {
+    let mut etcd = EtcdProcess::start(version, member, data_dir, free_port(), log_dir);
+    let keyspace = block_on(async {
+        etcd.wait_ready().await;
+        Keyspace::read(&etcd.endpoint()).await
+    });
+    etcd.stop();
+    keyspace
 }

@@ -177,30 +177,6 @@ pub fn set_mode(path: &Path, mode: u32) {
         .unwrap_or_else(|err| panic!("chmod {:o} {}: {err}", mode, path.display()));
 }
 
-/// Copies a tree, keeping permission bits (for data dirs shared as a
-/// read-only template).
-pub fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir(to).unwrap_or_else(|err| panic!("mkdir {}: {err}", to.display()));
-    let entries =
-        std::fs::read_dir(from).unwrap_or_else(|err| panic!("list {}: {err}", from.display()));
-    for entry in entries {
-        let entry = entry.unwrap_or_else(|err| panic!("list {}: {err}", from.display()));
-        let source = entry.path();
-        let target = to.join(entry.file_name());
-        let kind = entry
-            .file_type()
-            .unwrap_or_else(|err| panic!("stat {}: {err}", source.display()));
-        if kind.is_dir() {
-            copy_tree(&source, &target);
-        } else {
-            std::fs::copy(&source, &target).unwrap_or_else(|err| {
-                panic!("copy {} to {}: {err}", source.display(), target.display())
-            });
-        }
-    }
-    set_mode(to, mode(from));
-}
-
 /// Installs `content` as an executable file at `path` through a separate
 /// `install` process. Writing it from this multi-threaded test process
 /// would risk ETXTBSY: a child forked by another test between our open and
@@ -217,14 +193,17 @@ pub fn install_script(path: &Path, content: &str) {
         .arg(path)
         .status()
         .unwrap_or_else(|err| panic!("run install: {err}"));
-    assert!(status.success(), "install {} failed: {status}", path.display());
+    assert!(
+        status.success(),
+        "install {} failed: {status}",
+        path.display()
+    );
 }
 
 /// Links `link` to `target`.
 pub fn symlink(target: &Path, link: &Path) {
-    std::os::unix::fs::symlink(target, link).unwrap_or_else(|err| {
-        panic!("symlink {} -> {}: {err}", link.display(), target.display())
-    });
+    std::os::unix::fs::symlink(target, link)
+        .unwrap_or_else(|err| panic!("symlink {} -> {}: {err}", link.display(), target.display()));
 }
 
 /// Whether `pid` is still a live (not zombie) process.

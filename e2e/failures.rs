@@ -1,0 +1,123 @@
+//! Runs that stop in the middle: a stop signal during a step (the rerun
+//! must converge), and a step whose etcd dies (the completed steps stay
+//! recorded).
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::harness::etcd::read_back;
+use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::migrator::Migration;
+use crate::harness::{
+    etcd_binary, install_script, is_running, read_version_txt, symlink, temp_dir, wait_until,
+    Member, STOP_GRACE,
+};
+
+/// How long the first step may take to log its etcd's pid.
+const STEP_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the step's etcd may outlive etcd-migrate after a SIGTERM.
+const STEP_ETCD_GONE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The `pid=` field of a log line.
+fn pid_field(line: &str) -> i32 {
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("pid="))
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid= in {line:?}"))
+}
+
+#[test]
+fn sigterm_during_a_step_then_rerun_converges() {
+    let tmp = temp_dir("sigterm");
+    let data = tmp.path().join("data");
+    let member = Member::new("sigterm");
+    let fixture = fixture::build(FixtureSpec::full("3.3.25"), &data, &member, tmp.path());
+
+    // Slow raft timings (appended last, so they win over the migrator's
+    // fast ones) keep the first step's etcd from accepting its write for a
+    // few seconds: the signal lands mid-step on any machine.
+    let mut running = Migration::new("3.5.16", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .arg("--etcd-server-extra-args=--heartbeat-interval=500 --election-timeout=5000")
+        .spawn();
+    let started = running.wait_for_line("etcd started step=1/2", STEP_START_TIMEOUT, |line| {
+        line.starts_with("[etcd-migrate] ") && line.contains(" etcd started step=1/2 ")
+    });
+    let step_pid = pid_field(&started);
+    assert!(started.contains("version=3.4.23"), "{started}");
+    running.signal(Signal::SIGTERM);
+    let run = running.wait(STOP_GRACE * 2);
+    run.assert_code(143);
+    assert!(
+        run.lines_with("step done").is_empty(),
+        "the step must not complete\n{}",
+        run.explain()
+    );
+    wait_until(
+        &format!("the step's etcd (pid {step_pid}) to exit"),
+        STEP_ETCD_GONE_TIMEOUT,
+        || (!is_running(step_pid)).then_some(()),
+    );
+    assert_eq!(
+        read_version_txt(&data),
+        "3.3.25/etcd3",
+        "the interrupted step is not recorded"
+    );
+
+    let rerun = Migration::new("3.5.16", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .run();
+    rerun.assert_code(0);
+    assert_eq!(
+        rerun.lines_with("step done").len(),
+        2,
+        "{}",
+        rerun.explain()
+    );
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+    let after = read_back("3.5.16", &member, &data, tmp.path());
+    after.assert_kept(&fixture.keyspace, Some("3.5.16"), 3000);
+}
+
+/// An `etcd-3.5.16` that passes the version check and then dies at start
+/// the way a Go panic does.
+const PANICKING_ETCD: &str = r#"#!/bin/sh
+if [ "$1" = "--version" ]; then
+  echo "etcd Version: 3.5.16"
+  echo "Git SHA: injected"
+  exit 0
+fi
+echo "panic: injected failure" >&2
+exit 2
+"#;
+
+#[test]
+fn step_failure_leaves_last_completed_step_recorded() {
+    let tmp = temp_dir("stepfail");
+    let data = tmp.path().join("data");
+    let member = Member::new("stepfail");
+    fixture::build(FixtureSpec::full("3.3.25"), &data, &member, tmp.path());
+
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir bin");
+    for version in ["3.3.25", "3.4.23"] {
+        symlink(&etcd_binary(version), &bin.join(format!("etcd-{version}")));
+    }
+    install_script(&bin.join("etcd-3.5.16"), PANICKING_ETCD);
+
+    let run = Migration::new("3.5.16", &data, &member)
+        .bin_dir(&bin)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .run();
+    run.assert_code(3)
+        .assert_stderr_has("panic: injected failure")
+        .assert_stderr_has("step 2/2");
+    assert_eq!(run.lines_with("step done").len(), 1, "{}", run.explain());
+    assert_eq!(
+        read_version_txt(&data),
+        "3.4.23/etcd3",
+        "the completed 3.4 step stays recorded"
+    );
+}

@@ -1,0 +1,203 @@
+//! This module owns the snapshot of what an etcd serves through v3: every
+//! key with its value and lease, and every lease with its TTLs and keys,
+//! and the comparison that proves a migration kept all of it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use etcd_client::{GetOptions, LeaseTimeToLiveOptions};
+
+use super::etcd::connect;
+
+/// The key every migration step writes (`etcd_version` = the release).
+pub const HEALTH_KEY: &[u8] = b"etcd_version";
+
+/// A key's value and the lease it is attached to (0: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The value.
+    pub value: Vec<u8>,
+    /// The lease id, 0 when the key has none.
+    pub lease: i64,
+}
+
+/// A lease as etcd reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The TTL it was granted, in seconds.
+    pub granted_ttl: i64,
+    /// The seconds left when the snapshot was taken.
+    pub remaining_ttl: i64,
+    /// The keys attached to it.
+    pub keys: BTreeSet<Vec<u8>>,
+}
+
+/// Everything a v3 client can read.
+#[derive(Debug, Clone, Default)]
+pub struct Keyspace {
+    /// Every key.
+    pub entries: BTreeMap<Vec<u8>, Entry>,
+    /// Every lease, by id.
+    pub leases: BTreeMap<i64, Lease>,
+}
+
+impl Keyspace {
+    /// Reads every key and lease from the etcd at `endpoint`.
+    pub async fn read(endpoint: &str) -> Keyspace {
+        let mut client = connect(endpoint)
+            .await
+            .unwrap_or_else(|err| panic!("connect {endpoint}: {err}"));
+        let response = client
+            .get("", Some(GetOptions::new().with_all_keys()))
+            .await
+            .unwrap_or_else(|err| panic!("get all keys from {endpoint}: {err}"));
+        assert!(!response.more(), "range over all keys was truncated");
+        let entries = response
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    kv.key().to_vec(),
+                    Entry {
+                        value: kv.value().to_vec(),
+                        lease: kv.lease(),
+                    },
+                )
+            })
+            .collect();
+        let ids: Vec<i64> = client
+            .leases()
+            .await
+            .unwrap_or_else(|err| panic!("list leases on {endpoint}: {err}"))
+            .leases()
+            .iter()
+            .map(|lease| lease.id())
+            .collect();
+        let mut leases = BTreeMap::new();
+        for id in ids {
+            let lease = client
+                .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+                .await
+                .unwrap_or_else(|err| panic!("time-to-live of lease {id:x} on {endpoint}: {err}"));
+            leases.insert(
+                id,
+                Lease {
+                    granted_ttl: lease.granted_ttl(),
+                    remaining_ttl: lease.ttl(),
+                    keys: lease.keys().iter().cloned().collect(),
+                },
+            );
+        }
+        Keyspace { entries, leases }
+    }
+
+    /// How many keys are attached to a lease.
+    pub fn leased_keys(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|entry| entry.lease != 0)
+            .count()
+    }
+
+    /// The value of `etcd_version`, if present.
+    pub fn health_value(&self) -> Option<String> {
+        self.entries
+            .get(HEALTH_KEY)
+            .map(|entry| String::from_utf8_lossy(&entry.value).into_owned())
+    }
+
+    /// Asserts that `self` (read after a migration) holds exactly the keys,
+    /// values and leases of `before` (read from the fixture), except the
+    /// `etcd_version` key the migrator writes, which must say `health` (the
+    /// release of the last step; `None`: no step ran, so no such key); and
+    /// that every lease still has more than `min_remaining_ttl` s left.
+    pub fn assert_kept(&self, before: &Keyspace, health: Option<&str>, min_remaining_ttl: i64) {
+        assert_eq!(
+            self.health_value().as_deref(),
+            health,
+            "etcd_version should hold the release of the last step that ran"
+        );
+        let mut problems = String::new();
+        let keys: BTreeSet<&Vec<u8>> = before
+            .entries
+            .keys()
+            .chain(self.entries.keys())
+            .filter(|key| key.as_slice() != HEALTH_KEY)
+            .collect();
+        let mut differing = 0;
+        for key in keys {
+            let (old, new) = (before.entries.get(key), self.entries.get(key));
+            if old != new {
+                differing += 1;
+                if differing <= 10 {
+                    let _ = writeln!(
+                        problems,
+                        "key {:?}: before {}, after {}",
+                        String::from_utf8_lossy(key),
+                        describe(old),
+                        describe(new)
+                    );
+                }
+            }
+        }
+        if differing > 10 {
+            let _ = writeln!(problems, "… {} keys differ in all", differing);
+        }
+        let ids: BTreeSet<&i64> = before.leases.keys().chain(self.leases.keys()).collect();
+        for id in ids {
+            match (before.leases.get(id), self.leases.get(id)) {
+                (Some(old), Some(new)) => {
+                    if old.granted_ttl != new.granted_ttl {
+                        let _ = writeln!(
+                            problems,
+                            "lease {id:x}: granted TTL {} became {}",
+                            old.granted_ttl, new.granted_ttl
+                        );
+                    }
+                    if old.keys != new.keys {
+                        let _ = writeln!(
+                            problems,
+                            "lease {id:x}: {} keys became {}",
+                            old.keys.len(),
+                            new.keys.len()
+                        );
+                    }
+                    if new.remaining_ttl <= min_remaining_ttl {
+                        let _ = writeln!(
+                            problems,
+                            "lease {id:x}: only {} s left (want more than {min_remaining_ttl} s)",
+                            new.remaining_ttl
+                        );
+                    }
+                }
+                (Some(_), None) => {
+                    let _ = writeln!(problems, "lease {id:x} is gone");
+                }
+                (None, Some(_)) => {
+                    let _ = writeln!(problems, "lease {id:x} appeared");
+                }
+                (None, None) => {}
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "the migrated keyspace differs from the fixture's ({} keys, {} leases before; {} keys, {} leases after):\n{problems}",
+            before.entries.len(),
+            before.leases.len(),
+            self.entries.len(),
+            self.leases.len()
+        );
+    }
+}
+
+fn describe(entry: Option<&Entry>) -> String {
+    match entry {
+        None => "absent".to_string(),
+        Some(entry) => format!(
+            "{} bytes {:?}… lease {:x}",
+            entry.value.len(),
+            String::from_utf8_lossy(&entry.value[..entry.value.len().min(24)]),
+            entry.lease
+        ),
+    }
+}

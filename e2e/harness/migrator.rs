@@ -1,0 +1,382 @@
+//! This module owns running the `etcd-migrate` binary under test: its
+//! command line built from a member and a data dir, a clean environment,
+//! stdout and stderr collected (stderr also line by line as it comes, for
+//! tests that act in the middle of a run), a deadline on every run, and a
+//! guard that kills it if the test fails first.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use super::etcd::{die_with_parent, kill_and_reap};
+use super::{bin_dir, free_port, Member, MIGRATE_TIMEOUT, POLL_INTERVAL};
+
+/// How long the output pipes may stay open after the process exited (a
+/// grandchild could hold them; none should).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The prefix of every text log line etcd-migrate writes itself.
+pub const OUR_PREFIX: &str = "[etcd-migrate] ";
+
+/// What etcd-migrate does after migrating.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// `--no-exec`.
+    NoExec,
+    /// `--dry-run`.
+    DryRun,
+    /// Exec the target with these etcd arguments (after `--`).
+    Exec(Vec<String>),
+}
+
+/// One invocation of etcd-migrate.
+#[derive(Debug, Clone)]
+pub struct Migration {
+    /// `--target-version`.
+    pub target: String,
+    /// `--data-dir`.
+    pub data_dir: PathBuf,
+    /// `--name`.
+    pub name: String,
+    /// `--bin-dir`.
+    pub bin_dir: PathBuf,
+    /// `--port`: client port of the intermediate etcds.
+    pub port: u16,
+    /// `--peer-port`.
+    pub peer_port: u16,
+    /// `--bundled-versions`, when given.
+    pub bundled: Option<String>,
+    /// What happens after the walk.
+    pub mode: Mode,
+    /// More flags before `--`.
+    pub extra: Vec<OsString>,
+}
+
+impl Migration {
+    /// `--no-exec` migration of `data_dir` to `target` as `member`, with
+    /// the real bin dir and a fresh client port.
+    pub fn new(target: &str, data_dir: &Path, member: &Member) -> Self {
+        Migration {
+            target: target.to_string(),
+            data_dir: data_dir.to_path_buf(),
+            name: member.name.clone(),
+            bin_dir: bin_dir(),
+            port: free_port(),
+            peer_port: member.peer_port,
+            bundled: None,
+            mode: Mode::NoExec,
+            extra: Vec::new(),
+        }
+    }
+
+    /// Sets `--bundled-versions`.
+    pub fn bundled(mut self, list: &str) -> Self {
+        self.bundled = Some(list.to_string());
+        self
+    }
+
+    /// Sets `--bin-dir`.
+    pub fn bin_dir(mut self, dir: &Path) -> Self {
+        self.bin_dir = dir.to_path_buf();
+        self
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Adds a flag (before `--`).
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.extra.push(arg.into());
+        self
+    }
+
+    /// The command, with an environment holding only `PATH`: the test
+    /// runner's own `HOSTNAME`, `ETCD_*` or `INITIAL_CLUSTER` must not leak
+    /// into the run.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_etcd-migrate"));
+        command
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .arg("--target-version")
+            .arg(&self.target)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--name")
+            .arg(&self.name)
+            .arg("--bin-dir")
+            .arg(&self.bin_dir)
+            .arg("--port")
+            .arg(self.port.to_string())
+            .arg("--peer-port")
+            .arg(self.peer_port.to_string());
+        if let Some(list) = &self.bundled {
+            command.arg("--bundled-versions").arg(list);
+        }
+        command.args(&self.extra);
+        match &self.mode {
+            Mode::NoExec => {
+                command.arg("--no-exec");
+            }
+            Mode::DryRun => {
+                command.arg("--dry-run");
+            }
+            Mode::Exec(args) => {
+                command.arg("--").args(args);
+            }
+        }
+        command
+    }
+
+    /// Starts etcd-migrate without waiting for it.
+    pub fn spawn(&self) -> Running {
+        let mut command = self.command();
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        die_with_parent(&mut command);
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|err| panic!("spawn etcd-migrate: {err}"));
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (line_sender, lines) = mpsc::channel();
+        let (done_sender, done) = mpsc::channel();
+        if let Some(stream) = child.stdout.take() {
+            let sink = Arc::clone(&stdout);
+            let done = done_sender.clone();
+            std::thread::spawn(move || pump(stream, &sink, None, &done));
+        }
+        if let Some(stream) = child.stderr.take() {
+            let sink = Arc::clone(&stderr);
+            std::thread::spawn(move || pump(stream, &sink, Some(&line_sender), &done_sender));
+        }
+        Running {
+            child: Some(child),
+            stdout,
+            stderr,
+            lines,
+            done,
+        }
+    }
+
+    /// Runs etcd-migrate to completion (killed after [`MIGRATE_TIMEOUT`]).
+    pub fn run(&self) -> Outcome {
+        self.spawn().wait(MIGRATE_TIMEOUT)
+    }
+}
+
+/// Copies `stream` into `sink`, sending each line to `lines` too.
+fn pump(
+    stream: impl Read,
+    sink: &Mutex<String>,
+    lines: Option<&Sender<String>>,
+    done: &Sender<()>,
+) {
+    let mut reader = BufReader::new(stream);
+    let mut bytes = Vec::new();
+    loop {
+        bytes.clear();
+        match reader.read_until(b'\n', &mut bytes) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let line = String::from_utf8_lossy(&bytes).into_owned();
+                sink.lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .push_str(&line);
+                if let Some(lines) = lines {
+                    let _ = lines.send(line.trim_end_matches('\n').to_string());
+                }
+            }
+        }
+    }
+    let _ = done.send(());
+}
+
+/// A running etcd-migrate, killed on drop.
+pub struct Running {
+    child: Option<Child>,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+    lines: Receiver<String>,
+    done: Receiver<()>,
+}
+
+impl Running {
+    /// Its pid (after an exec, the target etcd's).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |child| child.id() as i32)
+    }
+
+    /// stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Waits for the first stderr line (not yet consumed) that `matches`
+    /// accepts and returns it; panics after `timeout` or if the output ends.
+    pub fn wait_for_line(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        matches: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if matches(&line) => return line,
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => panic!(
+                    "no stderr line with {what} within {timeout:?}; stderr so far:\n{}",
+                    self.stderr()
+                ),
+                Err(RecvTimeoutError::Disconnected) => panic!(
+                    "etcd-migrate closed stderr before a line with {what}; stderr:\n{}",
+                    self.stderr()
+                ),
+            }
+        }
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: Signal) {
+        kill(Pid::from_raw(self.pid()), signal)
+            .unwrap_or_else(|err| panic!("kill -{signal} {}: {err}", self.pid()));
+    }
+
+    /// Whether it has exited (without reaping it twice).
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|child| child.try_wait().ok().flatten())
+    }
+
+    /// Waits up to `timeout` for the exit; kills it and panics after that.
+    pub fn wait(mut self, timeout: Duration) -> Outcome {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.try_status() {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                if let Some(child) = self.child.as_mut() {
+                    kill_and_reap(child);
+                }
+                panic!(
+                    "etcd-migrate did not finish within {timeout:?}; it was killed; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        };
+        self.child = None;
+        // Let the pumps reach end-of-file so no trailing line is lost.
+        let drained = Instant::now() + DRAIN_TIMEOUT;
+        for _ in 0..2 {
+            let left = drained.saturating_duration_since(Instant::now());
+            if self.done.recv_timeout(left).is_err() {
+                break;
+            }
+        }
+        Outcome {
+            status,
+            stdout: self
+                .stdout
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone(),
+            stderr: self.stderr(),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            kill_and_reap(child);
+        }
+    }
+}
+
+/// How a finished run ended and what it printed.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The exit status.
+    pub status: ExitStatus,
+    /// Everything on stdout.
+    pub stdout: String,
+    /// Everything on stderr (ours and relayed etcd output).
+    pub stderr: String,
+}
+
+impl Outcome {
+    /// The exit code, `None` if a signal ended it.
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    /// The status and output, for assertion messages.
+    pub fn explain(&self) -> String {
+        format!(
+            "etcd-migrate ended with {}\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+
+    /// Asserts the exit code.
+    pub fn assert_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code(),
+            Some(code),
+            "unexpected exit code\n{}",
+            self.explain()
+        );
+        self
+    }
+
+    /// Our own log lines (text format), without relayed etcd output.
+    pub fn our_lines(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|line| line.starts_with(OUR_PREFIX))
+            .collect()
+    }
+
+    /// Our lines whose message is `message`
+    /// (`[etcd-migrate] <ts> <level> <message> key=value …`).
+    pub fn lines_with(&self, message: &str) -> Vec<&str> {
+        self.our_lines()
+            .into_iter()
+            .filter(|line| {
+                let mut parts = line[OUR_PREFIX.len()..].splitn(3, ' ');
+                let rest = parts.nth(2).unwrap_or("");
+                rest == message || rest.starts_with(&format!("{message} "))
+            })
+            .collect()
+    }
+
+    /// Asserts stderr contains `text`.
+    pub fn assert_stderr_has(&self, text: &str) -> &Self {
+        assert!(
+            self.stderr.contains(text),
+            "stderr should contain {text:?}\n{}",
+            self.explain()
+        );
+        self
+    }
+}

@@ -1,0 +1,157 @@
+//! Migrations that run steps on real etcd: the two-minor walk from 3.3 to
+//! 3.5 in `--no-exec` mode, and the same walk ending in the exec of the
+//! target etcd on the user's ports.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::GetOptions;
+use nix::sys::signal::Signal;
+
+use crate::harness::etcd::{connect, read_back};
+use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::Keyspace;
+use crate::harness::migrator::{Migration, Mode};
+use crate::harness::{
+    block_on, etcd_binary, free_port, mode, read_version_txt, temp_dir, Member, POLL_INTERVAL,
+    STOP_GRACE,
+};
+
+/// Leases granted 3,600 s ago at most a minute before must show more than
+/// this many seconds left after the walk.
+const MIN_REMAINING_TTL: i64 = 3000;
+
+/// How long the exec'd etcd may take to answer on the user's port.
+const EXEC_SERVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[test]
+fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
+    let tmp = temp_dir("walk");
+    let data = tmp.path().join("data");
+    let member = Member::new("walk");
+    let fixture = fixture::build(FixtureSpec::full("3.3.25"), &data, &member, tmp.path());
+
+    let run = Migration::new("3.5.16", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.1,3.5.16")
+        .run();
+    run.assert_code(0);
+
+    let starts = run.lines_with("step start");
+    assert_eq!(starts.len(), 2, "two steps expected\n{}", run.explain());
+    assert!(
+        starts[0].contains("step=1/2") && starts[0].contains("to=3.4.23/etcd3"),
+        "first step goes to 3.4.23: {}",
+        starts[0]
+    );
+    assert!(
+        starts[1].contains("step=2/2") && starts[1].contains("to=3.5.16/etcd3"),
+        "second step goes to 3.5.16: {}",
+        starts[1]
+    );
+    let started = run.lines_with("etcd started");
+    assert!(
+        started.len() == 2
+            && started[0].contains("version=3.4.23")
+            && started[1].contains("version=3.5.16"),
+        "each step runs its own release\n{}",
+        run.explain()
+    );
+    assert_eq!(run.lines_with("step done").len(), 2, "{}", run.explain());
+    assert_eq!(run.lines_with("migrated").len(), 1, "{}", run.explain());
+    run.assert_stderr_has("[etcd-3.4.23] ")
+        .assert_stderr_has("[etcd-3.5.16] ");
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+    assert_eq!(mode(&data), 0o700, "the data dir keeps etcd's mode");
+
+    let after = read_back("3.5.16", &member, &data, tmp.path());
+    after.assert_kept(&fixture.keyspace, Some("3.5.16"), MIN_REMAINING_TTL);
+    assert!(after.leased_keys() >= 50, "leased keys kept their leases");
+    assert_eq!(mode(&data), 0o700);
+}
+
+#[test]
+fn exec_mode_serves_the_target_on_the_users_port_as_the_same_pid() {
+    let tmp = temp_dir("exec");
+    let data = tmp.path().join("data");
+    let member = Member::new("exec");
+    let fixture = fixture::build(FixtureSpec::full("3.3.25"), &data, &member, tmp.path());
+
+    let user_url = format!("http://127.0.0.1:{}", free_port());
+    let etcd_args: Vec<String> = [
+        "--name",
+        &member.name,
+        "--listen-client-urls",
+        &user_url,
+        "--advertise-client-urls",
+        &user_url,
+        "--listen-peer-urls",
+        &member.peer_url(),
+        "--initial-advertise-peer-urls",
+        &member.peer_url(),
+        "--initial-cluster",
+        &member.initial_cluster(),
+    ]
+    .iter()
+    .map(|arg| arg.to_string())
+    .collect();
+    let mut running = Migration::new("3.5.16", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .mode(Mode::Exec(etcd_args))
+        .spawn();
+    let pid = running.pid();
+
+    let deadline = Instant::now() + EXEC_SERVE_TIMEOUT;
+    loop {
+        if let Some(status) = running.try_status() {
+            panic!(
+                "etcd-migrate (pid {pid}) exited with {status} instead of becoming etcd; stderr:\n{}",
+                running.stderr()
+            );
+        }
+        let served = block_on(async {
+            let mut client = connect(&user_url).await.ok()?;
+            client
+                .get("etcd_version", Some(GetOptions::new()))
+                .await
+                .ok()
+        });
+        if served.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing served v3 on {user_url} within {EXEC_SERVE_TIMEOUT:?}; stderr:\n{}",
+            running.stderr()
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+
+    // The pid we spawned is now etcd 3.5.16 itself: exec, not fork.
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .unwrap_or_else(|err| panic!("readlink /proc/{pid}/exe: {err}"));
+    let target = std::fs::canonicalize(etcd_binary("3.5.16")).expect("canonical etcd-3.5.16 path");
+    assert_eq!(
+        exe,
+        target,
+        "pid {pid} should run etcd-3.5.16; stderr:\n{}",
+        running.stderr()
+    );
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+    assert!(
+        running.stderr().contains("[etcd-migrate] ") && running.stderr().contains(" exec "),
+        "the hand-over is logged; stderr:\n{}",
+        running.stderr()
+    );
+
+    let served = block_on(Keyspace::read(&user_url));
+    served.assert_kept(&fixture.keyspace, Some("3.5.16"), MIN_REMAINING_TTL);
+
+    running.signal(Signal::SIGTERM);
+    let outcome = running.wait(STOP_GRACE);
+    let by_sigterm = std::os::unix::process::ExitStatusExt::signal(&outcome.status)
+        == Some(Signal::SIGTERM as i32);
+    assert!(
+        outcome.status.success() || by_sigterm,
+        "etcd should stop on SIGTERM\n{}",
+        outcome.explain()
+    );
+}

@@ -1,0 +1,452 @@
+//! This module owns backups of the data dir: a full copy next to it (never
+//! inside it), complete or absent after a crash, named with the time and
+//! the version it holds, pruned to the newest N, with a free-space check
+//! before the copy starts and the exact command that restores it.
+
+use std::collections::BTreeMap;
+use std::fs::{self, DirBuilder, File};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::datadir::{VERSION_TEMP_FILE, WORK_DIR};
+use crate::version::VersionPair;
+
+/// When to take a backup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackupMode {
+    /// Before the first destructive step of a run (storage migration, any
+    /// rollback): steps that rewrite the data rather than run a newer etcd
+    /// on it.
+    #[default]
+    Destructive,
+    /// Before the first step of any migration.
+    Always,
+    /// Never (the operator has their own).
+    Never,
+}
+
+/// Where and how many backups are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupPolicy {
+    /// When.
+    pub mode: BackupMode,
+    /// The directory that holds them (default `<data-dir>.backup`).
+    pub root: PathBuf,
+    /// How many to keep, newest first.
+    pub keep: usize,
+}
+
+/// Why a backup could not be taken or pruned.
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    /// Not enough free space for the copy (and scratch space).
+    #[error("not enough free space on the filesystem of {root} for {what}: {need} bytes are needed (the data dir holds {size} bytes; copies plus a margin), {have} are free; free space there, point --backup-dir at a larger filesystem, or pass --backup never if you have your own backup")]
+    NoSpace {
+        /// A path on the filesystem that is short.
+        root: PathBuf,
+        /// What needs the space.
+        what: String,
+        /// Bytes of the data dir.
+        size: u64,
+        /// Bytes needed.
+        need: u64,
+        /// Bytes free.
+        have: u64,
+    },
+    /// The backup root is inside the data dir.
+    #[error("backup dir {root} is inside the data dir {data_dir}; backups must live outside it")]
+    Inside {
+        /// The backup root.
+        root: PathBuf,
+        /// The data dir.
+        data_dir: PathBuf,
+    },
+    /// An I/O operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl std::str::FromStr for BackupMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "destructive" => Ok(BackupMode::Destructive),
+            "always" => Ok(BackupMode::Always),
+            "never" => Ok(BackupMode::Never),
+            _ => Err("expected destructive, always or never".to_string()),
+        }
+    }
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> BackupError + 'a {
+    move |source| BackupError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Entries of the data dir a backup leaves out: our own scratch space.
+const SKIPPED: [&str; 2] = [WORK_DIR, VERSION_TEMP_FILE];
+
+/// Prefix of a backup being written; a crash leaves it, the next prune
+/// removes it.
+const TEMP_PREFIX: &str = ".tmp-";
+
+/// Bytes of regular files under `path` (what a copy needs).
+pub fn tree_size(path: &Path) -> Result<u64, BackupError> {
+    let mut total = 0;
+    for entry in fs::read_dir(path).map_err(io_err("list", path))? {
+        let entry = entry.map_err(io_err("list", path))?;
+        let meta = entry.metadata().map_err(io_err("stat", &entry.path()))?;
+        if meta.is_dir() {
+            total += tree_size(&entry.path())?;
+        } else {
+            total += meta.len();
+        }
+    }
+    Ok(total)
+}
+
+/// Bytes free for an unprivileged writer on the filesystem of `path`.
+pub fn free_space(path: &Path) -> Result<u64, BackupError> {
+    let stat = nix::sys::statvfs::statvfs(path).map_err(|errno| BackupError::Io {
+        op: "statvfs",
+        path: path.to_path_buf(),
+        source: io::Error::from(errno),
+    })?;
+    Ok((stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64))
+}
+
+/// What a copy of `size` bytes needs: the bytes, plus 10 % and 16 MiB for
+/// directory blocks and the filesystem's own reserve.
+pub fn needed_for(size: u64) -> u64 {
+    size + size / 10 + 16 * 1024 * 1024
+}
+
+/// Checks that a backup of `data_dir` fits under `root` (or, while `root`
+/// does not exist yet, its nearest existing ancestor). Reads only.
+pub fn check_space(data_dir: &Path, root: &Path) -> Result<u64, BackupError> {
+    check_free_space(data_dir, Some(root), false)
+}
+
+/// Checks, before anything is touched, that the filesystems involved can
+/// take a backup under `backup_root` (if any) and, with `scratch`, the
+/// scratch copies a rebuilding step makes inside the data dir (a snapshot
+/// and a restored copy: twice the data). Needs on one filesystem add up.
+pub fn check_free_space(
+    data_dir: &Path,
+    backup_root: Option<&Path>,
+    scratch: bool,
+) -> Result<u64, BackupError> {
+    use std::os::unix::fs::MetadataExt;
+    let size = tree_size(data_dir)?;
+    let mut needs: Vec<(PathBuf, &'static str, u64)> = Vec::new();
+    if let Some(root) = backup_root {
+        if root.starts_with(data_dir) {
+            return Err(BackupError::Inside {
+                root: root.to_path_buf(),
+                data_dir: data_dir.to_path_buf(),
+            });
+        }
+        let probe = root
+            .ancestors()
+            .find(|p| p.exists())
+            .unwrap_or(Path::new("/"))
+            .to_path_buf();
+        needs.push((probe, "a backup", needed_for(size)));
+    }
+    if scratch {
+        needs.push((
+            data_dir.to_path_buf(),
+            "the step's scratch copies",
+            needed_for(2 * size),
+        ));
+    }
+    let mut by_device: BTreeMap<u64, (PathBuf, Vec<&str>, u64)> = BTreeMap::new();
+    for (probe, what, need) in needs {
+        let dev = fs::metadata(&probe).map_err(io_err("stat", &probe))?.dev();
+        let slot = by_device
+            .entry(dev)
+            .or_insert_with(|| (probe.clone(), Vec::new(), 0));
+        slot.1.push(what);
+        slot.2 += need;
+    }
+    for (_, (probe, whats, need)) in by_device {
+        let have = free_space(&probe)?;
+        if have < need {
+            return Err(BackupError::NoSpace {
+                root: probe,
+                what: whats.join(" and "),
+                size,
+                need,
+                have,
+            });
+        }
+    }
+    Ok(size)
+}
+
+/// The name of a backup: UTC time, then what it holds, e.g.
+/// `20261122T110000Z-3.5.16-etcd3`. Sorting names sorts by time.
+pub fn backup_name(now: SystemTime, pair: VersionPair) -> String {
+    let stamp: String = humantime::format_rfc3339_seconds(now)
+        .to_string()
+        .chars()
+        .filter(|c| *c != '-' && *c != ':')
+        .collect();
+    format!("{stamp}-{}-{}", pair.version, pair.storage)
+}
+
+/// Copies `data_dir` to a new backup under `policy.root` and prunes old
+/// ones. The copy is written under a temp name, fsynced file by file and
+/// dir by dir, then renamed into place: after a crash a backup is complete
+/// or absent.
+pub fn create(
+    data_dir: &Path,
+    policy: &BackupPolicy,
+    pair: VersionPair,
+    now: SystemTime,
+) -> Result<PathBuf, BackupError> {
+    check_space(data_dir, &policy.root)?;
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&policy.root)
+        .map_err(io_err("create backup dir", &policy.root))?;
+    let base = backup_name(now, pair);
+    let mut name = base.clone();
+    let mut n = 1;
+    while policy.root.join(&name).exists() {
+        n += 1;
+        name = format!("{base}-{n}");
+    }
+    let temp = policy.root.join(format!("{TEMP_PREFIX}{name}"));
+    if temp.exists() {
+        fs::remove_dir_all(&temp).map_err(io_err("remove stale", &temp))?;
+    }
+    copy_tree(data_dir, &temp, true)?;
+    let target = policy.root.join(&name);
+    // Publish the finished copy in one step: the rename is atomic, so a
+    // reader (or a restore after a crash) never sees half a backup.
+    fs::rename(&temp, &target).map_err(io_err("rename backup into place", &target))?;
+    // The rename lives in the backup root's directory entries: without this
+    // fsync a power loss could lose the published name.
+    fsync(&policy.root)?;
+    prune(&policy.root, policy.keep)?;
+    Ok(target)
+}
+
+/// Copies a directory tree, keeping modes; every file and directory is
+/// fsynced so the copy is durable before it is published.
+fn copy_tree(from: &Path, to: &Path, top: bool) -> Result<(), BackupError> {
+    let meta = fs::metadata(from).map_err(io_err("stat", from))?;
+    DirBuilder::new()
+        .mode(meta.mode() & 0o7777)
+        .create(to)
+        .map_err(io_err("create", to))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(meta.mode() & 0o7777))
+        .map_err(io_err("chmod", to))?;
+    for entry in fs::read_dir(from).map_err(io_err("list", from))? {
+        let entry = entry.map_err(io_err("list", from))?;
+        let name = entry.file_name();
+        if top && SKIPPED.iter().any(|s| name == *s) {
+            continue;
+        }
+        let source = entry.path();
+        let dest = to.join(&name);
+        let file_type = entry.file_type().map_err(io_err("stat", &source))?;
+        if file_type.is_dir() {
+            copy_tree(&source, &dest, false)?;
+        } else if file_type.is_symlink() {
+            let link = fs::read_link(&source).map_err(io_err("read link", &source))?;
+            std::os::unix::fs::symlink(&link, &dest).map_err(io_err("create link", &dest))?;
+        } else {
+            fs::copy(&source, &dest).map_err(io_err("copy", &source))?;
+            // Durable before the backup is published by the rename.
+            fsync(&dest)?;
+        }
+    }
+    // The directory's own entries, durable likewise.
+    fsync(to)
+}
+
+fn fsync(path: &Path) -> Result<(), BackupError> {
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err("fsync", path))
+}
+
+/// The backups under `root`, oldest first.
+pub fn list(root: &Path) -> Result<Vec<PathBuf>, BackupError> {
+    let mut names: Vec<String> = Vec::new();
+    let entries = match fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(io_err("list", root)(err)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io_err("list", root))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(TEMP_PREFIX) && name.as_bytes().first().is_some_and(u8::is_ascii_digit)
+        {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names.into_iter().map(|n| root.join(n)).collect())
+}
+
+/// Removes all but the newest `keep` backups, and any half-written one.
+pub fn prune(root: &Path, keep: usize) -> Result<Vec<PathBuf>, BackupError> {
+    let mut removed = Vec::new();
+    for entry in fs::read_dir(root).map_err(io_err("list", root))? {
+        let entry = entry.map_err(io_err("list", root))?;
+        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            fs::remove_dir_all(entry.path()).map_err(io_err("remove", &entry.path()))?;
+            removed.push(entry.path());
+        }
+    }
+    let backups = list(root)?;
+    let excess = backups.len().saturating_sub(keep.max(1));
+    for old in &backups[..excess] {
+        fs::remove_dir_all(old).map_err(io_err("remove old backup", old))?;
+        removed.push(old.clone());
+    }
+    Ok(removed)
+}
+
+/// A shell command that puts `backup` back as the content of `data_dir`
+/// (content, not the dir itself: the data dir is often a mount point).
+/// Run it with etcd stopped.
+pub fn restore_command(data_dir: &Path, backup: &Path) -> String {
+    let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
+    format!(
+        "find {data} -mindepth 1 -maxdepth 1 -exec rm -rf {{}} + && cp -a {backup}/. {data}/",
+        data = quote(data_dir),
+        backup = quote(backup)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn pair(s: &str) -> VersionPair {
+        s.parse().expect("pair")
+    }
+
+    fn sample_data(dir: &Path) {
+        fs::create_dir_all(dir.join("member/snap")).expect("mkdir");
+        fs::create_dir_all(dir.join("member/wal")).expect("mkdir");
+        fs::write(dir.join("member/snap/db"), vec![7u8; 50_000]).expect("write");
+        fs::write(dir.join("member/wal/0.wal"), b"wal").expect("write");
+        fs::write(dir.join("version.txt"), "3.5.16/etcd3").expect("write");
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).expect("chmod");
+        fs::create_dir_all(dir.join(WORK_DIR)).expect("mkdir");
+    }
+
+    #[test]
+    fn names_sort_by_time_and_say_what_they_hold() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        let name = backup_name(t, pair("3.5.16/etcd3"));
+        assert!(name.ends_with("Z-3.5.16-etcd3"), "{name}");
+        assert_eq!(name.len(), "20261122T110000Z-3.5.16-etcd3".len());
+        let later = backup_name(t + Duration::from_secs(1), pair("3.3.25/etcd2"));
+        assert!(later > name);
+    }
+
+    #[test]
+    fn backup_is_a_durable_copy_and_old_ones_are_pruned() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        sample_data(&data);
+        let policy = BackupPolicy {
+            mode: BackupMode::Always,
+            root: tmp.path().join("data.backup"),
+            keep: 2,
+        };
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        let first = create(&data, &policy, pair("3.5.16/etcd3"), t0).expect("backup");
+        assert_eq!(
+            fs::read(first.join("member/snap/db")).expect("read").len(),
+            50_000
+        );
+        assert_eq!(
+            fs::read_to_string(first.join("version.txt")).expect("read"),
+            "3.5.16/etcd3"
+        );
+        assert!(
+            !first.join(WORK_DIR).exists(),
+            "scratch space is not backed up"
+        );
+        assert_eq!(fs::metadata(&first).expect("stat").mode() & 0o777, 0o700);
+        assert_eq!(
+            fs::metadata(&policy.root).expect("stat").mode() & 0o777,
+            0o700
+        );
+        // A crash mid-copy leaves a temp dir; the next backup clears it.
+        fs::create_dir_all(policy.root.join(".tmp-20000101T000000Z-3.3.25-etcd3")).expect("mkdir");
+        let second = create(&data, &policy, pair("3.5.16/etcd3"), t0).expect("same second");
+        assert_ne!(first, second);
+        let third = create(
+            &data,
+            &policy,
+            pair("3.4.23/etcd3"),
+            t0 + Duration::from_secs(5),
+        )
+        .expect("backup");
+        assert_eq!(list(&policy.root).expect("list"), vec![second, third]);
+        assert!(!policy
+            .root
+            .join(".tmp-20000101T000000Z-3.3.25-etcd3")
+            .exists());
+    }
+
+    #[test]
+    fn restore_command_puts_the_backup_back() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("da'ta");
+        sample_data(&data);
+        let policy = BackupPolicy {
+            mode: BackupMode::Always,
+            root: tmp.path().join("b"),
+            keep: 3,
+        };
+        let backup =
+            create(&data, &policy, pair("3.5.16/etcd3"), SystemTime::now()).expect("backup");
+        fs::write(data.join("member/snap/db"), b"changed").expect("write");
+        fs::write(data.join("stray"), b"x").expect("write");
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(restore_command(&data, &backup))
+            .status()
+            .expect("sh");
+        assert!(status.success());
+        assert_eq!(
+            fs::read(data.join("member/snap/db")).expect("read").len(),
+            50_000
+        );
+        assert!(!data.join("stray").exists());
+    }
+
+    #[test]
+    fn a_backup_inside_the_data_dir_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        sample_data(tmp.path());
+        let err = check_space(tmp.path(), &tmp.path().join("b")).expect_err("inside");
+        assert!(err.to_string().contains("inside the data dir"), "{err}");
+    }
+}

@@ -1,0 +1,700 @@
+//! This module owns the steps that rewrite the data rather than run a newer
+//! etcd on it: the etcd2 → etcd3 storage migration (with per-key TTLs as
+//! leases), the minor rollback by snapshot and restore, and the rollback to
+//! a fresh v2 store; and the one atomic swap they all end with. Scratch work
+//! happens in `<data-dir>/.etcd-migrate.work`, on the data's own
+//! filesystem, so the swap is a rename even when the data dir is a mount
+//! point.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, DirBuilder, File};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+
+use crate::datadir::WORK_DIR;
+use crate::executor::{
+    Executor, Failure, Health, Launcher, Progress, Run, StepError, Tools, TtlLeases,
+};
+use crate::health::HEALTH_KEY;
+use crate::keyspace::{self, fingerprint, Entry};
+use crate::log;
+use crate::plan::Binary;
+use crate::version::{Storage, Version};
+
+/// The lease the flat TTL mode gives the TTL keys directory (what the
+/// Kubernetes tool attached to `/registry/events`).
+pub const FLAT_LEASE_SECONDS: i64 = 3600;
+
+fn work_err(what: &str, detail: impl std::fmt::Display) -> Failure {
+    Failure::Step(StepError::Work {
+        what: what.to_string(),
+        detail: detail.to_string(),
+    })
+}
+
+/// Empties and recreates the scratch dir (a crashed earlier attempt may
+/// have left one behind).
+fn fresh_work_dir(data_dir: &Path) -> Result<PathBuf, Failure> {
+    let work = data_dir.join(WORK_DIR);
+    if work.exists() {
+        fs::remove_dir_all(&work)
+            .map_err(|e| work_err(&format!("remove leftover {}", work.display()), e))?;
+    }
+    DirBuilder::new()
+        .mode(0o700)
+        .create(&work)
+        .map_err(|e| work_err(&format!("create {}", work.display()), e))?;
+    Ok(work)
+}
+
+fn remove_work_dir(data_dir: &Path) {
+    let work = data_dir.join(WORK_DIR);
+    if let Err(err) = fs::remove_dir_all(&work) {
+        log::warn(
+            "cannot remove scratch dir",
+            &[
+                ("path", work.display().to_string().into()),
+                ("error", err.to_string().into()),
+            ],
+        );
+    }
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), Failure> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| work_err(&format!("fsync {}", dir.display()), e))
+}
+
+/// Puts `rebuilt/member` in place of `data_dir/member` in one atomic
+/// exchange: after a crash either the old member dir or the new one is in
+/// place, never neither (two renames would leave a window with none). The
+/// old one ends up in `rebuilt/`, removed with the scratch dir.
+pub(crate) fn swap_member(data_dir: &Path, rebuilt: &Path) -> Result<(), Failure> {
+    let current = data_dir.join("member");
+    let new = rebuilt.join("member");
+    renameat2(AT_FDCWD, &current, AT_FDCWD, &new, RenameFlags::RENAME_EXCHANGE).map_err(|errno| {
+        work_err(
+            &format!("swap {} with {}", current.display(), new.display()),
+            format!("{errno} (the filesystem must support renameat2 RENAME_EXCHANGE: ext4, xfs, btrfs, tmpfs and overlayfs do); nothing was swapped"),
+        )
+    })?;
+    // Both directories changed entries: make the exchange durable before
+    // version.txt records the step.
+    fsync_dir(data_dir)?;
+    fsync_dir(rebuilt)
+}
+
+/// Keys as v2 paths, checked for what the v2 store cannot hold: values and
+/// keys that are not UTF-8 (v2 is JSON text), two keys that become one
+/// path, and a key that would have to be both a file and a directory.
+pub fn check_v2_compatible(entries: &[Entry]) -> Result<(), String> {
+    let mut paths: BTreeSet<String> = BTreeSet::new();
+    for entry in entries {
+        let path = std::str::from_utf8(&keyspace::v2_path(&entry.key))
+            .map_err(|_| {
+                format!(
+                    "key {:?} is not UTF-8; the v2 store holds text keys only",
+                    String::from_utf8_lossy(&entry.key)
+                )
+            })?
+            .trim_end_matches('/')
+            .to_string();
+        if std::str::from_utf8(&entry.value).is_err() {
+            return Err(format!(
+                "the value of {path} is binary (not UTF-8), which the v2 store cannot hold; for Kubernetes, switch the API server to --storage-media-type=application/json and rewrite the objects before rolling back to etcd2"
+            ));
+        }
+        if path.split('/').skip(1).any(str::is_empty) {
+            return Err(format!(
+                "key {path:?} has an empty path segment, which v2 cannot represent"
+            ));
+        }
+        if !paths.insert(path.clone()) {
+            return Err(format!("two keys become the same v2 path {path}"));
+        }
+    }
+    for path in &paths {
+        let dir_prefix = format!("{path}/");
+        if let Some(child) = paths
+            .range(dir_prefix.clone()..)
+            .next()
+            .filter(|c| c.starts_with(&dir_prefix))
+        {
+            return Err(format!("{path} holds a value and is also the parent of {child}; in v2 a path is either a value or a directory"));
+        }
+    }
+    Ok(())
+}
+
+impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
+    /// 3.x → 3.(x-1): `serve` saves a snapshot, `to`'s restore tool writes
+    /// it into a fresh dir with the same member name, cluster, peer URLs
+    /// and token, `to` proves it by serving it, and the member dirs swap.
+    /// Keys, revisions and leases are in the snapshot.
+    pub(crate) async fn minor_rollback(
+        &mut self,
+        serve: Version,
+        to: Version,
+        label: &str,
+    ) -> Result<(), Failure> {
+        let data_dir = self.settings.data_dir.to_path_buf();
+        let work = fresh_work_dir(&data_dir)?;
+        let snapshot = work.join("snapshot.db");
+        let restored = work.join("restored");
+
+        let serving = self
+            .start_serving(run(serve, Storage::Etcd3, &data_dir), label)
+            .await?;
+        let save_args = strings(&[
+            "snapshot",
+            "save",
+            &snapshot.to_string_lossy(),
+            "--endpoints",
+            &serving.endpoint,
+        ]);
+        let saved = self
+            .offline(Binary::etcdctl(serve), &save_args, &[("ETCDCTL_API", "3")])
+            .await;
+        self.stop_serving(serving, label).await?;
+        saved?;
+
+        let restorer = Binary::snapshot_restorer(to);
+        let settings = &self.settings;
+        let restore_args = strings(&[
+            "snapshot",
+            "restore",
+            &snapshot.to_string_lossy(),
+            "--data-dir",
+            &restored.to_string_lossy(),
+            "--name",
+            settings.name,
+            "--initial-cluster",
+            settings.initial_cluster,
+            "--initial-advertise-peer-urls",
+            settings.initial_advertise_peer_urls,
+            "--initial-cluster-token",
+            settings.initial_cluster_token,
+        ]);
+        self.offline(restorer, &restore_args, &[("ETCDCTL_API", "3")])
+            .await?;
+
+        let serving = self
+            .start_serving(run(to, Storage::Etcd3, &restored), label)
+            .await?;
+        self.stop_serving(serving, label).await?;
+        swap_member(&data_dir, &restored)?;
+        remove_work_dir(&data_dir);
+        Ok(())
+    }
+
+    /// etcd3 → etcd2: `serve` serves the v3 data, every key is read with
+    /// its lease's remaining TTL, `to` builds a fresh v2 store in the
+    /// scratch dir, every key is written through the v2 API with its TTL,
+    /// the copy is checked by fingerprint, and the member dirs swap.
+    pub(crate) async fn rollback_to_etcd2(
+        &mut self,
+        serve: Version,
+        to: Version,
+        label: &str,
+    ) -> Result<(), Failure> {
+        let data_dir = self.settings.data_dir.to_path_buf();
+        let work = fresh_work_dir(&data_dir)?;
+        let rebuilt = work.join("v2");
+        DirBuilder::new()
+            .mode(0o700)
+            .create(&rebuilt)
+            .map_err(|e| work_err(&format!("create {}", rebuilt.display()), e))?;
+
+        let mut serving = self
+            .start_serving(run(serve, Storage::Etcd3, &data_dir), label)
+            .await?;
+        let endpoint = serving.endpoint.clone();
+        let entries = self
+            .while_serving(
+                &mut serving,
+                "read the v3 keyspace",
+                keyspace::read_v3(&endpoint),
+            )
+            .await?;
+        let read_at = Instant::now();
+        self.stop_serving(serving, label).await?;
+        let entries: Vec<Entry> = entries
+            .into_iter()
+            .filter(|e| e.key.as_slice() != HEALTH_KEY.as_bytes())
+            .collect();
+        check_v2_compatible(&entries)
+            .map_err(|detail| work_err("check that every v3 key fits the v2 store", detail))?;
+        let source = fingerprint(&entries);
+        log::info(
+            "v3 keyspace read",
+            &[
+                ("step", label.into()),
+                ("fingerprint", source.to_string().into()),
+            ],
+        );
+
+        let mut serving = self
+            .start_serving(run_new(to, Storage::Etcd2, &rebuilt), label)
+            .await?;
+        let endpoint = serving.endpoint.clone();
+        let elapsed = read_at.elapsed().as_secs() as i64;
+        let mut expired = Vec::new();
+        let to_write: Vec<Entry> = entries
+            .iter()
+            .filter_map(|e| match e.ttl {
+                Some(ttl) if ttl - elapsed <= 0 => {
+                    expired.push(String::from_utf8_lossy(&e.key).into_owned());
+                    None
+                }
+                Some(ttl) => Some(Entry {
+                    key: keyspace::v2_path(&e.key),
+                    value: e.value.clone(),
+                    ttl: Some(ttl - elapsed),
+                }),
+                None => Some(Entry {
+                    key: keyspace::v2_path(&e.key),
+                    value: e.value.clone(),
+                    ttl: None,
+                }),
+            })
+            .collect();
+        report_expired(label, &expired);
+        self.while_serving(
+            &mut serving,
+            "write the keys into the v2 store",
+            keyspace::write_all_v2(&endpoint, &to_write),
+        )
+        .await?;
+        let copied = self
+            .while_serving(
+                &mut serving,
+                "read the new v2 store back",
+                keyspace::read_v2(&endpoint),
+            )
+            .await?;
+        let check = verify_copy(&to_write, &copied, read_at.elapsed().as_secs() as i64 + 2);
+        if let Err(detail) = check {
+            crate::executor::stop_serving_quietly(&mut serving).await;
+            return Err(work_err("verify the v2 copy", detail));
+        }
+        log::info(
+            "v2 store verified",
+            &[
+                ("step", label.into()),
+                ("fingerprint", fingerprint(&copied).to_string().into()),
+            ],
+        );
+        self.stop_serving(serving, label).await?;
+        swap_member(&data_dir, &rebuilt)?;
+        remove_work_dir(&data_dir);
+        Ok(())
+    }
+
+    /// etcd2 → etcd3 at `at` (3.0 … 3.4): fingerprint the v2 store while
+    /// `at` serves it, convert with `etcdctl migrate` offline, give every
+    /// TTL key a lease with its own remaining TTL (keys that expire in the
+    /// same second share one), check the v3 keys against the fingerprint,
+    /// then remove the migrated keys from the v2 store (3.6 refuses custom
+    /// v2 content).
+    pub(crate) async fn storage_migration(
+        &mut self,
+        at: Version,
+        label: &str,
+    ) -> Result<(), Failure> {
+        let data_dir = self.settings.data_dir.to_path_buf();
+        fresh_work_dir(&data_dir)?;
+        let mut serving = self
+            .start_serving(run(at, Storage::Etcd2, &data_dir), label)
+            .await?;
+        let endpoint = serving.endpoint.clone();
+        let v2 = self
+            .while_serving(
+                &mut serving,
+                "read the v2 keyspace",
+                keyspace::read_v2(&endpoint),
+            )
+            .await?;
+        let read_at = Instant::now();
+        self.stop_serving(serving, label).await?;
+        let v2: Vec<Entry> = v2
+            .into_iter()
+            .filter(|e| e.key.as_slice() != format!("/{HEALTH_KEY}").as_bytes())
+            .collect();
+        let before = fingerprint(&v2);
+        log::info(
+            "v2 keyspace read",
+            &[
+                ("step", label.into()),
+                ("fingerprint", before.to_string().into()),
+            ],
+        );
+
+        let migrate_args = strings(&["migrate", "--data-dir", &data_dir.to_string_lossy()]);
+        self.offline(Binary::etcdctl(at), &migrate_args, &[("ETCDCTL_API", "3")])
+            .await?;
+
+        let mut serving = self.start_serving(run_v2_on(at, &data_dir), label).await?;
+        let endpoint = serving.endpoint.clone();
+        let plan = lease_plan(
+            &v2,
+            read_at.elapsed().as_secs() as i64,
+            self.settings.ttl_leases,
+            self.settings.ttl_keys_directory,
+        );
+        report_expired(label, &plan.expired);
+        let leased = plan.groups.values().map(Vec::len).sum::<usize>();
+        self.while_serving(
+            &mut serving,
+            "attach leases to TTL keys",
+            apply_leases(&endpoint, &plan),
+        )
+        .await?;
+        log::info(
+            "leases attached",
+            &[
+                ("step", label.into()),
+                ("leases", plan.groups.len().into()),
+                ("keys", leased.into()),
+                ("expired", plan.expired.len().into()),
+            ],
+        );
+
+        let v3 = self
+            .while_serving(
+                &mut serving,
+                "read the v3 keyspace",
+                keyspace::read_v3(&endpoint),
+            )
+            .await?;
+        let expected: Vec<Entry> = v2
+            .iter()
+            .filter(|e| {
+                !plan
+                    .expired
+                    .iter()
+                    .any(|x| x.as_bytes() == e.key.as_slice())
+            })
+            .cloned()
+            .collect();
+        let tolerance = read_at.elapsed().as_secs() as i64 + 2;
+        if let Err(detail) = verify_migration(&expected, &v3, &plan, tolerance) {
+            crate::executor::stop_serving_quietly(&mut serving).await;
+            return Err(work_err(
+                "verify the v3 keys against the v2 fingerprint",
+                detail,
+            ));
+        }
+        log::info(
+            "v3 keys verified",
+            &[
+                ("step", label.into()),
+                ("fingerprint", fingerprint(&expected).to_string().into()),
+            ],
+        );
+
+        if !self.settings.keep_v2_keys {
+            let removed = self
+                .while_serving(
+                    &mut serving,
+                    "remove the migrated keys from the v2 store",
+                    keyspace::delete_v2_tree(&endpoint),
+                )
+                .await?;
+            log::info(
+                "v2 store emptied of migrated keys",
+                &[("step", label.into()), ("top_level_nodes", removed.into())],
+            );
+        }
+        self.stop_serving(serving, label).await?;
+        remove_work_dir(&data_dir);
+        Ok(())
+    }
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn run(version: Version, storage: Storage, data_dir: &Path) -> Run<'_> {
+    Run {
+        version,
+        storage,
+        data_dir,
+        force_v2: false,
+        new_cluster: false,
+    }
+}
+
+fn run_new(version: Version, storage: Storage, data_dir: &Path) -> Run<'_> {
+    Run {
+        new_cluster: true,
+        ..run(version, storage, data_dir)
+    }
+}
+
+/// etcd3 data served with the v2 API still on, to clean the v2 store.
+fn run_v2_on(version: Version, data_dir: &Path) -> Run<'_> {
+    Run {
+        force_v2: true,
+        ..run(version, Storage::Etcd3, data_dir)
+    }
+}
+
+fn report_expired(label: &str, expired: &[String]) {
+    if expired.is_empty() {
+        return;
+    }
+    let shown: Vec<&str> = expired.iter().take(10).map(String::as_str).collect();
+    log::warn(
+        "keys whose TTL ran out during the migration are not carried over",
+        &[
+            ("step", label.into()),
+            ("count", expired.len().into()),
+            ("keys", shown.join(",").into()),
+        ],
+    );
+}
+
+/// Which keys get which lease.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LeasePlan {
+    /// Lease TTL in seconds → the keys (and values) under it.
+    pub groups: BTreeMap<i64, Vec<Entry>>,
+    /// Keys whose TTL ran out: deleted from v3, not carried over.
+    pub expired: Vec<String>,
+}
+
+/// Groups TTL keys by the second they expire in: `elapsed` seconds have
+/// passed since their TTLs were read. In flat mode, every key under
+/// `ttl_dir` gets the one-hour lease instead.
+pub fn lease_plan(v2: &[Entry], elapsed: i64, mode: TtlLeases, ttl_dir: &str) -> LeasePlan {
+    let mut plan = LeasePlan::default();
+    let flat_prefix = format!("{}/", ttl_dir.trim_end_matches('/'));
+    for entry in v2 {
+        let key = String::from_utf8_lossy(&entry.key);
+        if mode == TtlLeases::Flat && key.starts_with(&flat_prefix) {
+            plan.groups
+                .entry(FLAT_LEASE_SECONDS)
+                .or_default()
+                .push(entry.clone());
+            continue;
+        }
+        if let Some(ttl) = entry.ttl {
+            let left = ttl - elapsed;
+            if left <= 0 {
+                plan.expired.push(key.into_owned());
+            } else {
+                plan.groups.entry(left).or_default().push(entry.clone());
+            }
+        }
+    }
+    plan
+}
+
+/// Grants one lease per group and re-puts its keys under it; deletes the
+/// expired keys that `etcdctl migrate` copied without a TTL.
+async fn apply_leases(endpoint: &str, plan: &LeasePlan) -> Result<(), String> {
+    let mut client = keyspace::v3_client(endpoint).await?;
+    for key in &plan.expired {
+        client
+            .delete(key.as_bytes(), None)
+            .await
+            .map_err(|e| format!("delete expired {key}: {e}"))?;
+    }
+    for (ttl, entries) in &plan.groups {
+        let lease = client
+            .lease_grant(*ttl, None)
+            .await
+            .map_err(|e| format!("grant a {ttl} s lease: {e}"))?;
+        for entry in entries {
+            let options = etcd_client::PutOptions::new().with_lease(lease.id());
+            client
+                .put(entry.key.clone(), entry.value.clone(), Some(options))
+                .await
+                .map_err(|e| {
+                    format!(
+                        "put {} under lease {:x}: {e}",
+                        String::from_utf8_lossy(&entry.key),
+                        lease.id()
+                    )
+                })?;
+        }
+    }
+    Ok(())
+}
+
+/// The v3 keys that came from v2 must match it exactly, and every leased
+/// key must carry a TTL within `tolerance` seconds of its plan.
+fn verify_migration(
+    expected: &[Entry],
+    v3: &[Entry],
+    plan: &LeasePlan,
+    tolerance: i64,
+) -> Result<(), String> {
+    let wanted: BTreeSet<&[u8]> = expected.iter().map(|e| e.key.as_slice()).collect();
+    let migrated: Vec<Entry> = v3
+        .iter()
+        .filter(|e| wanted.contains(e.key.as_slice()))
+        .cloned()
+        .collect();
+    let (want, got) = (fingerprint(expected), fingerprint(&migrated));
+    if want != got {
+        let have: BTreeSet<&[u8]> = migrated.iter().map(|e| e.key.as_slice()).collect();
+        let missing: Vec<String> = wanted
+            .difference(&have)
+            .take(5)
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        return Err(format!(
+            "v2 had {want}, v3 has {got} of those keys; missing: {missing:?}"
+        ));
+    }
+    let ttl_of: BTreeMap<&[u8], Option<i64>> =
+        v3.iter().map(|e| (e.key.as_slice(), e.ttl)).collect();
+    for (ttl, entries) in &plan.groups {
+        for entry in entries {
+            match ttl_of.get(entry.key.as_slice()).copied().flatten() {
+                Some(left) if left <= *ttl && left >= ttl - tolerance => {}
+                other => {
+                    return Err(format!(
+                        "{} should expire in about {ttl} s but its lease says {other:?}",
+                        String::from_utf8_lossy(&entry.key)
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The v2 copy must hold exactly the keys written, with TTLs no longer
+/// than written and no more than `tolerance` seconds shorter.
+fn verify_copy(written: &[Entry], copied: &[Entry], tolerance: i64) -> Result<(), String> {
+    let copied: Vec<Entry> = copied
+        .iter()
+        .filter(|e| e.key.as_slice() != format!("/{HEALTH_KEY}").as_bytes())
+        .cloned()
+        .collect();
+    let (want, got) = (fingerprint(written), fingerprint(&copied));
+    if want != got {
+        return Err(format!("wrote {want}, the v2 store holds {got}"));
+    }
+    let ttl_of: BTreeMap<&[u8], Option<i64>> =
+        copied.iter().map(|e| (e.key.as_slice(), e.ttl)).collect();
+    for entry in written {
+        let got = ttl_of.get(entry.key.as_slice()).copied().flatten();
+        let ok = match (entry.ttl, got) {
+            (None, None) => true,
+            (Some(want), Some(got)) => got <= want && got >= want - tolerance,
+            _ => false,
+        };
+        if !ok {
+            return Err(format!(
+                "{} was written with TTL {:?} but holds {got:?}",
+                String::from_utf8_lossy(&entry.key),
+                entry.ttl
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(key: &str, value: &str, ttl: Option<i64>) -> Entry {
+        Entry {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+            ttl,
+        }
+    }
+
+    #[test]
+    fn keys_expiring_in_the_same_second_share_a_lease() {
+        let v2 = [
+            e("/a", "1", Some(100)),
+            e("/b", "2", Some(100)),
+            e("/c", "3", Some(40)),
+            e("/d", "4", None),
+            e("/e", "5", Some(3)),
+        ];
+        let plan = lease_plan(&v2, 5, TtlLeases::Exact, "/registry/events");
+        assert_eq!(plan.groups.keys().copied().collect::<Vec<_>>(), [35, 95]);
+        assert_eq!(plan.groups[&95].len(), 2);
+        assert_eq!(plan.expired, ["/e"]);
+    }
+
+    #[test]
+    fn flat_mode_gives_the_ttl_directory_one_hour() {
+        let v2 = [
+            e("/registry/events/x", "1", Some(100)),
+            e("/registry/events/y", "2", None),
+            e("/registry/pods/p", "3", Some(50)),
+        ];
+        let plan = lease_plan(&v2, 0, TtlLeases::Flat, "/registry/events");
+        assert_eq!(plan.groups[&FLAT_LEASE_SECONDS].len(), 2);
+        assert_eq!(plan.groups[&50].len(), 1);
+    }
+
+    #[test]
+    fn v2_refuses_what_it_cannot_hold() {
+        assert!(check_v2_compatible(&[e("/a/b", "1", None), e("c", "2", None)]).is_ok());
+        let err = check_v2_compatible(&[e("/a", "1", None), e("/a/b", "2", None)]).unwrap_err();
+        assert!(
+            err.contains("/a holds a value and is also the parent of /a/b"),
+            "{err}"
+        );
+        let err = check_v2_compatible(&[e("a", "1", None), e("/a", "2", None)]).unwrap_err();
+        assert!(err.contains("two keys become the same v2 path /a"), "{err}");
+        let binary = Entry {
+            key: b"/k".to_vec(),
+            value: vec![0xff, 0x00],
+            ttl: None,
+        };
+        let err = check_v2_compatible(&[binary]).unwrap_err();
+        assert!(
+            err.contains("--storage-media-type=application/json"),
+            "{err}"
+        );
+        assert!(check_v2_compatible(&[e("/a//b", "1", None)]).is_err());
+    }
+
+    #[test]
+    fn migration_check_catches_missing_keys_and_wrong_ttls() {
+        let v2 = [e("/a", "1", Some(100)), e("/b", "2", None)];
+        let plan = lease_plan(&v2, 0, TtlLeases::Exact, "/registry/events");
+        let good = [
+            e("/a", "1", Some(99)),
+            e("/b", "2", None),
+            e("/other", "v3 key kept", None),
+        ];
+        assert!(verify_migration(&v2, &good, &plan, 3).is_ok());
+        let missing = [e("/a", "1", Some(99))];
+        assert!(verify_migration(&v2, &missing, &plan, 3)
+            .unwrap_err()
+            .contains("missing: [\"/b\"]"));
+        let no_lease = [e("/a", "1", None), e("/b", "2", None)];
+        assert!(verify_migration(&v2, &no_lease, &plan, 3)
+            .unwrap_err()
+            .contains("should expire in about 100 s"));
+    }
+
+    #[test]
+    fn swap_exchanges_member_dirs_atomically() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        let rebuilt = tmp.path().join("data/.etcd-migrate.work/v2");
+        fs::create_dir_all(data.join("member")).expect("mkdir");
+        fs::write(data.join("member/old"), "").expect("write");
+        fs::create_dir_all(rebuilt.join("member")).expect("mkdir");
+        fs::write(rebuilt.join("member/new"), "").expect("write");
+        assert!(swap_member(&data, &rebuilt).is_ok());
+        assert!(data.join("member/new").exists() && rebuilt.join("member/old").exists());
+    }
+}
