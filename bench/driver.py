@@ -289,9 +289,12 @@ class Bench:
                         t_start = ts(starts[st])
                         t_done = ts(next(d for d in by["step done"] if d["step"] == h["step"]))
                         first, ready = etcd_anchors(self.last_relayed[h["version"]])
+                        # served_ms (launch → stopped) when the build logs it;
+                        # else healthy + stop.
+                        served = h.get("served_ms", h["healthy_ms"] + h["stop_ms"])
                         ours_phases[st].append(phases(
                             t_start, first, ready, t_start + h["healthy_ms"] / 1000,
-                            t_start + (h["healthy_ms"] + h["stop_ms"]) / 1000, t_done))
+                            t_start + served / 1000, t_done))
                     verify_ms.append(by["binaries verified"][0]["ms"])
                     first_step = ts(by["step start"][0])
                     last_done = ts(by["step done"][-1])
@@ -397,13 +400,17 @@ class Bench:
         try:
             r = subprocess.run([self.a.floor, "count", "--endpoint", self.endpoint],
                                capture_output=True, text=True, timeout=60)
+            pb = subprocess.run([self.a.floor, "putbench", "--endpoint", self.endpoint, "--n", "200"],
+                                capture_output=True, text=True, timeout=120)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
             logf.close()
         if r.returncode != 0:
             die(f"data check failed: {r.stderr.strip()}")
-        return json.loads(r.stdout)
+        if pb.returncode != 0:
+            die(f"putbench failed: {pb.stderr.strip()}")
+        return json.loads(r.stdout), json.loads(pb.stdout)
 
 
 def fmt(x):
@@ -424,13 +431,15 @@ def main():
     a = ap.parse_args()
     b = Bench(a)
     t_all = time.time()
+    load_before = os.getloadavg()
     b.prepare()
     log(f"measuring steps: {a.runs} rounds of [ours full walk, floor step 1/2 x fresh/persistent client]")
     r = b.steps()
     log(f"measuring the no-op path: {a.noop_runs} runs each")
     n = b.noop()
     pr = b.probes()
-    data = b.check_data()
+    data, pb = b.check_data()
+    load_after = os.getloadavg()
 
     out = []
     p = out.append
@@ -439,6 +448,8 @@ def main():
     p(f"etcd-migrate benchmark — {os.cpu_count()} CPUs; scratch/data dirs on {fs[0]} ({fs[1]})")
     p(f"data: {a.keys} keys ({a.leased} on 10 leases), {a.value_bytes} B values, written by etcd {FROM} "
       f"(default flags); walk {FROM} → {MID} → {TARGET}; {a.runs} rounds; floor polls every {a.poll_ms} ms")
+    p(f"load average (1/5/15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}, after: "
+      f"{' '.join(f'{x:.2f}' for x in load_after)} (anything above ~0.3 means other work shared the 2 CPUs and the disk)")
     p("")
     p("1. Per step: etcd-migrate's `step done` ms vs the floor (the same etcd with the same flags, "
       "v3 put polled until it succeeds, SIGTERM, wait for exit). ms, median [min–max].")
@@ -489,6 +500,9 @@ def main():
     p(f"Whole walk, process start → exit 0 (--no-exec): {mmm(w)} ms; sum of the two floor medians {fmt(fsum)} ms. "
       f"Start → `step start` 1/2: {fmt(med(r['before']))} ms, of which `binaries verified` {fmt(med(r['verify']))} ms; "
       f"last `step done` → exit: {fmt(med(r['after']))} ms.")
+    p(f"One health attempt against a serving etcd {TARGET} ({pb['n']} puts each): new client per put "
+      f"median {pb['fresh_median_ms']:.2f} ms (p90 {pb['fresh_p90_ms']:.2f}), persistent client median "
+      f"{pb['persistent_median_ms']:.2f} ms (p90 {pb['persistent_p90_ms']:.2f}).")
     p(f"Probes on this disk: version.txt write as datadir::write_version does it (write, fsync, rename, fsync dir): "
       f"median {fmt(med(pr['record']))} ms, p90 {fmt(pct(pr['record'], 90))} ms; "
       + "; ".join(f"`etcd-{v} --version` start → exit: median {fmt(med(x))} ms" for v, x in pr["version"].items()) + ".")

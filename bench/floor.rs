@@ -40,8 +40,9 @@ fn main() {
         "step" => runtime.block_on(step(&args)),
         "seed" => runtime.block_on(seed(&args)),
         "count" => runtime.block_on(count(&args)),
+        "putbench" => runtime.block_on(putbench(&args)),
         _ => Err(format!(
-            "usage: floor step|seed|count --key=value ... (got {cmd:?})"
+            "usage: floor step|seed|count|putbench --key=value ... (got {cmd:?})"
         )),
     };
     if let Err(err) = result {
@@ -350,5 +351,43 @@ async fn count(args: &HashMap<String, String>) -> Result<(), String> {
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
         .unwrap_or_default();
     println!("{{\"keys\":{keys},\"leases\":{leases},\"etcd_version\":{version:?}}}");
+    Ok(())
+}
+
+/// Cost of one health attempt against a running etcd: a put on a fresh
+/// client (connect + HTTP/2 handshake + put, as src/health.rs does each
+/// attempt) vs a put on one persistent client. Prints medians and p90s.
+async fn putbench(args: &HashMap<String, String>) -> Result<(), String> {
+    let endpoint = get(args, "endpoint")?;
+    let n: usize = get_or(args, "n", 200);
+    let mut fresh = Vec::with_capacity(n);
+    let mut persistent = Vec::with_capacity(n);
+    let mut client = Client::connect([endpoint], Some(options()))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    client
+        .put("etcd_version", "warm", None)
+        .await
+        .map_err(|e| format!("put: {e}"))?;
+    for _ in 0..n {
+        let t = Instant::now();
+        put_fresh(endpoint, "bench").await?;
+        fresh.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        client
+            .put("etcd_version", "bench", None)
+            .await
+            .map_err(|e| format!("put: {e}"))?;
+        persistent.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let stat = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[(v.len() * 9) / 10])
+    };
+    let (fm, f90) = stat(&mut fresh);
+    let (pm, p90) = stat(&mut persistent);
+    println!(
+        "{{\"n\":{n},\"fresh_median_ms\":{fm:.3},\"fresh_p90_ms\":{f90:.3},\"persistent_median_ms\":{pm:.3},\"persistent_p90_ms\":{p90:.3}}}"
+    );
     Ok(())
 }

@@ -37,7 +37,7 @@ fn sigterm_during_a_step_then_rerun_converges() {
 
     // Slow raft timings (appended last, so they win over the migrator's
     // fast ones) keep the first step's etcd from accepting its write for a
-    // few seconds: the signal lands mid-step on any machine.
+    // second or more: the signal lands mid-step on any machine.
     let mut running = Migration::new("3.5.16", &data, &member)
         .bundled("3.3.25,3.4.23,3.5.16")
         .arg("--etcd-server-extra-args=--heartbeat-interval=500 --election-timeout=5000")
@@ -47,6 +47,11 @@ fn sigterm_during_a_step_then_rerun_converges() {
     });
     let step_pid = pid_field(&started);
     assert!(started.contains("version=3.4.23"), "{started}");
+    // etcd itself is up (its own output is relayed), so the stop below is
+    // the graceful one etcd handles, not a kill before its handlers exist.
+    running.wait_for_line("output of etcd 3.4.23", STEP_START_TIMEOUT, |line| {
+        line.starts_with("[etcd-3.4.23] ")
+    });
     running.signal(Signal::SIGTERM);
     let run = running.wait(STOP_GRACE * 2);
     run.assert_code(143);

@@ -367,6 +367,11 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 .record(pair)
                 .map_err(|source| fail(recorded, StepError::Record { pair, source }))?;
             recorded = pair;
+            if step.is_destructive() {
+                // Only now: until version.txt names the step, its scratch
+                // dir (and swap journal) is what a restart recovers from.
+                crate::rebuild::remove_work_dir(self.settings.data_dir);
+            }
             log::info(
                 "step done",
                 &[

@@ -32,7 +32,7 @@ use nix::sys::signal::{SigSet, Signal};
 use crate::backup::BackupMode;
 use crate::binaries::BinError;
 use crate::config::{Config, Mode};
-use crate::datadir::{DataDirError, DirState};
+use crate::datadir::{DataDirError, DirState, WORK_DIR};
 use crate::exec::ExecTarget;
 use crate::executor::{ExecuteError, Executor, Progress, StepSettings};
 use crate::plan::{Binary, Bundle, Plan, PlanError, Step};
@@ -153,11 +153,12 @@ impl Progress for DataDirProgress<'_> {
 /// mask `main` found at start; children and the exec'd etcd get it back.
 pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     let started = Instant::now();
-    let state = datadir::inspect(&config.data_dir)?;
+    let first_look = datadir::inspect(&config.data_dir);
+    let interrupted = config.data_dir.join(WORK_DIR).exists();
     // Fast path: the data is already at the target. Nothing is spawned and
     // no thread is started, so handing over to etcd costs a few ms.
-    if let DirState::Recorded(current) = state {
-        if current == config.target {
+    if let Ok(DirState::Recorded(current)) = first_look {
+        if current == config.target && !interrupted {
             log::info(
                 "already at target",
                 &[
@@ -169,6 +170,17 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
             return finish(config);
         }
     }
+
+    // Everything else reads and changes the data dir under its lock, after
+    // finishing or discarding what an interrupted rebuilding step left.
+    let mut lock = None;
+    if config.data_dir.is_dir() && config.mode != Mode::DryRun {
+        lock = Some(datadir::lock(&config.data_dir)?);
+        if interrupted {
+            rebuild::recover_interrupted_swap(&config.data_dir)?;
+        }
+    }
+    let state = datadir::inspect(&config.data_dir)?;
 
     let bundle = match &config.bundled_versions {
         Some(list) => Bundle::new(list.iter().copied()),
@@ -265,20 +277,17 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
             ],
         );
     }
-    let _lock = datadir::lock(&config.data_dir)?;
-    // Re-read under the lock: another migrator may have moved the data
-    // between our first look and the lock.
-    let locked_state = datadir::inspect(&config.data_dir)?;
-    let expected_state = if state == DirState::Missing {
-        DirState::Empty
-    } else {
-        state.clone()
-    };
-    if locked_state != expected_state {
-        return Err(Error::Runtime(format!(
-            "data dir {} changed while etcd-migrate was planning ({expected_state:?} became {locked_state:?}); rerun",
-            config.data_dir.display()
-        )));
+    if lock.is_none() {
+        lock = Some(datadir::lock(&config.data_dir)?);
+        // The dir was created (or found empty) before the lock: make sure
+        // no other migrator wrote into it in between.
+        let locked_state = datadir::inspect(&config.data_dir)?;
+        if locked_state != DirState::Empty {
+            return Err(Error::Runtime(format!(
+                "data dir {} changed while etcd-migrate was creating it (now {locked_state:?}); rerun",
+                config.data_dir.display()
+            )));
+        }
     }
 
     if plan.steps.is_empty() {
@@ -334,6 +343,8 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     if let Some(signal) = supervisor.terminated() {
         return Err(Error::Interrupted(signal));
     }
+    // Held until here: the next holder is etcd itself (its WAL lock).
+    drop(lock);
     log::info(
         "migrated",
         &[
@@ -414,6 +425,9 @@ fn print_plan(config: &Config, state: &DirState, plan: &Plan) {
             "data dir {dir}: {current}; target {}\n",
             config.target
         )),
+    }
+    if config.data_dir.join(WORK_DIR).exists() {
+        out.push_str("an interrupted step left a scratch dir; a real run first finishes its swap (if it happened) or discards it\n");
     }
     if plan.is_patch_only() {
         out.push_str(&format!(

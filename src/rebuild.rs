@@ -8,13 +8,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, DirBuilder, File};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
 
-use crate::datadir::WORK_DIR;
+use crate::datadir::{self, DataDirError, WORK_DIR};
 use crate::executor::{
     Executor, Failure, Health, Launcher, Progress, Run, StepError, Tools, TtlLeases,
 };
@@ -22,7 +22,7 @@ use crate::health::HEALTH_KEY;
 use crate::keyspace::{self, fingerprint, Entry};
 use crate::log;
 use crate::plan::Binary;
-use crate::version::{Storage, Version};
+use crate::version::{Storage, Version, VersionPair};
 
 /// The lease the flat TTL mode gives the TTL keys directory (what the
 /// Kubernetes tool attached to `/registry/events`).
@@ -50,8 +50,12 @@ fn fresh_work_dir(data_dir: &Path) -> Result<PathBuf, Failure> {
     Ok(work)
 }
 
-fn remove_work_dir(data_dir: &Path) {
+/// Removes the scratch dir once its step is recorded.
+pub fn remove_work_dir(data_dir: &Path) {
     let work = data_dir.join(WORK_DIR);
+    if !work.exists() {
+        return;
+    }
     if let Err(err) = fs::remove_dir_all(&work) {
         log::warn(
             "cannot remove scratch dir",
@@ -60,6 +64,86 @@ fn remove_work_dir(data_dir: &Path) {
                 ("error", err.to_string().into()),
             ],
         );
+    }
+}
+
+/// The journal a rebuilding step writes just before its swap: the pair the
+/// data will be at, and the inode of the rebuilt member dir. If we die
+/// between the swap and the version.txt write, the next start sees the
+/// journal and, if that inode is now `<data>/member`, records the pair
+/// (the swap happened); otherwise it discards the scratch dir (it did not).
+/// Without it, a rerun would read the swapped-in data as if it were still
+/// at the old version: a rebuilt v2 store read through the v3 API looks
+/// empty.
+pub const SWAP_JOURNAL: &str = "swap-journal";
+
+/// Finishes or discards what an interrupted rebuilding step left in the
+/// scratch dir. Call under the data-dir lock, before reading version.txt.
+pub fn recover_interrupted_swap(data_dir: &Path) -> Result<Option<VersionPair>, DataDirError> {
+    let work = data_dir.join(WORK_DIR);
+    if !work.exists() {
+        return Ok(None);
+    }
+    let journal = work.join(SWAP_JOURNAL);
+    let mut finished = None;
+    match fs::read_to_string(&journal) {
+        Ok(text) => {
+            let (pair, ino) = text
+                .trim()
+                .split_once(' ')
+                .ok_or_else(|| bad_journal(&journal, &text))?;
+            let pair: VersionPair = pair.parse().map_err(|_| bad_journal(&journal, &text))?;
+            let ino: u64 = ino.parse().map_err(|_| bad_journal(&journal, &text))?;
+            let member = data_dir.join("member");
+            let current = fs::metadata(&member).map_err(|source| DataDirError::Io {
+                op: "stat",
+                path: member.clone(),
+                source,
+            })?;
+            if current.ino() == ino {
+                datadir::write_version(data_dir, pair)?;
+                log::warn(
+                    "finished a step interrupted after its swap",
+                    &[("recorded", pair.to_string().into())],
+                );
+                finished = Some(pair);
+            } else {
+                log::warn(
+                    "discarded a step interrupted before its swap",
+                    &[("would_have_been", pair.to_string().into())],
+                );
+            }
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            log::info(
+                "removing scratch dir of an interrupted step",
+                &[("path", work.display().to_string().into())],
+            );
+        }
+        Err(source) => {
+            return Err(DataDirError::Io {
+                op: "read",
+                path: journal,
+                source,
+            })
+        }
+    }
+    fs::remove_dir_all(&work).map_err(|source| DataDirError::Io {
+        op: "remove",
+        path: work,
+        source,
+    })?;
+    Ok(finished)
+}
+
+fn bad_journal(path: &Path, text: &str) -> DataDirError {
+    DataDirError::Io {
+        op: "parse",
+        path: path.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("unexpected content {text:?}"),
+        ),
     }
 }
 
@@ -73,9 +157,25 @@ fn fsync_dir(dir: &Path) -> Result<(), Failure> {
 /// exchange: after a crash either the old member dir or the new one is in
 /// place, never neither (two renames would leave a window with none). The
 /// old one ends up in `rebuilt/`, removed with the scratch dir.
-pub(crate) fn swap_member(data_dir: &Path, rebuilt: &Path) -> Result<(), Failure> {
+pub(crate) fn swap_member(
+    data_dir: &Path,
+    rebuilt: &Path,
+    pair: VersionPair,
+) -> Result<(), Failure> {
     let current = data_dir.join("member");
     let new = rebuilt.join("member");
+    let ino = fs::metadata(&new)
+        .map_err(|e| work_err(&format!("stat {}", new.display()), e))?
+        .ino();
+    let work = data_dir.join(WORK_DIR);
+    let journal = work.join(SWAP_JOURNAL);
+    let temp = work.join(format!("{SWAP_JOURNAL}.tmp"));
+    fs::write(&temp, format!("{pair} {ino}\n"))
+        .and_then(|()| File::open(&temp)?.sync_all())
+        .and_then(|()| fs::rename(&temp, &journal))
+        .map_err(|e| work_err(&format!("write {}", journal.display()), e))?;
+    // The journal must be on disk before the swap it describes.
+    fsync_dir(&work)?;
     renameat2(AT_FDCWD, &current, AT_FDCWD, &new, RenameFlags::RENAME_EXCHANGE).map_err(|errno| {
         work_err(
             &format!("swap {} with {}", current.display(), new.display()),
@@ -186,8 +286,14 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .start_serving(run(to, Storage::Etcd3, &restored), label)
             .await?;
         self.stop_serving(serving, label).await?;
-        swap_member(&data_dir, &restored)?;
-        remove_work_dir(&data_dir);
+        swap_member(
+            &data_dir,
+            &restored,
+            VersionPair {
+                version: to,
+                storage: Storage::Etcd3,
+            },
+        )?;
         Ok(())
     }
 
@@ -289,8 +395,14 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             ],
         );
         self.stop_serving(serving, label).await?;
-        swap_member(&data_dir, &rebuilt)?;
-        remove_work_dir(&data_dir);
+        swap_member(
+            &data_dir,
+            &rebuilt,
+            VersionPair {
+                version: to,
+                storage: Storage::Etcd2,
+            },
+        )?;
         Ok(())
     }
 
@@ -409,9 +521,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 &[("step", label.into()), ("top_level_nodes", removed.into())],
             );
         }
-        self.stop_serving(serving, label).await?;
-        remove_work_dir(&data_dir);
-        Ok(())
+        self.stop_serving(serving, label).await
     }
 }
 
@@ -694,7 +804,35 @@ mod tests {
         fs::write(data.join("member/old"), "").expect("write");
         fs::create_dir_all(rebuilt.join("member")).expect("mkdir");
         fs::write(rebuilt.join("member/new"), "").expect("write");
-        assert!(swap_member(&data, &rebuilt).is_ok());
+        let pair: VersionPair = "3.4.23/etcd3".parse().expect("pair");
+        assert!(swap_member(&data, &rebuilt, pair).is_ok());
         assert!(data.join("member/new").exists() && rebuilt.join("member/old").exists());
+        // Died before recording: the next start finishes the step.
+        crate::datadir::write_version(&data, "3.5.16/etcd3".parse().expect("pair")).expect("write");
+        assert_eq!(
+            recover_interrupted_swap(&data).expect("recovers"),
+            Some(pair)
+        );
+        assert_eq!(
+            fs::read_to_string(data.join("version.txt")).expect("read"),
+            "3.4.23/etcd3"
+        );
+        assert!(!data.join(WORK_DIR).exists());
+    }
+
+    #[test]
+    fn a_journal_without_its_swap_is_discarded() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        fs::create_dir_all(data.join("member")).expect("mkdir");
+        fs::create_dir_all(data.join(WORK_DIR).join("v2/member")).expect("mkdir");
+        fs::write(data.join(WORK_DIR).join(SWAP_JOURNAL), "3.3.25/etcd2 1\n").expect("write");
+        crate::datadir::write_version(&data, "3.3.25/etcd3".parse().expect("pair")).expect("write");
+        assert_eq!(recover_interrupted_swap(&data).expect("recovers"), None);
+        assert_eq!(
+            fs::read_to_string(data.join("version.txt")).expect("read"),
+            "3.3.25/etcd3"
+        );
+        assert!(!data.join(WORK_DIR).exists());
     }
 }
