@@ -36,19 +36,20 @@ fn sigterm_during_a_step_then_rerun_converges() {
     let fixture = fixture::build(FixtureSpec::full("3.3.25"), &data, &member, tmp.path());
 
     // Slow raft timings (appended last, so they win over the migrator's
-    // fast ones) keep the first step's etcd from accepting its write for a
-    // second or more: the signal lands mid-step on any machine.
+    // fast ones) keep the first step's etcd from electing itself, and so
+    // from accepting the migrator's write, for at least one 1 s tick: the
+    // signal lands mid-step even on a loaded machine.
     let mut running = Migration::new("3.5.16", &data, &member)
         .bundled("3.3.25,3.4.23,3.5.16")
-        .arg("--etcd-server-extra-args=--heartbeat-interval=500 --election-timeout=5000")
+        .arg("--etcd-server-extra-args=--heartbeat-interval=1000 --election-timeout=10000")
         .spawn();
     let started = running.wait_for_line("etcd started step=1/2", STEP_START_TIMEOUT, |line| {
         line.starts_with("[etcd-migrate] ") && line.contains(" etcd started step=1/2 ")
     });
     let step_pid = pid_field(&started);
     assert!(started.contains("version=3.4.23"), "{started}");
-    // etcd itself is up (its own output is relayed), so the stop below is
-    // the graceful one etcd handles, not a kill before its handlers exist.
+    // etcd itself is running (its own output is relayed): the signal
+    // interrupts a live step, not a fork that has yet to exec.
     running.wait_for_line("output of etcd 3.4.23", STEP_START_TIMEOUT, |line| {
         line.starts_with("[etcd-3.4.23] ")
     });

@@ -93,12 +93,10 @@ pub enum ConfigError {
         hint: &'static str,
     },
     /// A setting has a malformed value.
-    #[error("{flag} (or ${env}) = {value:?} is invalid: {reason}")]
+    #[error("{setting} = {value:?} is invalid: {reason}")]
     Invalid {
-        /// The flag.
-        flag: &'static str,
-        /// The env var.
-        env: &'static str,
+        /// The flag, and its env var if it has one.
+        setting: String,
         /// The rejected value.
         value: String,
         /// Why.
@@ -221,6 +219,26 @@ struct Cli {
     etcd_args: Vec<String>,
 }
 
+/// The log format asked for on the command line, read before (and even
+/// if) the rest fails to parse, so configuration errors come out in it too.
+pub fn log_format_hint<I: IntoIterator<Item = String>>(args: I) -> LogFormat {
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        let value = match arg.strip_prefix("--log-format") {
+            Some("") => args.next(),
+            Some(rest) => rest.strip_prefix('=').map(str::to_string),
+            None => None,
+        };
+        if let Some(format) = value.and_then(|v| v.parse().ok()) {
+            return format;
+        }
+    }
+    LogFormat::default()
+}
+
 /// Parses the command line and resolves it against the process environment.
 pub fn from_process() -> Result<Config, ConfigError> {
     resolve(std::env::args_os(), &|name| std::env::var(name).ok())
@@ -250,8 +268,7 @@ where
             .trim()
             .parse()
             .map_err(|err: ParseError| ConfigError::Invalid {
-                flag: "--target-version",
-                env: "TARGET_VERSION",
+                setting: with_env("--target-version", "TARGET_VERSION"),
                 value: version_text.clone(),
                 reason: err.to_string(),
             })?;
@@ -261,16 +278,14 @@ where
             .trim()
             .parse::<Storage>()
             .map_err(|err| ConfigError::Invalid {
-                flag: "--target-storage",
-                env: "TARGET_STORAGE",
+                setting: with_env("--target-storage", "TARGET_STORAGE"),
                 value: text.clone(),
                 reason: err.to_string(),
             })?,
     };
     if storage == Storage::Etcd3 && version.major < 3 {
         return Err(ConfigError::Invalid {
-            flag: "--target-storage",
-            env: "TARGET_STORAGE",
+            setting: with_env("--target-storage", "TARGET_STORAGE"),
             value: storage.to_string(),
             reason: format!("etcd {version} has no etcd3 storage; use etcd2 or a 3.x target"),
         });
@@ -332,8 +347,7 @@ where
         .unwrap_or(DEFAULT_HEALTH_TIMEOUT);
     if health_timeout.is_zero() {
         return Err(ConfigError::Invalid {
-            flag: "--health-timeout",
-            env: "(none)",
+            setting: "--health-timeout".to_string(),
             value: "0".to_string(),
             reason: "a step needs time to start etcd; give at least 1 second".to_string(),
         });
@@ -342,8 +356,7 @@ where
         .log_format
         .parse()
         .map_err(|reason| ConfigError::Invalid {
-            flag: "--log-format",
-            env: "(none)",
+            setting: "--log-format".to_string(),
             value: cli.log_format.clone(),
             reason,
         })?;
@@ -355,8 +368,7 @@ where
     let backup_mode: BackupMode = match cli.backup {
         None => BackupMode::default(),
         Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
-            flag: "--backup",
-            env: "(none)",
+            setting: "--backup".to_string(),
             value: text.clone(),
             reason,
         })?,
@@ -368,8 +380,7 @@ where
     });
     if backup_root.starts_with(&data_dir) {
         return Err(ConfigError::Invalid {
-            flag: "--backup-dir",
-            env: "(none)",
+            setting: "--backup-dir".to_string(),
             value: backup_root.display().to_string(),
             reason: "backups must live outside the data dir".to_string(),
         });
@@ -377,8 +388,7 @@ where
     let backup_keep = cli.backup_keep.unwrap_or(3);
     if backup_keep == 0 {
         return Err(ConfigError::Invalid {
-            flag: "--backup-keep",
-            env: "(none)",
+            setting: "--backup-keep".to_string(),
             value: "0".to_string(),
             reason: "keep at least one backup, or pass --backup never".to_string(),
         });
@@ -386,8 +396,7 @@ where
     let ttl_leases: TtlLeases = match cli.ttl_leases {
         None => TtlLeases::default(),
         Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
-            flag: "--ttl-leases",
-            env: "(none)",
+            setting: "--ttl-leases".to_string(),
             value: text.clone(),
             reason,
         })?,
@@ -442,6 +451,11 @@ where
     })
 }
 
+/// "--flag (or $ENV)", how a setting with an env var is named in errors.
+fn with_env(flag: &str, env: &str) -> String {
+    format!("{flag} (or ${env})")
+}
+
 fn parse_version_list(list: &str) -> Result<Vec<Version>, ConfigError> {
     list.split(',')
         .map(str::trim)
@@ -449,8 +463,7 @@ fn parse_version_list(list: &str) -> Result<Vec<Version>, ConfigError> {
         .map(|item| {
             item.parse()
                 .map_err(|err: ParseError| ConfigError::Invalid {
-                    flag: "--bundled-versions",
-                    env: "(none)",
+                    setting: "--bundled-versions".to_string(),
                     value: list.to_string(),
                     reason: err.to_string(),
                 })
@@ -746,6 +759,24 @@ mod tests {
                 ]
             }
         );
+    }
+
+    #[test]
+    fn log_format_is_found_before_the_full_parse() {
+        let hint = |list: &[&str]| log_format_hint(list.iter().map(|s| s.to_string()));
+        assert_eq!(
+            hint(&["etcd-migrate", "--log-format", "json", "--bogus"]),
+            LogFormat::Json
+        );
+        assert_eq!(
+            hint(&["etcd-migrate", "--log-format=json"]),
+            LogFormat::Json
+        );
+        assert_eq!(
+            hint(&["etcd-migrate", "--", "--log-format=json"]),
+            LogFormat::Text
+        );
+        assert_eq!(hint(&["etcd-migrate"]), LogFormat::Text);
     }
 
     #[test]

@@ -18,6 +18,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
+    log::init(config::log_format_hint(std::env::args()));
     let config = match config::from_process() {
         Ok(config) => config,
         Err(ConfigError::Cli(err)) if !err.use_stderr() => {
@@ -30,7 +31,6 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_PRECONDITION);
         }
     };
-    log::init(config.log_format);
     match run(&config, original_mask) {
         Ok(Outcome::Exit) => ExitCode::from(EXIT_OK),
         Ok(Outcome::Exec(target)) => {

@@ -16,7 +16,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use super::etcd::{die_with_parent, kill_and_reap};
-use super::{bin_dir, free_port, Member, MIGRATE_TIMEOUT, POLL_INTERVAL};
+use super::{bin_dir, free_port, require_suite_binaries, Member, MIGRATE_TIMEOUT, POLL_INTERVAL};
 
 /// How long the output pipes may stay open after the process exited (a
 /// grandchild could hold them; none should).
@@ -63,6 +63,7 @@ impl Migration {
     /// `--no-exec` migration of `data_dir` to `target` as `member`, with
     /// the real bin dir and a fresh client port.
     pub fn new(target: &str, data_dir: &Path, member: &Member) -> Self {
+        require_suite_binaries();
         Migration {
             target: target.to_string(),
             data_dir: data_dir.to_path_buf(),
@@ -163,6 +164,7 @@ impl Migration {
             std::thread::spawn(move || pump(stream, &sink, Some(&line_sender), &done_sender));
         }
         Running {
+            pid: child.id() as i32,
             child: Some(child),
             stdout,
             stderr,
@@ -206,6 +208,7 @@ fn pump(
 
 /// A running etcd-migrate, killed on drop.
 pub struct Running {
+    pid: i32,
     child: Option<Child>,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
@@ -216,7 +219,7 @@ pub struct Running {
 impl Running {
     /// Its pid (after an exec, the target etcd's).
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().map_or(0, |child| child.id() as i32)
+        self.pid
     }
 
     /// stderr so far.
@@ -253,10 +256,18 @@ impl Running {
         }
     }
 
-    /// Sends `signal` to the process.
-    pub fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.pid()), signal)
-            .unwrap_or_else(|err| panic!("kill -{signal} {}: {err}", self.pid()));
+    /// Sends `signal` to the process; panics if it already exited (its
+    /// pid may belong to someone else by now).
+    pub fn signal(&mut self, signal: Signal) {
+        if let Some(status) = self.try_status() {
+            panic!(
+                "etcd-migrate (pid {}) already exited with {status}; stderr:\n{}",
+                self.pid,
+                self.stderr()
+            );
+        }
+        kill(Pid::from_raw(self.pid), signal)
+            .unwrap_or_else(|err| panic!("kill -{signal} {}: {err}", self.pid));
     }
 
     /// Whether it has exited (without reaping it twice).

@@ -60,6 +60,19 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// Every release the suite runs, from the default list of
+/// `images/fetch-etcd.sh`.
+pub const SUITE_RELEASES: [&str; 4] = ["3.3.25", "3.4.23", "3.5.1", "3.5.16"];
+
+/// Fails the test unless every release of [`SUITE_RELEASES`] is in the
+/// bin dir, so a run without binaries says how to fetch them instead of
+/// failing on an exit code.
+pub fn require_suite_binaries() {
+    for version in SUITE_RELEASES {
+        etcd_binary(version);
+    }
+}
+
 /// The real `etcd-<version>`.
 pub fn etcd_binary(version: &str) -> PathBuf {
     binary(&format!("etcd-{version}"))
