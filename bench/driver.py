@@ -363,6 +363,23 @@ class Bench:
             die("no-op run changed version.txt")
         return dict(noexec=noexec, execd=execd, baseline=baseline, internal=internal, true=true)
 
+    # ---------- optional: other raft timings for the floor ----------
+    def election(self, runs):
+        """The floor with other --heartbeat-interval/--election-timeout
+        values (src/dialect.rs uses 10/100), to size that lever."""
+        work = os.path.join(self.root, "work")
+        cfgs = ((10, 100), (10, 50), (5, 25))
+        res = {}
+        for i in range(runs):
+            for s_ in (1, 2):
+                for hb, el in cfgs:
+                    copy_dir(self.seed if s_ == 1 else self.after1, work)
+                    r = self.run_floor(work, MID if s_ == 1 else TARGET, "fresh",
+                                       ("--heartbeat-ms", str(hb), "--election-ms", str(el)))
+                    res.setdefault((s_, hb, el), []).append(r["total_ms"])
+        shutil.rmtree(work, ignore_errors=True)
+        return res
+
     # ---------- side probes, to explain the figures ----------
     def probes(self, runs=30):
         """version.txt write exactly as datadir::write_version does it, and
@@ -425,6 +442,7 @@ def main():
     ap = argparse.ArgumentParser()
     for k in ("root", "bin-dir", "migrate", "floor", "name"):
         ap.add_argument(f"--{k}", required=True)
+    ap.add_argument("--election-runs", type=int, default=0)
     for k, v in (("runs", 7), ("noop-runs", 50), ("client-port", 0), ("peer-port", 0),
                  ("poll-ms", 10), ("keys", 1000), ("leased", 100), ("value-bytes", 512)):
         ap.add_argument(f"--{k}", type=int, default=v)
@@ -439,6 +457,10 @@ def main():
     n = b.noop()
     pr = b.probes()
     data, pb = b.check_data()
+    el = None
+    if a.election_runs:
+        log(f"exploring raft timings: {a.election_runs} floor runs per step and setting")
+        el = b.election(a.election_runs)
     load_after = os.getloadavg()
 
     out = []
@@ -493,6 +515,11 @@ def main():
             tail = fmt(med([x["ready→put ok"] + x["put ok→exit"] + x["exit→recorded"] for x in ph]))
             p(f"| {s_}/2 | {who} | " + " | ".join(cells) + f" | {tail} |")
     p("")
+    for s_ in (1, 2):
+        slow = max(r["ours_phases"][s_], key=lambda x: x["total"])
+        fl = max((x["phases"] for x in r["floor_full"][(s_, used[s_])]), key=lambda x: x["total"])
+        p(f"Slowest step {s_}/2 — ours: " + ", ".join(f"{k} {fmt(v)}" for k, v in slow.items())
+          + f"; floor: " + ", ".join(f"{k} {fmt(v)}" for k, v in fl.items()) + ".")
     att = {s_: [x["attempts"] for x in r["floor_full"][(s_, used[s_])]] for s_ in (1, 2)}
     p(f"Floor put attempts until success, median [min–max]: step 1 {mmm(att[1])}, step 2 {mmm(att[2])}.")
     w = r["walls"]
@@ -520,6 +547,15 @@ def main():
         verdict = ("met" if pct(xs, 90) < 20 else "MISSED") if goal else ""
         p(f"| {label} | {fmt(med(xs))} | {fmt(pct(xs, 90))} | {fmt(max(xs))} | {goal} {verdict} |")
     p("")
+    if el:
+        p(f"4. Lever outside this comparison: the floor (new client per attempt) with other raft timings, "
+          f"{a.election_runs} runs each, ms, median [min–max]. src/dialect.rs uses 10/100.")
+        p("")
+        p("| step | --heartbeat-interval / --election-timeout | floor total |")
+        p("|---|---|---|")
+        for (s_, hb, el_), xs in sorted(el.items(), key=lambda kv: (kv[0][0], -kv[0][2])):
+            p(f"| {s_}/2 | {hb} / {el_} | {mmm(xs)} |")
+        p("")
     p(f"Data check after a full walk (etcd {TARGET} started on the result): {data['keys']} keys under /registry, "
       f"{data['leases']} leases, etcd_version = {data['etcd_version']!r}.")
     p(f"(bench wall time {time.time() - t_all:.0f} s)")

@@ -13,8 +13,10 @@
 //!
 //! Arguments are `--key=value` or `--key value`. `step` options: --mode
 //! fresh|persistent (a new client per attempt, as src/health.rs does, or one
-//! client for all attempts), --poll-ms, --output null|pipe|file=PATH (where
-//! etcd's stdout/stderr go), --trace (one stderr line per attempt).
+//! client for all attempts), --poll-ms, --heartbeat-ms/--election-ms (default
+//! 10/100 as src/dialect.rs; only to explore other values), --output null|pipe|file=PATH (where
+//! etcd's stdout/stderr go), --trace (one stderr line per attempt),
+//! --hold-client (persistent mode: keep the client open during the stop).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -125,8 +127,10 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
         format!("--listen-peer-urls={peer_url}"),
         format!("--initial-advertise-peer-urls={peer_url}"),
         format!("--initial-cluster={name}={peer_url}"),
-        "--heartbeat-interval=10".to_string(),
-        "--election-timeout=100".to_string(),
+        // Defaults are src/dialect.rs's STEP_HEARTBEAT_MS/STEP_ELECTION_TIMEOUT_MS;
+        // --heartbeat-ms/--election-ms only to explore other values.
+        format!("--heartbeat-interval={}", get_or(args, "heartbeat-ms", 10u32)),
+        format!("--election-timeout={}", get_or(args, "election-ms", 100u32)),
         "--snapshot-count=1".to_string(),
     ];
     let mut command = Command::new(etcd);
@@ -244,11 +248,31 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
         }
         tokio::time::sleep(poll).await;
     };
-    drop(persistent.take());
+    // --hold-client: keep the persistent client (and its HTTP/2
+    // connection) open until etcd has exited, to show what that costs.
+    let held = if args.contains_key("hold-client") {
+        persistent.take()
+    } else {
+        drop(persistent.take());
+        None
+    };
     let stopping = Instant::now();
     kill(pid, Signal::SIGTERM).map_err(|e| format!("kill: {e}"))?;
-    let status = child.wait().map_err(|e| format!("wait: {e}"))?;
+    // Wait on a thread and await the result, so the runtime keeps running
+    // meanwhile (as etcd-migrate's reaper thread + oneshot do): a dropped
+    // client's connection task can then close its socket. Blocking this
+    // thread in wait() instead leaves the connection open, and etcd 3.5.30
+    // then spends ~5 s in its graceful gRPC stop.
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait());
+    });
+    let status = receiver
+        .await
+        .map_err(|e| format!("wait: {e}"))?
+        .map_err(|e| format!("wait: {e}"))?;
     let stopped = stopping.elapsed();
+    drop(held);
     let total = started.elapsed();
     for drain in drains {
         let _ = drain.join();

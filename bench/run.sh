@@ -13,6 +13,8 @@
 #   BENCH_KEYS=1000 BENCH_LEASED=100 BENCH_VALUE_BYTES=512   the 3.3.25 data set
 #   BENCH_TMP             where the scratch dir goes (default: $TMPDIR or /tmp;
 #                         must be a real disk for fsync figures to mean anything)
+#   BENCH_ELECTION_RUNS=0 if > 0, also time the floor with other raft timings
+#                         (10/50 and 5/25 ms besides dialect.rs's 10/100)
 #   BENCH_KEEP=1          keep the scratch dir (logs of every run, raw.json)
 #   BENCH_NO_BUILD=1      skip the cargo builds
 #
@@ -85,4 +87,4 @@ echo "bench: scratch dir $work; ports client $client_port, peer $peer_port" >&2
   --name etcd-bench --runs "$runs" --noop-runs "$noop_runs" \
   --client-port "$client_port" --peer-port "$peer_port" --poll-ms "$poll_ms" \
   --keys "${BENCH_KEYS:-1000}" --leased "${BENCH_LEASED:-100}" \
-  --value-bytes "${BENCH_VALUE_BYTES:-512}"
+  --value-bytes "${BENCH_VALUE_BYTES:-512}" --election-runs "${BENCH_ELECTION_RUNS:-0}"
