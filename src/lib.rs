@@ -451,6 +451,20 @@ fn print_plan(config: &Config, state: &DirState, plan: &Plan) {
             config.listen_peer_urls
         ));
     }
+    let backup_before = match config.backup.mode {
+        BackupMode::Always => plan.steps.first(),
+        BackupMode::Destructive => plan.steps.iter().find(|s| s.is_destructive()),
+        BackupMode::Never => None,
+    };
+    if let Some(step) = backup_before {
+        out.push_str(&format!(
+            "backup: before {step}, into {}/<time>-{}-{} (keeping {})\n",
+            config.backup.root.display(),
+            step.before().version,
+            step.before().storage,
+            config.backup.keep
+        ));
+    }
     out.push_str(&format!(
         "then: exec {} (or exit 0 with --no-exec)\n",
         binaries::path(&config.bin_dir, Binary::etcd(config.target.version)).display()
