@@ -609,6 +609,13 @@ pub fn lease_plan(v2: &[Entry], elapsed: i64, mode: TtlLeases, ttl_dir: &str) ->
 /// expired keys that `etcdctl migrate` copied without a TTL.
 async fn apply_leases(endpoint: &str, plan: &LeasePlan) -> Result<(), String> {
     let mut client = keyspace::v3_client(endpoint).await?;
+    // Our own v2 health key (and the Kubernetes tool's) was copied as
+    // "/etcd_version"; the v3 health key is "etcd_version". Drop the copy.
+    let v2_health = format!("/{HEALTH_KEY}");
+    client
+        .delete(v2_health.as_bytes(), None)
+        .await
+        .map_err(|e| format!("delete {v2_health}: {e}"))?;
     for key in &plan.expired {
         client
             .delete(key.as_bytes(), None)
