@@ -11,11 +11,21 @@
 //! - `refusals`: bad input refused with exit 2 and the dir left untouched.
 //! - `failures`: a step that fails, a stop signal mid-step, and the rerun.
 //! - `logging`: `--log-format json`.
+//! - `storage`: etcd2 → etcd3 (values, TTLs as leases, expired keys).
+//! - `rollbacks`: 3.5 → 3.3 by snapshot/restore, etcd3 → etcd2 by copy.
+//! - `backups`: retention, the restore command, the free-space check.
+//! - `interrupts`: SIGKILL/SIGTERM inside the rebuilding steps, and reruns.
+//! - `pid1`: orphans re-parented to etcd-migrate as PID 1 are reaped.
 
 mod harness;
 
+mod backups;
 mod failures;
+mod interrupts;
 mod logging;
 mod no_step;
+mod pid1;
 mod refusals;
+mod rollbacks;
+mod storage;
 mod walks;

@@ -198,15 +198,28 @@ pub fn check_free_space(
     Ok(size)
 }
 
-/// The name of a backup: UTC time, then what it holds, e.g.
-/// `20261122T110000Z-3.5.16-etcd3`. Sorting names sorts by time.
+/// The name of a backup: UTC time to the millisecond, then what it holds,
+/// e.g. `20261122T110000.123Z-3.5.16-etcd3`. The stamp is fixed-width, so
+/// sorting names sorts by time (with whole seconds only, two backups of
+/// one second would sort by version instead).
 pub fn backup_name(now: SystemTime, pair: VersionPair) -> String {
-    let stamp: String = humantime::format_rfc3339_seconds(now)
+    let stamp: String = humantime::format_rfc3339_millis(now)
         .to_string()
         .chars()
         .filter(|c| *c != '-' && *c != ':')
         .collect();
     format!("{stamp}-{}-{}", pair.version, pair.storage)
+}
+
+/// The time part of a backup name, comparable across names with and
+/// without milliseconds.
+fn time_key(name: &str) -> String {
+    let stamp = name.split('-').next().unwrap_or(name).trim_end_matches('Z');
+    if stamp.contains('.') {
+        stamp.to_string()
+    } else {
+        format!("{stamp}.000")
+    }
 }
 
 /// Copies `data_dir` to a new backup under `policy.root` and prunes old
@@ -225,12 +238,15 @@ pub fn create(
         .mode(0o700)
         .create(&policy.root)
         .map_err(io_err("create backup dir", &policy.root))?;
-    let base = backup_name(now, pair);
-    let mut name = base.clone();
-    let mut n = 1;
-    while policy.root.join(&name).exists() {
-        n += 1;
-        name = format!("{base}-{n}");
+    // Two backups in one millisecond: move the later one on by a
+    // millisecond, so names stay unique and still sort by time.
+    let mut when = now;
+    let mut name = backup_name(when, pair);
+    while policy.root.join(&name).exists()
+        || policy.root.join(format!("{TEMP_PREFIX}{name}")).exists()
+    {
+        when += std::time::Duration::from_millis(1);
+        name = backup_name(when, pair);
     }
     let temp = policy.root.join(format!("{TEMP_PREFIX}{name}"));
     if temp.exists() {
@@ -244,8 +260,14 @@ pub fn create(
     // The rename lives in the backup root's directory entries: without this
     // fsync a power loss could lose the published name.
     fsync(&policy.root)?;
-    prune(&policy.root, policy.keep)?;
+    prune(&policy.root, policy.keep, &target)?;
     Ok(target)
+}
+
+/// Copies the directory tree `from` to the new directory `to`, durably
+/// (for a step's scratch copy).
+pub fn copy_dir(from: &Path, to: &Path) -> Result<(), BackupError> {
+    copy_tree(from, to, false)
 }
 
 /// Copies a directory tree, keeping modes; every file and directory is
@@ -304,12 +326,13 @@ pub fn list(root: &Path) -> Result<Vec<PathBuf>, BackupError> {
             names.push(name);
         }
     }
-    names.sort();
+    names.sort_by_key(|name| (time_key(name), name.clone()));
     Ok(names.into_iter().map(|n| root.join(n)).collect())
 }
 
-/// Removes all but the newest `keep` backups, and any half-written one.
-pub fn prune(root: &Path, keep: usize) -> Result<Vec<PathBuf>, BackupError> {
+/// Removes all but the newest `keep` backups, and any half-written one;
+/// `just_taken` is always kept (and counts as one of them).
+pub fn prune(root: &Path, keep: usize, just_taken: &Path) -> Result<Vec<PathBuf>, BackupError> {
     let mut removed = Vec::new();
     for entry in fs::read_dir(root).map_err(io_err("list", root))? {
         let entry = entry.map_err(io_err("list", root))?;
@@ -318,8 +341,11 @@ pub fn prune(root: &Path, keep: usize) -> Result<Vec<PathBuf>, BackupError> {
             removed.push(entry.path());
         }
     }
-    let backups = list(root)?;
-    let excess = backups.len().saturating_sub(keep.max(1));
+    let backups: Vec<PathBuf> = list(root)?
+        .into_iter()
+        .filter(|b| b != just_taken)
+        .collect();
+    let excess = backups.len().saturating_sub(keep.max(1) - 1);
     for old in &backups[..excess] {
         fs::remove_dir_all(old).map_err(io_err("remove old backup", old))?;
         removed.push(old.clone());
@@ -363,9 +389,30 @@ mod tests {
         let t = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
         let name = backup_name(t, pair("3.5.16/etcd3"));
         assert!(name.ends_with("Z-3.5.16-etcd3"), "{name}");
-        assert_eq!(name.len(), "20261122T110000Z-3.5.16-etcd3".len());
-        let later = backup_name(t + Duration::from_secs(1), pair("3.3.25/etcd2"));
-        assert!(later > name);
+        assert_eq!(name.len(), "20261122T110000.000Z-3.5.16-etcd3".len());
+        // Within one second, time still orders them, not the version.
+        let later = backup_name(t + Duration::from_millis(1), pair("3.3.25/etcd2"));
+        assert!(time_key(&later) > time_key(&name));
+        assert!(
+            time_key("20261122T110000Z-3.5.16-etcd3")
+                < time_key("20261122T110000.001Z-3.3.25-etcd3")
+        );
+    }
+
+    #[test]
+    fn pruning_keeps_the_backup_just_taken() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        sample_data(&data);
+        let policy = BackupPolicy {
+            mode: BackupMode::Always,
+            root: tmp.path().join("b"),
+            keep: 1,
+        };
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        create(&data, &policy, pair("3.5.16/etcd3"), t).expect("first");
+        let second = create(&data, &policy, pair("3.3.25/etcd3"), t).expect("same millisecond");
+        assert_eq!(list(&policy.root).expect("list"), vec![second]);
     }
 
     #[test]

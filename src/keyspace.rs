@@ -133,6 +133,14 @@ fn collect_v2(node: &Value, out: &mut Vec<Entry>) {
         return;
     }
     if let Some(key) = node["key"].as_str() {
+        // A key in its last second (or past expiry, before etcd's 500 ms
+        // sweep) is listed with its "expiration" but no "ttl" (0 is
+        // omitted from the JSON): it is expiring, not permanent.
+        let ttl = match (node["ttl"].as_i64(), node.get("expiration")) {
+            (Some(ttl), _) => Some(ttl),
+            (None, Some(_)) => Some(0),
+            (None, None) => None,
+        };
         out.push(Entry {
             key: key.as_bytes().to_vec(),
             value: node["value"]
@@ -140,7 +148,7 @@ fn collect_v2(node: &Value, out: &mut Vec<Entry>) {
                 .unwrap_or_default()
                 .as_bytes()
                 .to_vec(),
-            ttl: node["ttl"].as_i64(),
+            ttl,
         });
     }
 }
@@ -375,11 +383,18 @@ mod tests {
         let json: Value = serde_json::json!({"node": {"dir": true, "nodes": [
             {"key": "/a", "value": "1"},
             {"key": "/d", "dir": true, "nodes": [{"key": "/d/e", "value": "2", "ttl": 30, "expiration": "x"}]},
-            {"key": "/empty", "dir": true}
+            {"key": "/empty", "dir": true},
+            {"key": "/dying", "value": "3", "expiration": "x"}
         ]}});
         let mut out = Vec::new();
         collect_v2(&json["node"], &mut out);
-        assert_eq!(out.len(), 2);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0].ttl, None);
         assert_eq!(out[1].ttl, Some(30));
+        assert_eq!(
+            out[2].ttl,
+            Some(0),
+            "expiration without ttl is expiring, not permanent"
+        );
     }
 }

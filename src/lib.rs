@@ -290,7 +290,13 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         }
     }
 
-    if plan.steps.is_empty() {
+    if plan.is_noop() && matches!(state, DirState::Recorded(_)) {
+        // Reached only after finishing an interrupted step: already recorded.
+        log::info(
+            "already at target",
+            &[("version", config.target.to_string().into())],
+        );
+    } else if plan.steps.is_empty() {
         let reason = if matches!(state, DirState::Recorded(_)) {
             "patch change, no step needed"
         } else {

@@ -407,18 +407,26 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
     }
 
     /// etcd2 → etcd3 at `at` (3.0 … 3.4): fingerprint the v2 store while
-    /// `at` serves it, convert with `etcdctl migrate` offline, give every
-    /// TTL key a lease with its own remaining TTL (keys that expire in the
-    /// same second share one), check the v3 keys against the fingerprint,
-    /// then remove the migrated keys from the v2 store (3.6 refuses custom
-    /// v2 content).
+    /// `at` serves it, convert a copy of it with `etcdctl migrate` offline,
+    /// give every TTL key a lease with its own remaining TTL (keys that
+    /// expire in the same second share one), check the v3 keys against the
+    /// fingerprint, remove the migrated keys from the copy's v2 store (3.6
+    /// refuses custom v2 content), and swap the copy in.
+    ///
+    /// Why a copy: `etcdctl migrate` must never run twice on one data dir.
+    /// It writes each key at revision = its v2 modifiedIndex, over whatever
+    /// is there; rerun on data whose v2 store was already emptied, it puts
+    /// back unleased records of keys that had been re-put under leases. On
+    /// a copy, any failure before the swap leaves the original untouched,
+    /// and the rerun starts from scratch.
     pub(crate) async fn storage_migration(
         &mut self,
         at: Version,
         label: &str,
     ) -> Result<(), Failure> {
         let data_dir = self.settings.data_dir.to_path_buf();
-        fresh_work_dir(&data_dir)?;
+        let work = fresh_work_dir(&data_dir)?;
+        let converted = work.join("converted");
         let mut serving = self
             .start_serving(run(at, Storage::Etcd2, &data_dir), label)
             .await?;
@@ -445,11 +453,22 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             ],
         );
 
-        let migrate_args = strings(&["migrate", "--data-dir", &data_dir.to_string_lossy()]);
+        let copying = Instant::now();
+        DirBuilder::new()
+            .mode(0o700)
+            .create(&converted)
+            .map_err(|e| work_err(&format!("create {}", converted.display()), e))?;
+        crate::backup::copy_dir(&data_dir.join("member"), &converted.join("member"))
+            .map_err(|e| work_err("copy the data for conversion", e))?;
+        log::info(
+            "data copied for conversion",
+            &[("step", label.into()), ("ms", log::ms(copying.elapsed()))],
+        );
+        let migrate_args = strings(&["migrate", "--data-dir", &converted.to_string_lossy()]);
         self.offline(Binary::etcdctl(at), &migrate_args, &[("ETCDCTL_API", "3")])
             .await?;
 
-        let mut serving = self.start_serving(run_v2_on(at, &data_dir), label).await?;
+        let mut serving = self.start_serving(run_v2_on(at, &converted), label).await?;
         let endpoint = serving.endpoint.clone();
         let plan = lease_plan(
             &v2,
@@ -521,7 +540,15 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 &[("step", label.into()), ("top_level_nodes", removed.into())],
             );
         }
-        self.stop_serving(serving, label).await
+        self.stop_serving(serving, label).await?;
+        swap_member(
+            &data_dir,
+            &converted,
+            VersionPair {
+                version: at,
+                storage: Storage::Etcd3,
+            },
+        )
     }
 }
 

@@ -36,8 +36,8 @@ pub async fn connect(endpoint: &str) -> Result<Client, etcd_client::Error> {
 
 /// One write and its undo: the proof that etcd serves v3 (ETCD-NOTES:
 /// `/health` is not proof).
-pub async fn probe(endpoint: &str) -> Result<(), String> {
-    let mut client = connect(endpoint)
+pub async fn probe(endpoint: String) -> Result<(), String> {
+    let mut client = connect(&endpoint)
         .await
         .map_err(|err| format!("connect: {err}"))?;
     client
@@ -121,6 +121,19 @@ impl EtcdProcess {
         client_port: u16,
         log_dir: &Path,
     ) -> Self {
+        Self::start_with(version, member, data_dir, client_port, log_dir, &[])
+    }
+
+    /// [`EtcdProcess::start`] with `extra` flags appended (e.g.
+    /// `--enable-v2=true` to read the v2 store of 3.4/3.5).
+    pub fn start_with(
+        version: &str,
+        member: &Member,
+        data_dir: &Path,
+        client_port: u16,
+        log_dir: &Path,
+        extra: &[&str],
+    ) -> Self {
         let program = etcd_binary(version);
         let log = log_dir.join(format!("etcd-{version}-{client_port}.log"));
         let out =
@@ -143,6 +156,7 @@ impl EtcdProcess {
             .arg(format!("--initial-cluster={}", member.initial_cluster()))
             .arg("--heartbeat-interval=10")
             .arg("--election-timeout=100")
+            .args(extra)
             // etcd reads ETCD_* variables as flags: give it none.
             .env_clear()
             .stdin(Stdio::null())
@@ -181,6 +195,20 @@ impl EtcdProcess {
     /// Waits until a v3 write succeeds; panics with etcd's output if it
     /// exits or the deadline passes first.
     pub async fn wait_ready(&mut self) {
+        self.wait_ready_with(probe).await;
+    }
+
+    /// Waits until a v2 write succeeds (etcd2 data: a v3 probe would write
+    /// into the v3 store of a dir that must hold only v2 data).
+    pub async fn wait_ready_v2(&mut self) {
+        self.wait_ready_with(super::v2::probe).await;
+    }
+
+    async fn wait_ready_with<F, Fut>(&mut self, probe: F)
+    where
+        F: Fn(String) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
         let started = Instant::now();
         let endpoint = self.endpoint();
         loop {
@@ -191,7 +219,7 @@ impl EtcdProcess {
                     self.log_tail()
                 );
             }
-            let last_error = match probe(&endpoint).await {
+            let last_error = match probe(endpoint.clone()).await {
                 Ok(()) => return,
                 Err(err) => err,
             };

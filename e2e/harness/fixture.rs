@@ -29,6 +29,15 @@ pub struct FixtureSpec {
     pub leases: usize,
     /// Keys attached to those leases (round robin).
     pub leased_keys: usize,
+    /// The first this many plain keys are written three more times (so
+    /// their mod revision and version differ from their creation).
+    pub rewrites: usize,
+    /// Only UTF-8 values (what the v2 store can hold): the protobuf-like
+    /// binary values become text.
+    pub text_only: bool,
+    /// More plain keys, written last, e.g. Kubernetes' `compact_rev_key`
+    /// (a v3 key without a leading slash).
+    pub extra_keys: &'static [(&'static str, &'static str)],
 }
 
 impl FixtureSpec {
@@ -40,6 +49,9 @@ impl FixtureSpec {
             plain_keys: 250,
             leases: 3,
             leased_keys: 50,
+            rewrites: 0,
+            text_only: false,
+            extra_keys: &[],
         }
     }
 
@@ -50,7 +62,28 @@ impl FixtureSpec {
             plain_keys: 20,
             leases: 1,
             leased_keys: 5,
+            rewrites: 0,
+            text_only: false,
+            extra_keys: &[],
         }
+    }
+
+    /// The same, with the first `n` plain keys rewritten three times.
+    pub const fn with_rewrites(mut self, n: usize) -> Self {
+        self.rewrites = n;
+        self
+    }
+
+    /// The same, with text values only.
+    pub const fn text_only(mut self) -> Self {
+        self.text_only = true;
+        self
+    }
+
+    /// The same, with `keys` written last.
+    pub const fn with_extra_keys(mut self, keys: &'static [(&'static str, &'static str)]) -> Self {
+        self.extra_keys = keys;
+        self
     }
 }
 
@@ -68,7 +101,10 @@ pub struct Fixture {
 /// The value of the `i`th plain key: every kind of bytes a Kubernetes
 /// object store holds (protobuf is binary, names are unicode, some values
 /// are empty, a few are large).
-fn value(i: usize) -> Vec<u8> {
+fn value(i: usize, text_only: bool) -> Vec<u8> {
+    if text_only && i % 5 == 0 {
+        return format!("proto-as-json-{i} \"quoted\" \\ tab\t newline\n").into_bytes();
+    }
     if i == 7 {
         return (0..10 * 1024)
             .map(|b| b"0123456789abcdef"[b % 16])
@@ -114,7 +150,7 @@ pub fn build(spec: FixtureSpec, data_dir: &Path, member: &Member, log_dir: &Path
             leases.push(lease.id());
         }
         let mut ops: Vec<TxnOp> = (0..spec.plain_keys)
-            .map(|i| TxnOp::put(plain_key(i), value(i), None))
+            .map(|i| TxnOp::put(plain_key(i), value(i, spec.text_only), None))
             .collect();
         if !leases.is_empty() {
             ops.extend((0..spec.leased_keys).map(|i| {
@@ -125,13 +161,34 @@ pub fn build(spec: FixtureSpec, data_dir: &Path, member: &Member, log_dir: &Path
                 )
             }));
         }
-        while !ops.is_empty() {
-            let batch: Vec<TxnOp> = ops.drain(..ops.len().min(TXN_OPS)).collect();
-            let response = client
-                .txn(Txn::new().and_then(batch))
-                .await
-                .unwrap_or_else(|err| panic!("write fixture keys on {endpoint}: {err}"));
-            assert!(response.succeeded(), "fixture transaction did not succeed");
+        ops.extend(
+            spec.extra_keys
+                .iter()
+                .map(|(key, value)| TxnOp::put(*key, *value, None)),
+        );
+        // A transaction may not write one key twice: each round of
+        // rewrites goes in transactions of its own.
+        let mut rounds = vec![ops];
+        for round in 1..=3 {
+            rounds.push(
+                (0..spec.rewrites.min(spec.plain_keys))
+                    .map(|i| {
+                        let mut rewritten = value(i, spec.text_only);
+                        rewritten.extend_from_slice(format!(" (rewrite {round})").as_bytes());
+                        TxnOp::put(plain_key(i), rewritten, None)
+                    })
+                    .collect(),
+            );
+        }
+        for mut ops in rounds {
+            while !ops.is_empty() {
+                let batch: Vec<TxnOp> = ops.drain(..ops.len().min(TXN_OPS)).collect();
+                let response = client
+                    .txn(Txn::new().and_then(batch))
+                    .await
+                    .unwrap_or_else(|err| panic!("write fixture keys on {endpoint}: {err}"));
+                assert!(response.succeeded(), "fixture transaction did not succeed");
+            }
         }
         Keyspace::read(&endpoint).await
     });
@@ -143,8 +200,13 @@ pub fn build(spec: FixtureSpec, data_dir: &Path, member: &Member, log_dir: &Path
     };
     assert_eq!(
         keyspace.entries.len(),
-        spec.plain_keys + leased,
+        spec.plain_keys + leased + spec.extra_keys.len(),
         "the fixture etcd should serve every key written"
+    );
+    assert_eq!(
+        keyspace.rewritten_keys(),
+        spec.rewrites.min(spec.plain_keys),
+        "rewritten keys have a mod revision past their create revision"
     );
     assert_eq!(keyspace.leased_keys(), leased);
     assert_eq!(keyspace.leases.len(), spec.leases);

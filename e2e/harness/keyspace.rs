@@ -32,13 +32,28 @@ pub struct Lease {
     pub keys: BTreeSet<Vec<u8>>,
 }
 
+/// Where a key sits in the MVCC history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Revision {
+    /// The revision that created it.
+    pub create: i64,
+    /// The revision that last changed it.
+    pub modified: i64,
+    /// How many times it was written since it was created.
+    pub version: i64,
+}
+
 /// Everything a v3 client can read.
 #[derive(Debug, Clone, Default)]
 pub struct Keyspace {
     /// Every key.
     pub entries: BTreeMap<Vec<u8>, Entry>,
+    /// Every key's revisions.
+    pub revisions: BTreeMap<Vec<u8>, Revision>,
     /// Every lease, by id.
     pub leases: BTreeMap<i64, Lease>,
+    /// The store's revision when it was read.
+    pub revision: i64,
 }
 
 impl Keyspace {
@@ -52,6 +67,21 @@ impl Keyspace {
             .await
             .unwrap_or_else(|err| panic!("get all keys from {endpoint}: {err}"));
         assert!(!response.more(), "range over all keys was truncated");
+        let revision = response.header().map(|h| h.revision()).unwrap_or(0);
+        let revisions = response
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    kv.key().to_vec(),
+                    Revision {
+                        create: kv.create_revision(),
+                        modified: kv.mod_revision(),
+                        version: kv.version(),
+                    },
+                )
+            })
+            .collect();
         let entries = response
             .kvs()
             .iter()
@@ -88,7 +118,50 @@ impl Keyspace {
                 },
             );
         }
-        Keyspace { entries, leases }
+        Keyspace {
+            entries,
+            revisions,
+            leases,
+            revision,
+        }
+    }
+
+    /// Asserts every key of `before` but `etcd_version` still has the
+    /// create revision, mod revision and version it had.
+    pub fn assert_revisions_kept(&self, before: &Keyspace) {
+        let mut problems = String::new();
+        let mut differing = 0;
+        for (key, old) in &before.revisions {
+            if key.as_slice() == HEALTH_KEY {
+                continue;
+            }
+            let new = self.revisions.get(key);
+            if new != Some(old) {
+                differing += 1;
+                if differing <= 10 {
+                    let _ = writeln!(
+                        problems,
+                        "key {:?}: before {old:?}, after {new:?}",
+                        String::from_utf8_lossy(key)
+                    );
+                }
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "{differing} keys lost their revisions (store revision {} before, {} after):\n{problems}",
+            before.revision,
+            self.revision
+        );
+    }
+
+    /// How many keys but `etcd_version` were written more than once (mod
+    /// revision past the create revision).
+    pub fn rewritten_keys(&self) -> usize {
+        self.revisions
+            .iter()
+            .filter(|(key, r)| key.as_slice() != HEALTH_KEY && r.modified != r.create)
+            .count()
     }
 
     /// How many keys are attached to a lease.

@@ -270,6 +270,18 @@ impl Running {
             .unwrap_or_else(|err| panic!("kill -{signal} {}: {err}", self.pid));
     }
 
+    /// Sends `signal` unless the process has already exited (then the
+    /// signal came too late to interrupt anything). Returns whether it was
+    /// sent.
+    pub fn signal_if_running(&mut self, signal: Signal) -> bool {
+        if self.try_status().is_some() {
+            return false;
+        }
+        kill(Pid::from_raw(self.pid), signal)
+            .unwrap_or_else(|err| panic!("kill -{signal} {}: {err}", self.pid));
+        true
+    }
+
     /// Whether it has exited (without reaping it twice).
     pub fn try_status(&mut self) -> Option<ExitStatus> {
         self.child
@@ -377,6 +389,32 @@ impl Outcome {
                 let mut parts = line[OUR_PREFIX.len()..].splitn(3, ' ');
                 let rest = parts.nth(2).unwrap_or("");
                 rest == message || rest.starts_with(&format!("{message} "))
+            })
+            .collect()
+    }
+
+    /// Every stderr line parsed as one JSON object (`--log-format json`).
+    pub fn json_lines(&self) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        self.stderr
+            .lines()
+            .map(|line| match serde_json::from_str(line) {
+                Ok(serde_json::Value::Object(object)) => object,
+                _ => panic!(
+                    "stderr line is not one JSON object: {line:?}\n{}",
+                    self.explain()
+                ),
+            })
+            .collect()
+    }
+
+    /// The step kinds in the order their `step start` lines came.
+    pub fn step_kinds(&self) -> Vec<String> {
+        self.lines_with("step start")
+            .iter()
+            .filter_map(|line| {
+                line.split_whitespace()
+                    .find_map(|field| field.strip_prefix("kind="))
+                    .map(str::to_string)
             })
             .collect()
     }

@@ -7,6 +7,7 @@ pub mod fixture;
 pub mod keyspace;
 pub mod migrator;
 pub mod tree;
+pub mod v2;
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -229,5 +230,55 @@ pub fn is_running(pid: i32) -> bool {
             .and_then(|(_, rest)| rest.split_whitespace().next())
             .is_some_and(|state| state != "Z" && state != "X"),
         Err(_) => false,
+    }
+}
+
+/// Live processes (not zombies, not this one) whose command line mentions
+/// `needle`, e.g. a test's unique data dir: the etcd and etcdctl a killed
+/// etcd-migrate left behind, if any. Each as (pid, command line).
+pub fn processes_mentioning(needle: &str) -> Vec<(i32, String)> {
+    let own = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == own {
+            continue;
+        }
+        // The process may be gone by now: skip what cannot be read.
+        let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(needle) && is_running(pid) {
+            found.push((pid, cmdline.trim_end().to_string()));
+        }
+    }
+    found
+}
+
+/// Waits until no live process mentions `dir` on its command line; panics
+/// listing them after `timeout`.
+pub fn wait_for_no_process_on(dir: &Path, timeout: Duration) {
+    let needle = dir.display().to_string();
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = processes_mentioning(&needle);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes on {needle} still run {timeout:?} after etcd-migrate died: {left:#?}"
+        );
+        std::thread::sleep(POLL_INTERVAL);
     }
 }

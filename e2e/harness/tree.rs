@@ -104,6 +104,25 @@ impl Tree {
         Tree(nodes)
     }
 
+    /// The tree without modification times: what a copy that does not keep
+    /// them (a backup) still has in common with the original.
+    pub fn content(&self) -> Tree {
+        Tree(
+            self.0
+                .iter()
+                .map(|(path, node)| {
+                    (
+                        path.clone(),
+                        Node {
+                            mtime_ns: 0,
+                            ..node.clone()
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+
     /// Asserts `after` is the same tree, listing what changed.
     pub fn assert_unchanged(&self, after: &Tree, context: &str) {
         if self == after {

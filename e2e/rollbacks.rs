@@ -1,0 +1,175 @@
+//! Rollbacks on real etcd: 3.5 → 3.3 by snapshot and restore, one minor at
+//! a time, keeping keys, revisions and leases; 3.3 etcd3 → etcd2 by a copy
+//! through the v2 API, keeping values and turning leases into TTLs; and the
+//! refusal of a value the v2 store cannot hold.
+
+use crate::harness::etcd::read_back;
+use crate::harness::fixture::{self, FixtureSpec, LEASE_TTL_SECS};
+use crate::harness::keyspace::HEALTH_KEY;
+use crate::harness::migrator::Migration;
+use crate::harness::v2::{assert_v2_copy, read_back_v2};
+use crate::harness::{mode, read_version_txt, temp_dir, Member};
+
+/// Leases granted 3,600 s shortly before must show more than this left.
+const MIN_REMAINING_TTL: i64 = 3000;
+
+/// The names in `dir`, sorted.
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
+        .map(|entry| {
+            entry
+                .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn rollback_3_5_to_3_3_in_one_run_keeps_keys_revisions_and_leases() {
+    let tmp = temp_dir("rollback");
+    let data = tmp.path().join("data");
+    let member = Member::new("rollback");
+    let fixture = fixture::build(
+        FixtureSpec::full("3.5.16").with_rewrites(20),
+        &data,
+        &member,
+        tmp.path(),
+    );
+
+    let run = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .run();
+    run.assert_code(0);
+    assert_eq!(
+        run.step_kinds(),
+        ["minor-rollback", "minor-rollback"],
+        "{}",
+        run.explain()
+    );
+    let starts = run.lines_with("step start");
+    assert!(
+        starts[0].contains("to=3.4.23/etcd3") && starts[1].contains("to=3.3.25/etcd3"),
+        "one minor at a time: {starts:#?}"
+    );
+    // Each step: the newer release saves, the older one restores and
+    // serves the restored copy.
+    let tools: Vec<&str> = run.lines_with("tool finished");
+    for (tool, args) in [
+        ("etcdctl-3.5.16", "snapshot save"),
+        ("etcdctl-3.4.23", "snapshot restore"),
+        ("etcdctl-3.4.23", "snapshot save"),
+        ("etcdctl-3.3.25", "snapshot restore"),
+    ] {
+        assert!(
+            tools
+                .iter()
+                .any(|line| line.contains(&format!("tool={tool} ")) && line.contains(args)),
+            "no {tool} {args}\n{}",
+            run.explain()
+        );
+    }
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+    assert_eq!(mode(&data), 0o700, "the data dir keeps its mode");
+    assert!(!data.join(".etcd-migrate.work").exists());
+
+    let after = read_back("3.3.25", &member, &data, tmp.path());
+    after.assert_kept(&fixture.keyspace, Some("3.3.25"), MIN_REMAINING_TTL);
+    after.assert_revisions_kept(&fixture.keyspace);
+    assert_eq!(after.rewritten_keys(), fixture.keyspace.rewritten_keys());
+    assert!(
+        after.revision >= fixture.keyspace.revision,
+        "the store revision went back from {} to {}",
+        fixture.keyspace.revision,
+        after.revision
+    );
+}
+
+#[test]
+fn rollback_3_3_etcd3_to_etcd2_keeps_keys_and_ttls() {
+    let tmp = temp_dir("to-etcd2");
+    let data = tmp.path().join("data");
+    let member = Member::new("to-etcd2");
+    let fixture = fixture::build(
+        FixtureSpec::full("3.3.25")
+            .text_only()
+            .with_extra_keys(&[("compact_rev_key", "42")]),
+        &data,
+        &member,
+        tmp.path(),
+    );
+
+    let run = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .arg("--target-storage")
+        .arg("etcd2")
+        .run();
+    run.assert_code(0);
+    assert_eq!(run.step_kinds(), ["rollback-to-etcd2"], "{}", run.explain());
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd2");
+    assert_eq!(mode(&data), 0o700);
+    assert!(!data.join(".etcd-migrate.work").exists());
+
+    let v2 = read_back_v2("3.3.25", &member, &data, tmp.path());
+    assert_v2_copy(&v2, &fixture.keyspace, LEASE_TTL_SECS);
+    assert_eq!(
+        v2.leaves
+            .get(&format!("/{}", String::from_utf8_lossy(HEALTH_KEY)))
+            .map(|node| node.value.as_str()),
+        Some("3.3.25"),
+        "the rebuilt store was proven by 3.3.25"
+    );
+}
+
+#[test]
+fn rollback_to_etcd2_refuses_a_binary_value_and_keeps_the_data() {
+    let tmp = temp_dir("binary");
+    let data = tmp.path().join("data");
+    let member = Member::new("binary");
+    // The standard fixture holds protobuf-like values: not UTF-8.
+    let fixture = fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
+    let before = entries(&data);
+
+    let run = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25")
+        .arg("--target-storage")
+        .arg("etcd2")
+        .run();
+    run.assert_code(3)
+        .assert_stderr_has("--storage-media-type")
+        .assert_stderr_has("not UTF-8");
+    assert!(
+        run.lines_with("v2 store verified").is_empty() && run.lines_with("step done").is_empty(),
+        "refused before the copy\n{}",
+        run.explain()
+    );
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+    let backups = entries(&tmp.path().join("data.backup"));
+    assert!(
+        backups.len() == 1 && backups[0].ends_with("-3.3.25-etcd3"),
+        "{backups:?}"
+    );
+    let now: Vec<String> = entries(&data)
+        .into_iter()
+        .filter(|name| name != ".etcd-migrate.work")
+        .collect();
+    assert_eq!(now, before, "nothing but the scratch dir was added");
+
+    // The keys, values, revisions and leases are all still there; the only
+    // change is the health key the refused step's etcd wrote.
+    let after = read_back("3.3.25", &member, &data, tmp.path());
+    after.assert_kept(&fixture.keyspace, Some("3.3.25"), MIN_REMAINING_TTL);
+    after.assert_revisions_kept(&fixture.keyspace);
+
+    // A run to where the data is cleans up whatever the refused step left.
+    let rerun = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25")
+        .run();
+    rerun.assert_code(0);
+    assert!(!data.join(".etcd-migrate.work").exists());
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+}

@@ -1,0 +1,224 @@
+//! The etcd2 → etcd3 storage migration on real etcd: a v2 store written by
+//! etcd 3.3.25 through the v2 API (nested dirs, TTL keys, unicode and
+//! special characters) walked to 3.5.16, every leaf checked in v3 with its
+//! value and its lease, expired keys never resurrected, and the v2 store
+//! left empty for 3.6.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use crate::harness::etcd::EtcdProcess;
+use crate::harness::keyspace::Keyspace;
+use crate::harness::migrator::Migration;
+use crate::harness::v2::{self, V2Key, V2Keyspace, EXPIRY_MARGIN, V2_HEALTH_KEY_IN_V3};
+use crate::harness::{block_on, free_port, mode, read_version_txt, temp_dir, wait_until, Member};
+
+/// The key written last with a 2 s TTL, expired before the migration.
+const SHORT_LIVED: &str = "/registry/events/ns-0/short-lived";
+
+/// Sleeps until `when` (no-op if it has passed).
+fn sleep_until(when: Instant) {
+    std::thread::sleep(when.saturating_duration_since(Instant::now()));
+}
+
+#[test]
+fn storage_migration_3_3_etcd2_to_3_5_etcd3_keeps_values_and_ttls() {
+    let tmp = temp_dir("storage");
+    let data = tmp.path().join("data");
+    let member = Member::new("storage");
+    let mut batches = v2::kubernetes_like(130, &[600, 1200, 3000], 20);
+    batches.push(vec![V2Key::expiring(
+        SHORT_LIVED,
+        "gone before the migration",
+        2,
+    )]);
+    let fixture = v2::build("3.3.25", &data, &member, tmp.path(), &batches);
+    assert!(
+        fixture.keys.len() >= 200,
+        "{} keys written",
+        fixture.keys.len()
+    );
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd2");
+
+    // The short-lived key ran out while no etcd was serving the data: it
+    // is still in the v2 store on disk, and must not come back.
+    sleep_until(fixture.key(SHORT_LIVED).sent + Duration::from_secs(2) + EXPIRY_MARGIN);
+
+    let run = Migration::new("3.5.16", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .run();
+    run.assert_code(0);
+    assert_eq!(
+        run.step_kinds(),
+        ["storage-migration", "minor-upgrade", "minor-upgrade"],
+        "{}",
+        run.explain()
+    );
+    for message in ["v2 keyspace read", "leases attached", "v3 keys verified"] {
+        assert_eq!(
+            run.lines_with(message).len(),
+            1,
+            "one {message:?} line\n{}",
+            run.explain()
+        );
+    }
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+    assert_eq!(mode(&data), 0o700);
+    assert!(
+        !data.join(".etcd-migrate.work").exists(),
+        "the scratch dir is removed once the step is recorded"
+    );
+
+    // The backup holds the etcd2 data as it was before the first step.
+    let backup_root = tmp.path().join("data.backup");
+    let backups: Vec<String> = std::fs::read_dir(&backup_root)
+        .unwrap_or_else(|err| panic!("list {}: {err}", backup_root.display()))
+        .map(|entry| {
+            entry
+                .expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert!(
+        backups.len() == 1 && backups[0].ends_with("Z-3.3.25-etcd2"),
+        "one backup of 3.3.25/etcd2 expected in {}: {backups:?}",
+        backup_root.display()
+    );
+    let backup = backup_root.join(&backups[0]);
+    assert_eq!(read_version_txt(&backup), "3.3.25/etcd2");
+    assert_eq!(mode(&backup), 0o700);
+
+    // One 3.5.16 with the v2 API on reads both stores.
+    let mut etcd = EtcdProcess::start_with(
+        "3.5.16",
+        &member,
+        &data,
+        free_port(),
+        tmp.path(),
+        &["--enable-v2=true"],
+    );
+    let (v3, read_at, v2_after) = block_on(async {
+        etcd.wait_ready().await;
+        let v3 = Keyspace::read(&etcd.endpoint()).await;
+        let read_at = Instant::now();
+        let v2_after = V2Keyspace::read(&etcd.endpoint()).await;
+        (v3, read_at, v2_after)
+    });
+    etcd.stop();
+
+    assert_eq!(v3.health_value().as_deref(), Some("3.5.16"));
+    let gone: BTreeSet<String> = [SHORT_LIVED.to_string()].into();
+    let splits = v2::assert_migrated(&v3, &fixture, read_at, &gone, false);
+    eprintln!(
+        "storage migration: {} keys, {} leases, {splits} TTL group(s) split at a second boundary",
+        v3.entries.len(),
+        v3.leases.len()
+    );
+    assert!(
+        v2_after.leaves.is_empty() && v2_after.dirs.is_empty(),
+        "the v2 store must hold no migrated keys (3.6 refuses custom v2 content); it holds {} leaves and {} dirs, e.g. {:?}",
+        v2_after.leaves.len(),
+        v2_after.dirs.len(),
+        v2_after.leaves.keys().chain(v2_after.dirs.iter()).take(5).collect::<Vec<_>>()
+    );
+    // Last, so every check above has run: the migration's own v2 health
+    // key must not end up in the user's v3 keyspace (`etcdctl migrate`
+    // copies it; the v3 health key is `etcd_version`, without a slash).
+    assert_eq!(
+        v3.entries
+            .get(V2_HEALTH_KEY_IN_V3.as_bytes())
+            .map(|entry| String::from_utf8_lossy(&entry.value).into_owned()),
+        None,
+        "the v2 health key {V2_HEALTH_KEY_IN_V3} was carried into v3 (a stale copy that never changes again)"
+    );
+}
+
+/// etcd v2 reports a key whose TTL ran out less than a second ago, and
+/// that its expiry sweep (every 500 ms) has not removed yet, with its
+/// `expiration` but without `ttl` (the TTL rounds to 0, which the JSON
+/// omits). Keys written 50 ms apart with TTLs of 1 to 3 s, the last just
+/// before the fixture stops, make sure some key is in that state whenever
+/// the migration reads the v2 store.
+#[test]
+fn storage_migration_never_turns_a_just_expired_key_into_a_permanent_one() {
+    let tmp = temp_dir("just-expired");
+    let data = tmp.path().join("data");
+    let member = Member::new("just-expired");
+    let mut batches = vec![vec![V2Key::plain("/registry/pods/ns/keep", "kept")]];
+    batches.extend((0..24).map(|i| {
+        vec![V2Key::expiring(
+            format!("/registry/events/ns/short-{i:02}"),
+            format!("short {i}"),
+            1 + (i % 3) as i64,
+        )]
+    }));
+    let fixture = v2::build_paced(
+        "3.3.25",
+        &data,
+        &member,
+        tmp.path(),
+        &batches,
+        Duration::from_millis(50),
+    );
+
+    let run = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25")
+        .arg("--backup")
+        .arg("never")
+        .run();
+    run.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+
+    let mut etcd = EtcdProcess::start("3.3.25", &member, &data, free_port(), tmp.path());
+    let v3 = block_on(async {
+        etcd.wait_ready().await;
+        Keyspace::read(&etcd.endpoint()).await
+    });
+    etcd.stop();
+    assert_eq!(
+        v3.entries
+            .get(b"/registry/pods/ns/keep".as_slice())
+            .map(|e| e.value.clone()),
+        Some(b"kept".to_vec())
+    );
+    let permanent: Vec<String> = fixture
+        .keys
+        .iter()
+        .filter(|k| k.key.ttl.is_some())
+        .filter(|k| {
+            v3.entries
+                .get(k.key.path.as_bytes())
+                .is_some_and(|entry| entry.lease == 0)
+        })
+        .map(|k| {
+            format!(
+                "{} (TTL {:?} s, expired at {})",
+                k.key.path,
+                k.key.ttl,
+                k.expiration.as_deref().unwrap_or("?")
+            )
+        })
+        .collect();
+    assert!(
+        permanent.is_empty(),
+        "keys written with a TTL came out of the migration without a lease, so they never expire: {permanent:#?}\nthe migration's lines:\n{}",
+        run.our_lines().join("\n")
+    );
+    // The leased ones do run out: nothing with a TTL is left once the
+    // longest has passed on a serving etcd.
+    let mut etcd = EtcdProcess::start("3.3.25", &member, &data, free_port(), tmp.path());
+    block_on(etcd.wait_ready());
+    let endpoint = etcd.endpoint();
+    wait_until("every TTL key to expire", Duration::from_secs(10), || {
+        let v3 = block_on(Keyspace::read(&endpoint));
+        let left = v3
+            .entries
+            .keys()
+            .filter(|k| k.starts_with(b"/registry/events/"))
+            .count();
+        (left == 0).then_some(())
+    });
+    etcd.stop();
+}
