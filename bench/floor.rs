@@ -129,7 +129,10 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
         format!("--initial-cluster={name}={peer_url}"),
         // Defaults are src/dialect.rs's STEP_HEARTBEAT_MS/STEP_ELECTION_TIMEOUT_MS;
         // --heartbeat-ms/--election-ms only to explore other values.
-        format!("--heartbeat-interval={}", get_or(args, "heartbeat-ms", 10u32)),
+        format!(
+            "--heartbeat-interval={}",
+            get_or(args, "heartbeat-ms", 10u32)
+        ),
         format!("--election-timeout={}", get_or(args, "election-ms", 100u32)),
         "--snapshot-count=1".to_string(),
     ];

@@ -13,7 +13,7 @@ use crate::harness::etcd::read_back;
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::migrator::{Migration, Outcome};
 use crate::harness::tree::fingerprint;
-use crate::harness::{mode, read_version_txt, temp_dir, write_version_txt, Member};
+use crate::harness::{dir_names, mode, read_version_txt, temp_dir, write_version_txt, Member};
 
 const BUNDLE: &str = "3.3.25,3.4.23,3.5.16";
 
@@ -32,22 +32,6 @@ fn backup_taken(run: &Outcome) -> Option<PathBuf> {
             .unwrap_or_else(|| panic!("no path= in {line:?}"));
         PathBuf::from(path)
     })
-}
-
-/// The entries of `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
-        .map(|entry| {
-            entry
-                .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    names.sort();
-    names
 }
 
 /// Whether `name` is `<YYYYMMDD>T<HHMMSS>Z-<version>-<storage>` with an
@@ -111,7 +95,7 @@ fn backups_are_kept_newest_first_up_to_backup_keep() {
     // Rollback again: the third backup pushes the first one out.
     let third = backup_taken(&run("3.4.23", &[])).expect("a rollback is backed up");
 
-    let kept = names(&root);
+    let kept = dir_names(&root);
     let expected: Vec<String> = [&second, &third]
         .iter()
         .map(|p| p.file_name().expect("name").to_string_lossy().into_owned())
@@ -261,7 +245,7 @@ fn a_backup_that_cannot_fit_is_refused_before_anything_changes() {
     );
     before.assert_unchanged(&fingerprint(&data), "refused for lack of space");
     assert!(
-        names(&small.path).is_empty(),
+        dir_names(&small.path).is_empty(),
         "nothing was written to the small filesystem"
     );
     assert!(!tmp.path().join("data.backup").exists());
@@ -303,7 +287,7 @@ fn pruning_never_removes_the_backup_just_taken() {
         taken.exists(),
         "the backup this run took and logged ({}) was pruned; kept: {:?}\n{}",
         taken.display(),
-        names(&root),
+        dir_names(&root),
         run.explain()
     );
     let name = taken
@@ -311,5 +295,5 @@ fn pruning_never_removes_the_backup_just_taken() {
         .expect("name")
         .to_string_lossy()
         .into_owned();
-    assert_eq!(names(&root), [name]);
+    assert_eq!(dir_names(&root), [name]);
 }

@@ -6,7 +6,7 @@ use crate::harness::etcd::read_back;
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::migrator::{Migration, Outcome};
 use crate::harness::tree::fingerprint;
-use crate::harness::{mode, read_version_txt, set_mode, temp_dir, Member};
+use crate::harness::{dir_names, mode, read_version_txt, set_mode, temp_dir, Member};
 
 /// Asserts the run started no etcd.
 fn assert_no_step(run: &Outcome) {
@@ -15,22 +15,6 @@ fn assert_no_step(run: &Outcome) {
         "no step should run\n{}",
         run.explain()
     );
-}
-
-/// The names in `dir`, sorted.
-fn entries(dir: &std::path::Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
-        .map(|entry| {
-            entry
-                .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    names.sort();
-    names
 }
 
 #[test]
@@ -46,7 +30,7 @@ fn empty_dir_records_the_target_without_steps() {
     assert_no_step(&run);
     assert_eq!(read_version_txt(&empty), "3.5.16/etcd3");
     assert_eq!(
-        entries(&empty),
+        dir_names(&empty),
         ["version.txt"],
         "only version.txt is written (no member/ dir)"
     );
@@ -57,7 +41,7 @@ fn empty_dir_records_the_target_without_steps() {
     assert_no_step(&run);
     assert_eq!(mode(&missing), 0o700, "a created data dir gets etcd's mode");
     assert_eq!(read_version_txt(&missing), "3.5.16/etcd3");
-    assert_eq!(entries(&missing), ["version.txt"]);
+    assert_eq!(dir_names(&missing), ["version.txt"]);
 }
 
 #[test]

@@ -8,26 +8,10 @@ use crate::harness::fixture::{self, FixtureSpec, LEASE_TTL_SECS};
 use crate::harness::keyspace::HEALTH_KEY;
 use crate::harness::migrator::Migration;
 use crate::harness::v2::{assert_v2_copy, read_back_v2};
-use crate::harness::{mode, read_version_txt, temp_dir, Member};
+use crate::harness::{dir_names, mode, read_version_txt, temp_dir, Member};
 
 /// Leases granted 3,600 s shortly before must show more than this left.
 const MIN_REMAINING_TTL: i64 = 3000;
-
-/// The names in `dir`, sorted.
-fn entries(dir: &std::path::Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
-        .map(|entry| {
-            entry
-                .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    names.sort();
-    names
-}
 
 #[test]
 fn rollback_3_5_to_3_3_in_one_run_keeps_keys_revisions_and_leases() {
@@ -132,7 +116,7 @@ fn rollback_to_etcd2_refuses_a_binary_value_and_keeps_the_data() {
     let member = Member::new("binary");
     // The standard fixture holds protobuf-like values: not UTF-8.
     let fixture = fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
-    let before = entries(&data);
+    let before = dir_names(&data);
 
     let run = Migration::new("3.3.25", &data, &member)
         .bundled("3.3.25")
@@ -148,12 +132,12 @@ fn rollback_to_etcd2_refuses_a_binary_value_and_keeps_the_data() {
         run.explain()
     );
     assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
-    let backups = entries(&tmp.path().join("data.backup"));
+    let backups = dir_names(&tmp.path().join("data.backup"));
     assert!(
         backups.len() == 1 && backups[0].ends_with("-3.3.25-etcd3"),
         "{backups:?}"
     );
-    let now: Vec<String> = entries(&data)
+    let now: Vec<String> = dir_names(&data)
         .into_iter()
         .filter(|name| name != ".etcd-migrate.work")
         .collect();

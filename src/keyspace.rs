@@ -60,12 +60,8 @@ impl fmt::Display for Fingerprint {
 /// leading `/`) so a v2 store and the v3 keyspace made from it compare.
 pub fn fingerprint<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Fingerprint {
     let mut sorted: BTreeMap<Vec<u8>, &[u8]> = BTreeMap::new();
-    for entry in entries {
-        let key = v2_path(&entry.key);
-        if key.as_slice() == format!("/{HEALTH_KEY}").as_bytes() {
-            continue;
-        }
-        sorted.insert(key, &entry.value);
+    for entry in entries.into_iter().filter(|e| !is_health_key(&e.key)) {
+        sorted.insert(v2_path(&entry.key), &entry.value);
     }
     let mut hasher = Sha256::new();
     for (key, value) in &sorted {
@@ -79,6 +75,12 @@ pub fn fingerprint<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Fingerpr
         count: sorted.len(),
         digest: hasher.finalize().into(),
     }
+}
+
+/// True for the key every step writes (`etcd_version` in v3,
+/// `/etcd_version` in v2): ours, not the user's data.
+pub fn is_health_key(key: &[u8]) -> bool {
+    v2_path(key) == format!("/{HEALTH_KEY}").as_bytes()
 }
 
 /// A key as a v2 path: with exactly one leading `/`.

@@ -231,6 +231,43 @@ pub fn check_v2_compatible(entries: &[Entry]) -> Result<(), String> {
 }
 
 impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
+    /// Serves the data with `run`, reads its whole keyspace through the
+    /// API of its storage (without our health key), and stops it. Returns
+    /// the keys and when they were read (TTLs count down from then).
+    async fn read_keyspace(
+        &mut self,
+        run: Run<'_>,
+        label: &str,
+    ) -> Result<(Vec<Entry>, Instant), Failure> {
+        let mut serving = self.start_serving(run, label).await?;
+        let endpoint = serving.endpoint.clone();
+        let entries = match run.storage {
+            Storage::Etcd2 => {
+                self.while_serving(
+                    &mut serving,
+                    "read the v2 keyspace",
+                    keyspace::read_v2(&endpoint),
+                )
+                .await?
+            }
+            Storage::Etcd3 => {
+                self.while_serving(
+                    &mut serving,
+                    "read the v3 keyspace",
+                    keyspace::read_v3(&endpoint),
+                )
+                .await?
+            }
+        };
+        let read_at = Instant::now();
+        self.stop_serving(serving, label).await?;
+        let entries = entries
+            .into_iter()
+            .filter(|e| !keyspace::is_health_key(&e.key))
+            .collect();
+        Ok((entries, read_at))
+    }
+
     /// 3.x → 3.(x-1): `serve` saves a snapshot, `to`'s restore tool writes
     /// it into a fresh dir with the same member name, cluster, peer URLs
     /// and token, `to` proves it by serving it, and the member dirs swap.
@@ -315,23 +352,9 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .create(&rebuilt)
             .map_err(|e| work_err(&format!("create {}", rebuilt.display()), e))?;
 
-        let mut serving = self
-            .start_serving(run(serve, Storage::Etcd3, &data_dir), label)
+        let (entries, read_at) = self
+            .read_keyspace(run(serve, Storage::Etcd3, &data_dir), label)
             .await?;
-        let endpoint = serving.endpoint.clone();
-        let entries = self
-            .while_serving(
-                &mut serving,
-                "read the v3 keyspace",
-                keyspace::read_v3(&endpoint),
-            )
-            .await?;
-        let read_at = Instant::now();
-        self.stop_serving(serving, label).await?;
-        let entries: Vec<Entry> = entries
-            .into_iter()
-            .filter(|e| e.key.as_slice() != HEALTH_KEY.as_bytes())
-            .collect();
         check_v2_compatible(&entries)
             .map_err(|detail| work_err("check that every v3 key fits the v2 store", detail))?;
         let source = fingerprint(&entries);
@@ -427,23 +450,9 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let data_dir = self.settings.data_dir.to_path_buf();
         let work = fresh_work_dir(&data_dir)?;
         let converted = work.join("converted");
-        let mut serving = self
-            .start_serving(run(at, Storage::Etcd2, &data_dir), label)
+        let (v2, read_at) = self
+            .read_keyspace(run(at, Storage::Etcd2, &data_dir), label)
             .await?;
-        let endpoint = serving.endpoint.clone();
-        let v2 = self
-            .while_serving(
-                &mut serving,
-                "read the v2 keyspace",
-                keyspace::read_v2(&endpoint),
-            )
-            .await?;
-        let read_at = Instant::now();
-        self.stop_serving(serving, label).await?;
-        let v2: Vec<Entry> = v2
-            .into_iter()
-            .filter(|e| e.key.as_slice() != format!("/{HEALTH_KEY}").as_bytes())
-            .collect();
         let before = fingerprint(&v2);
         log::info(
             "v2 keyspace read",
@@ -742,7 +751,7 @@ fn verify_migration(
 fn verify_copy(written: &[Entry], copied: &[Entry], tolerance: i64) -> Result<(), String> {
     let copied: Vec<Entry> = copied
         .iter()
-        .filter(|e| e.key.as_slice() != format!("/{HEALTH_KEY}").as_bytes())
+        .filter(|e| !keyspace::is_health_key(&e.key))
         .cloned()
         .collect();
     let (want, got) = (fingerprint(written), fingerprint(&copied));

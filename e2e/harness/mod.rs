@@ -282,3 +282,19 @@ pub fn wait_for_no_process_on(dir: &Path, timeout: Duration) {
         std::thread::sleep(POLL_INTERVAL);
     }
 }
+
+/// The names of the entries of `dir`, sorted.
+pub fn dir_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
+        .map(|entry| {
+            entry
+                .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
