@@ -149,21 +149,21 @@ fn version_command(bin_dir: &Path, binary: Binary) -> (Command, &'static str) {
     let prefix = match binary.tool {
         Tool::Etcd => {
             command.arg("--version");
-            "etcd Version:"
+            "etcd Version"
         }
         // etcdctl 3.4+ defaults to the v3 API, whose version command is a
         // subcommand; older ones only know the v2 `--version` flag.
         Tool::Etcdctl if binary.version >= Version::new(3, 4, 0) => {
             command.env("ETCDCTL_API", "3").arg("version");
-            "etcdctl version:"
+            "etcdctl version"
         }
         Tool::Etcdctl => {
             command.arg("--version");
-            "etcdctl version:"
+            "etcdctl version"
         }
         Tool::Etcdutl => {
             command.arg("version");
-            "etcdutl version:"
+            "etcdutl version"
         }
     };
     (command, prefix)
@@ -234,10 +234,12 @@ fn check_reported(
     status: crate::supervisor::ExitStatus,
     output: &str,
 ) -> Result<(), BinError> {
+    // "etcdctl version: 3.3.25" (3.x), but "etcdctl version 2.2.1" (2.x,
+    // whose CLI library prints its default format): the colon is optional.
     let reported = output
         .lines()
         .find_map(|line| line.trim().strip_prefix(prefix))
-        .map(str::trim);
+        .map(|rest| rest.trim_start_matches(':').trim());
     match reported {
         Some(reported) if reported == binary.version.to_string() => Ok(()),
         Some(reported) => Err(BinError::WrongVersion {
@@ -311,7 +313,7 @@ mod tests {
         check_reported(
             path,
             binary("3.4.23"),
-            "etcd Version:",
+            "etcd Version",
             ExitStatus::Exited(0),
             ok,
         )
@@ -319,7 +321,7 @@ mod tests {
         let err = check_reported(
             path,
             binary("3.4.23"),
-            "etcd Version:",
+            "etcd Version",
             ExitStatus::Exited(0),
             "etcd Version: 3.4.2\n",
         )
@@ -329,10 +331,19 @@ mod tests {
                 .contains("reports version 3.4.2, not 3.4.23"),
             "{err}"
         );
+        let etcdctl_2 = Binary::etcdctl("2.2.1".parse().expect("version"));
+        check_reported(
+            path,
+            etcdctl_2,
+            "etcdctl version",
+            ExitStatus::Exited(0),
+            "etcdctl version 2.2.1\n",
+        )
+        .expect("2.x etcdctl prints no colon");
         let err = check_reported(
             path,
             binary("3.4.23"),
-            "etcd Version:",
+            "etcd Version",
             ExitStatus::Exited(2),
             "flag provided but not defined\n",
         )

@@ -18,8 +18,44 @@ use crate::log;
 use crate::plan::Binary;
 use crate::supervisor::{Child, ExitStatus, Supervisor, SupervisorError, STOP_GRACE};
 
-/// How many of a step's last output lines an error report quotes.
+/// How many of a process's first output lines an error report quotes: a
+/// bad flag is reported on the first line, before pages of usage text.
+pub const OUTPUT_HEAD_LINES: usize = 5;
+
+/// How many of a process's last output lines an error report quotes: a
+/// panic or fatal error comes last.
 pub const OUTPUT_TAIL_LINES: usize = 20;
+
+/// The first and last lines a process printed, for error reports.
+#[derive(Debug, Default)]
+struct OutputSample {
+    head: Vec<String>,
+    tail: VecDeque<String>,
+    omitted: usize,
+}
+
+impl OutputSample {
+    fn push(&mut self, line: &str) {
+        if self.head.len() < OUTPUT_HEAD_LINES {
+            self.head.push(line.to_string());
+            return;
+        }
+        if self.tail.len() == OUTPUT_TAIL_LINES {
+            self.tail.pop_front();
+            self.omitted += 1;
+        }
+        self.tail.push_back(line.to_string());
+    }
+
+    fn lines(&self) -> Vec<String> {
+        let mut lines = self.head.clone();
+        if self.omitted > 0 {
+            lines.push(format!("[… {} lines omitted …]", self.omitted));
+        }
+        lines.extend(self.tail.iter().cloned());
+        lines
+    }
+}
 
 /// Starts real etcd binaries from the bin dir under the supervisor.
 pub struct ProcessLauncher {
@@ -30,7 +66,7 @@ pub struct ProcessLauncher {
 /// A step's etcd, running under the supervisor.
 pub struct ProcessEtcd {
     child: Child,
-    tail: Arc<Mutex<VecDeque<String>>>,
+    output: Arc<Mutex<OutputSample>>,
     relays: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -137,7 +173,7 @@ fn spawn_relayed(
     }
     command.envs(env.iter().copied());
     let mut child = supervisor.spawn(&mut command)?;
-    let tail = Arc::new(Mutex::new(VecDeque::with_capacity(OUTPUT_TAIL_LINES)));
+    let output = Arc::new(Mutex::new(OutputSample::default()));
     let source = binary.to_string();
     let mut relays = Vec::new();
     let streams: [Option<Box<dyn Read + Send>>; 2] = [
@@ -151,19 +187,19 @@ fn spawn_relayed(
             .map(|s| Box::new(s) as Box<dyn Read + Send>),
     ];
     for stream in streams.into_iter().flatten() {
-        let tail = Arc::clone(&tail);
+        let output = Arc::clone(&output);
         let source = source.clone();
-        relays.push(std::thread::spawn(move || relay(stream, &source, &tail)));
+        relays.push(std::thread::spawn(move || relay(stream, &source, &output)));
     }
     Ok(ProcessEtcd {
         child,
-        tail,
+        output,
         relays,
     })
 }
 
 /// Copies a child's stream into our log line by line until it closes.
-fn relay(stream: Box<dyn Read + Send>, source: &str, tail: &Mutex<VecDeque<String>>) {
+fn relay(stream: Box<dyn Read + Send>, source: &str, output: &Mutex<OutputSample>) {
     let mut reader = BufReader::new(stream);
     let mut bytes = Vec::new();
     loop {
@@ -174,11 +210,10 @@ fn relay(stream: Box<dyn Read + Send>, source: &str, tail: &Mutex<VecDeque<Strin
                 let line = String::from_utf8_lossy(&bytes);
                 let line = line.trim_end();
                 log::relay(source, line);
-                let mut tail = tail.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if tail.len() == OUTPUT_TAIL_LINES {
-                    tail.pop_front();
-                }
-                tail.push_back(line.to_string());
+                output
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .push(line);
             }
         }
     }
@@ -205,10 +240,28 @@ impl RunningEtcd for ProcessEtcd {
                 let _ = relay.join();
             }
         }
-        let tail = self
-            .tail
+        self.output
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        tail.iter().cloned().collect()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .lines()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_reports_keep_the_first_and_the_last_lines() {
+        let mut sample = OutputSample::default();
+        sample.push("flag provided but not defined: -bogus");
+        for i in 0..200 {
+            sample.push(&format!("usage line {i}"));
+        }
+        let lines = sample.lines();
+        assert_eq!(lines[0], "flag provided but not defined: -bogus");
+        assert_eq!(lines[OUTPUT_HEAD_LINES], "[… 176 lines omitted …]");
+        assert_eq!(lines.last().map(String::as_str), Some("usage line 199"));
+        assert_eq!(lines.len(), OUTPUT_HEAD_LINES + 1 + OUTPUT_TAIL_LINES);
     }
 }
