@@ -46,6 +46,8 @@ usage() { sed -n '2,/^$/{s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}" >&2; }
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_dir=$(dirname "$script_dir")
+# shellcheck source=images/lib/private-apt.sh
+source "$script_dir/lib/private-apt.sh"
 cache_dir="$repo_dir/.cache/base"
 kind=glibc
 tag=""
@@ -71,7 +73,7 @@ command -v docker >/dev/null || die "docker not found"
 docker info >/dev/null 2>&1 || die "the Docker daemon is not reachable (docker info failed)"
 
 # The recipe hash: this script (and the kind). A changed script rebuilds.
-recipe=$(cat "${BASH_SOURCE[0]}" <(printf '%s\n' "$kind" "$SUITE") | sha256sum | cut -c1-16)
+recipe=$(cat "${BASH_SOURCE[0]}" "$script_dir/lib/private-apt.sh" <(printf '%s\n' "$kind" "$SUITE") | sha256sum | cut -c1-16)
 if ((!force)); then
   have=$(docker image inspect -f '{{ index .Config.Labels "io.etcd-migrate.base.recipe" }}' "$tag" 2>/dev/null || true)
   if [[ $have == "$recipe" ]]; then
@@ -114,25 +116,7 @@ security_mirror=${security_mirror:-http://deb.debian.org/debian-security}
 # ---------------------------------------------------------------------------
 build_glibc_root() {
   local apt="$cache_dir/apt" signed pkg deb
-  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/state" "$apt/log"
-  : >"$apt/status"
-  cat >"$apt/apt.conf" <<EOF
-#clear APT::Update::Post-Invoke;
-#clear APT::Update::Post-Invoke-Success;
-#clear DPkg::Post-Invoke;
-#clear DPkg::Pre-Invoke;
-Dir::Etc::SourceList "$apt/sources.list";
-Dir::Etc::SourceParts "/dev/null";
-Dir::Etc::Preferences "/dev/null";
-Dir::Etc::PreferencesParts "/dev/null";
-Dir::State "$apt/state";
-Dir::State::Lists "$apt/lists";
-Dir::State::status "$apt/status";
-Dir::Cache "$apt/cache";
-Dir::Log "$apt/log";
-Acquire::Languages "none";
-Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";
-EOF
+  private_apt_conf "$apt"
   # The suite is signed by keys debian-archive-keyring has; refuse anything
   # unsigned (no trusted=yes fallback: these files become every container's libc).
   [[ -r $DEBIAN_KEYRING ]] || die "$DEBIAN_KEYRING is missing: apt-get install debian-archive-keyring"

@@ -63,6 +63,8 @@ usage() {
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_dir=$(dirname "$script_dir")
+# shellcheck source=images/lib/private-apt.sh
+source "$script_dir/lib/private-apt.sh"
 cache_dir="$repo_dir/.cache/etcd"
 versions=()
 
@@ -208,30 +210,7 @@ debian_update() {
   local suite=$1
   [[ -n ${suite_ready[$suite]:-} ]] && return 0
   local d="$cache_dir/apt/$suite" mirror out
-  mkdir -p "$d/lists/partial" "$d/cache/archives/partial" "$d/state" "$d/log"
-  : >"$d/status"
-  # Our own config file, read after the system's (apt-get -c): the system's
-  # apt.conf.d still applies (network settings, Check-Valid-Until of the
-  # snapshot mirror, ...), but every path points into $d and the system's
-  # update/dpkg hooks (which clean /var/cache/apt or refresh AppStream) are
-  # cleared so that nothing outside $d is touched.
-  cat >"$d/apt.conf" <<EOF
-#clear APT::Update::Post-Invoke;
-#clear APT::Update::Post-Invoke-Success;
-#clear DPkg::Post-Invoke;
-#clear DPkg::Pre-Invoke;
-Dir::Etc::SourceList "$d/sources.list";
-Dir::Etc::SourceParts "/dev/null";
-Dir::Etc::Preferences "/dev/null";
-Dir::Etc::PreferencesParts "/dev/null";
-Dir::State "$d/state";
-Dir::State::Lists "$d/lists";
-Dir::State::status "$d/status";
-Dir::Cache "$d/cache";
-Dir::Log "$d/log";
-Acquire::Languages "none";
-Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";
-EOF
+  private_apt_conf "$d"
   mirror=$(debian_mirror)
   if [[ -r $DEBIAN_KEYRING ]]; then
     printf 'deb [signed-by=%s] %s %s main\n' "$DEBIAN_KEYRING" "$mirror" "$suite" >"$d/sources.list"
