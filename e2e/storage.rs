@@ -222,3 +222,65 @@ fn storage_migration_never_turns_a_just_expired_key_into_a_permanent_one() {
     });
     etcd.stop();
 }
+
+/// `--ttl-leases flat` keeps the Kubernetes tool's meaning of
+/// `--ttl-keys-directory`: every key under it (TTL or not) shares one
+/// one-hour lease, while TTL keys elsewhere still get their own TTL.
+#[test]
+fn flat_ttl_leases_put_the_ttl_directory_under_one_hour_lease() {
+    let tmp = temp_dir("flat");
+    let data = tmp.path().join("data");
+    let member = Member::new("flat");
+    let batches = vec![vec![
+        V2Key::expiring("/registry/events/ns/a", "short event", 600),
+        V2Key::expiring("/registry/events/ns/b", "long event", 3000),
+        V2Key::plain("/registry/events/ns/c", "event without TTL"),
+        V2Key::expiring("/registry/leases/ns/l", "not an event", 1200),
+        V2Key::plain("/registry/pods/ns/p", "pod"),
+    ]];
+    v2::build("3.3.25", &data, &member, tmp.path(), &batches);
+
+    let run = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25")
+        .arg("--ttl-leases")
+        .arg("flat")
+        .arg("--backup")
+        .arg("never")
+        .run();
+    run.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+
+    let mut etcd = EtcdProcess::start("3.3.25", &member, &data, free_port(), tmp.path());
+    let v3 = block_on(async {
+        etcd.wait_ready().await;
+        Keyspace::read(&etcd.endpoint()).await
+    });
+    etcd.stop();
+    let lease_of = |key: &str| {
+        v3.entries
+            .get(key.as_bytes())
+            .unwrap_or_else(|| panic!("{key} missing after the migration"))
+            .lease
+    };
+    let events = lease_of("/registry/events/ns/a");
+    assert_ne!(events, 0, "events get the flat lease");
+    assert_eq!(lease_of("/registry/events/ns/b"), events);
+    assert_eq!(lease_of("/registry/events/ns/c"), events);
+    let flat = &v3.leases[&events];
+    assert_eq!(flat.granted_ttl, 3600, "the flat lease is one hour");
+    let other = lease_of("/registry/leases/ns/l");
+    assert!(
+        other != 0 && other != events,
+        "a TTL key outside the directory keeps its own lease"
+    );
+    let own = &v3.leases[&other];
+    assert!(
+        own.granted_ttl <= 1200 && own.granted_ttl > 1200 - 30,
+        "{own:?}"
+    );
+    assert_eq!(
+        lease_of("/registry/pods/ns/p"),
+        0,
+        "keys without TTL outside the directory get no lease"
+    );
+}
