@@ -77,6 +77,15 @@ pub enum Error {
         #[source]
         source: PlanError,
     },
+    /// An empty or missing data dir cannot be started at the target.
+    #[error("cannot start the empty data dir {data_dir} at the target")]
+    FreshTarget {
+        /// The data dir.
+        data_dir: String,
+        /// Why.
+        #[source]
+        source: PlanError,
+    },
     /// The filesystems cannot take the backup or the scratch copies.
     #[error(transparent)]
     Space(#[from] backup::BackupError),
@@ -122,6 +131,7 @@ impl Error {
         match self {
             Error::DataDir(_)
             | Error::Plan { .. }
+            | Error::FreshTarget { .. }
             | Error::Space(_)
             | Error::Binary(_)
             | Error::MultiMember { .. } => EXIT_PRECONDITION,
@@ -197,9 +207,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         }
         DirState::Missing | DirState::Empty => {
             if !bundle.contains(config.target.version) {
-                return Err(Error::Plan {
-                    current: config.target,
-                    target: config.target,
+                return Err(Error::FreshTarget {
                     data_dir: config.data_dir.display().to_string(),
                     source: PlanError::TargetNotBundled {
                         target: config.target.version,
