@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::harness::etcd::EtcdProcess;
+use crate::harness::etcd::{read_back, EtcdProcess};
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::Migration;
 use crate::harness::v2::{self, V2Key, V2Keyspace, EXPIRY_MARGIN, V2_HEALTH_KEY_IN_V3};
@@ -171,12 +171,7 @@ fn storage_migration_never_turns_a_just_expired_key_into_a_permanent_one() {
     run.assert_code(0);
     assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
 
-    let mut etcd = EtcdProcess::start("3.3.25", &member, &data, free_port(), tmp.path());
-    let v3 = block_on(async {
-        etcd.wait_ready().await;
-        Keyspace::read(&etcd.endpoint()).await
-    });
-    etcd.stop();
+    let v3 = read_back("3.3.25", &member, &data, tmp.path());
     assert_eq!(
         v3.entries
             .get(b"/registry/pods/ns/keep".as_slice())
@@ -250,12 +245,7 @@ fn flat_ttl_leases_put_the_ttl_directory_under_one_hour_lease() {
     run.assert_code(0);
     assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
 
-    let mut etcd = EtcdProcess::start("3.3.25", &member, &data, free_port(), tmp.path());
-    let v3 = block_on(async {
-        etcd.wait_ready().await;
-        Keyspace::read(&etcd.endpoint()).await
-    });
-    etcd.stop();
+    let v3 = read_back("3.3.25", &member, &data, tmp.path());
     let lease_of = |key: &str| {
         v3.entries
             .get(key.as_bytes())
