@@ -35,6 +35,14 @@ fn work_err(what: &str, detail: impl std::fmt::Display) -> Failure {
     })
 }
 
+/// Creates one directory with mode 0700 (etcd's data-dir mode).
+fn create_private_dir(dir: &Path) -> Result<(), Failure> {
+    DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| work_err(&format!("create {}", dir.display()), e))
+}
+
 /// Empties and recreates the scratch dir (a crashed earlier attempt may
 /// have left one behind).
 fn fresh_work_dir(data_dir: &Path) -> Result<PathBuf, Failure> {
@@ -43,10 +51,7 @@ fn fresh_work_dir(data_dir: &Path) -> Result<PathBuf, Failure> {
         fs::remove_dir_all(&work)
             .map_err(|e| work_err(&format!("remove leftover {}", work.display()), e))?;
     }
-    DirBuilder::new()
-        .mode(0o700)
-        .create(&work)
-        .map_err(|e| work_err(&format!("create {}", work.display()), e))?;
+    create_private_dir(&work)?;
     Ok(work)
 }
 
@@ -347,10 +352,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let data_dir = self.settings.data_dir.to_path_buf();
         let work = fresh_work_dir(&data_dir)?;
         let rebuilt = work.join("v2");
-        DirBuilder::new()
-            .mode(0o700)
-            .create(&rebuilt)
-            .map_err(|e| work_err(&format!("create {}", rebuilt.display()), e))?;
+        create_private_dir(&rebuilt)?;
 
         let (entries, read_at) = self
             .read_keyspace(run(serve, Storage::Etcd3, &data_dir), label)
@@ -463,10 +465,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         );
 
         let copying = Instant::now();
-        DirBuilder::new()
-            .mode(0o700)
-            .create(&converted)
-            .map_err(|e| work_err(&format!("create {}", converted.display()), e))?;
+        create_private_dir(&converted)?;
         crate::backup::copy_dir(&data_dir.join("member"), &converted.join("member"))
             .map_err(|e| work_err("copy the data for conversion", e))?;
         log::info(
