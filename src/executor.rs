@@ -51,15 +51,42 @@ pub trait RunningEtcd {
     fn recent_output(&mut self) -> Vec<String>;
 }
 
+/// Why one health attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthError {
+    /// Not yet: etcd is starting, electing, or the attempt timed out. The
+    /// next attempt may succeed.
+    NotYet(String),
+    /// Never, on this data as it is: etcd answered, and its answer shows a
+    /// condition no retry clears (an alarm raised in the data). Carries what
+    /// etcd said and what the operator must do.
+    Refused {
+        /// What etcd reported.
+        reason: String,
+        /// What to do about it.
+        remedy: String,
+    },
+}
+
+impl std::fmt::Display for HealthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HealthError::NotYet(why) => f.write_str(why),
+            HealthError::Refused { reason, remedy } => write!(f, "{reason}; {remedy}"),
+        }
+    }
+}
+
 /// Proves a step's etcd healthy with one write.
 pub trait Health {
-    /// Writes the health key once; `Err` carries why it failed.
+    /// Checks the data's alarms (where the API has them) and writes the
+    /// health key once.
     fn write(
         &self,
         endpoint: &str,
         storage: Storage,
         value: &str,
-    ) -> impl Future<Output = Result<(), String>>;
+    ) -> impl Future<Output = Result<(), HealthError>>;
 }
 
 /// Runs the offline tools of a release (`etcdctl`, `etcdutl`).
@@ -103,6 +130,19 @@ pub enum StepError {
         status: ExitStatus,
         /// Its last lines.
         output: String,
+    },
+    /// etcd answered, but refuses writes on this data until the operator
+    /// acts (e.g. a NOSPACE alarm raised before the migration).
+    #[error("etcd {version} (pid {pid}) serves the data but refuses writes: {reason}; it was stopped and nothing was recorded; {remedy}")]
+    Refused {
+        /// The release.
+        version: Version,
+        /// Its pid.
+        pid: i32,
+        /// What etcd reported.
+        reason: String,
+        /// What to do.
+        remedy: String,
     },
     /// etcd never accepted a write before the deadline.
     #[error("etcd {version} (pid {pid}) did not accept a write within {waited:?} (last attempt: {last_error}); it was stopped; its last output:\n{output}")]
@@ -489,7 +529,16 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                         healthy_after: started.elapsed(),
                     })
                 }
-                Race::Done(Err(err)) => {
+                Race::Done(Err(HealthError::Refused { reason, remedy })) => {
+                    stop_quietly(&mut etcd, pid).await;
+                    return Err(Failure::Step(StepError::Refused {
+                        version: run.version,
+                        pid,
+                        reason,
+                        remedy,
+                    }));
+                }
+                Race::Done(Err(HealthError::NotYet(err))) => {
                     last_error = err;
                     self.race(
                         &mut etcd,
@@ -691,6 +740,7 @@ mod tests {
         NeverHealthy,
         DiesAtStart,
         CannotLaunch,
+        Alarmed,
     }
 
     #[derive(Default)]
@@ -800,7 +850,7 @@ mod tests {
             _endpoint: &str,
             _storage: Storage,
             value: &str,
-        ) -> impl Future<Output = Result<(), String>> {
+        ) -> impl Future<Output = Result<(), HealthError>> {
             let behaviour = self
                 .launches
                 .borrow()
@@ -816,7 +866,11 @@ mod tests {
                     Behaviour::Healthy => Ok(()),
                     Behaviour::WritesFailThenSucceed(n) if attempts > n => Ok(()),
                     Behaviour::DiesAtStart => std::future::pending().await,
-                    _ => Err("connection refused".to_string()),
+                    Behaviour::Alarmed => Err(HealthError::Refused {
+                        reason: "alarm NOSPACE".to_string(),
+                        remedy: "compact, defrag, disarm".to_string(),
+                    }),
+                    _ => Err(HealthError::NotYet("connection refused".to_string())),
                 }
             }
         }
@@ -980,6 +1034,21 @@ mod tests {
                 _ => assert!(source.contains("cannot start etcd 3.5.16"), "{source}"),
             }
         }
+    }
+
+    #[test]
+    fn an_alarm_fails_the_step_at_once_with_the_remedy() {
+        let outcome = walk(&[Behaviour::Alarmed], None, false);
+        let err = outcome.result.expect_err("refused");
+        let source = std::error::Error::source(&err)
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        assert!(
+            source.contains("refuses writes: alarm NOSPACE")
+                && source.contains("compact, defrag, disarm"),
+            "{source}"
+        );
+        assert_eq!(outcome.events, ["launch 3.4.23", "stop 3.4.23"]);
     }
 
     #[test]

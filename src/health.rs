@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::executor::Health;
+use crate::executor::{Health, HealthError};
 use crate::version::Storage;
 
 /// The key every step writes, as the Kubernetes tool did.
@@ -73,7 +73,7 @@ impl Health for EtcdHealth {
         endpoint: &str,
         storage: Storage,
         value: &str,
-    ) -> impl Future<Output = Result<(), String>> {
+    ) -> impl Future<Output = Result<(), HealthError>> {
         let endpoint = endpoint.to_string();
         let value = value.to_string();
         async move {
@@ -81,6 +81,7 @@ impl Health for EtcdHealth {
                 Storage::Etcd2 => self.write_v2(&endpoint, &value).await,
                 Storage::Etcd3 => self.write_v3(&endpoint, &value).await,
             }
+            .map_err(HealthError::NotYet)
         }
     }
 }
