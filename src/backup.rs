@@ -253,6 +253,7 @@ pub fn create(
         fs::remove_dir_all(&temp).map_err(io_err("remove stale", &temp))?;
     }
     copy_tree(data_dir, &temp, true)?;
+    crate::failpoint!("backup-before-publish");
     let target = policy.root.join(&name);
     // Publish the finished copy in one step: the rename is atomic, so a
     // reader (or a restore after a crash) never sees half a backup.
@@ -260,6 +261,7 @@ pub fn create(
     // The rename lives in the backup root's directory entries: without this
     // fsync a power loss could lose the published name.
     fsync(&policy.root)?;
+    crate::failpoint!("backup-after-publish");
     prune(&policy.root, policy.keep, &target)?;
     Ok(target)
 }
@@ -298,6 +300,10 @@ fn copy_tree(from: &Path, to: &Path, top: bool) -> Result<(), BackupError> {
             fs::copy(&source, &dest).map_err(io_err("copy", &source))?;
             // Durable before the backup is published by the rename.
             fsync(&dest)?;
+            if top {
+                // Half a backup on disk: the first file is in, the rest not.
+                crate::failpoint!("backup-after-first-file");
+            }
         }
     }
     // The directory's own entries, durable likewise.

@@ -205,13 +205,16 @@ pub fn write_version(dir: &Path, pair: VersionPair) -> Result<(), DataDirError> 
     // No trailing newline: byte-for-byte the Kubernetes format.
     file.write_all(pair.to_string().as_bytes())
         .map_err(io_err("write", &temp))?;
+    crate::failpoint!("version-txt-after-temp-write");
     // Flush the content before the rename publishes it: without this a
     // power loss can leave version.txt renamed but empty (kubernetes#98989).
     file.sync_all().map_err(io_err("fsync", &temp))?;
     drop(file);
+    crate::failpoint!("version-txt-after-fsync");
     // rename(2) within one directory is atomic: readers see the old file or
     // the new one, never a partial write.
     fs::rename(&temp, &target).map_err(io_err("rename into place", &target))?;
+    crate::failpoint!("version-txt-after-rename");
     // The rename is a change to the directory: fsync it, or a power loss
     // can bring back the old version.txt and a completed step would be
     // forgotten (and rerun on data that has moved on).

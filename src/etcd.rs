@@ -85,12 +85,14 @@ impl Launcher for ProcessLauncher {
 
     fn launch(&self, spec: &StepEtcd<'_>) -> Result<ProcessEtcd, StepError> {
         let binary = Binary::etcd(spec.version);
-        spawn_relayed(&self.supervisor, &self.bin_dir, binary, &spec.args(), &[]).map_err(
-            |source| StepError::Launch {
+        crate::failpoint!("etcd-before-spawn");
+        let etcd = spawn_relayed(&self.supervisor, &self.bin_dir, binary, &spec.args(), &[])
+            .map_err(|source| StepError::Launch {
                 version: spec.version,
                 source,
-            },
-        )
+            })?;
+        crate::failpoint!("etcd-after-spawn");
+        Ok(etcd)
     }
 }
 

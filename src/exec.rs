@@ -108,6 +108,7 @@ impl ExecTarget {
         if let Some(sig) = supervisor::take_pending_termination() {
             return ExecError::Interrupted(sig);
         }
+        crate::failpoint!("before-exec");
         let program = match CString::new(self.program.as_os_str().as_encoded_bytes()) {
             Ok(program) => program,
             Err(_) => return ExecError::Nul(self.program.display().to_string()),

@@ -402,11 +402,13 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 }
                 Err(Failure::Step(source)) => return Err(fail(recorded, source)),
             }
+            crate::failpoint!("step-after-stop");
             let pair = step.result();
             self.progress
                 .record(pair)
                 .map_err(|source| fail(recorded, StepError::Record { pair, source }))?;
             recorded = pair;
+            crate::failpoint!("step-after-record");
             if step.is_destructive() {
                 // Only now: until version.txt names the step, its scratch
                 // dir (and swap journal) is what a restart recovers from.
@@ -520,6 +522,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 .await;
             let ended = match attempt {
                 Race::Done(Ok(())) => {
+                    crate::failpoint!("step-after-health-write");
                     return Ok(Serving {
                         etcd,
                         pid,
@@ -527,7 +530,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                         endpoint,
                         started,
                         healthy_after: started.elapsed(),
-                    })
+                    });
                 }
                 Race::Done(Err(HealthError::Refused { reason, remedy })) => {
                     stop_quietly(&mut etcd, pid).await;

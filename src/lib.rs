@@ -15,6 +15,7 @@ pub mod dialect;
 pub mod etcd;
 pub mod exec;
 pub mod executor;
+pub mod failpoint;
 pub mod health;
 pub mod keyspace;
 pub mod log;

@@ -19,6 +19,8 @@ fn main() -> ExitCode {
         }
     };
     log::init(config::log_format_hint(std::env::args()));
+    // Test builds only (the `failpoints` feature): reads FAILPOINTS.
+    let _failpoints = etcd_migrate::failpoint::setup();
     let config = match config::from_process() {
         Ok(config) => config,
         Err(ConfigError::Cli(err)) if !err.use_stderr() => {

@@ -107,6 +107,7 @@ pub fn recover_interrupted_swap(data_dir: &Path) -> Result<Option<VersionPair>, 
             })?;
             if current.ino() == ino {
                 datadir::write_version(data_dir, pair)?;
+                crate::failpoint!("recover-after-record");
                 log::warn(
                     "finished a step interrupted after its swap",
                     &[("recorded", pair.to_string().into())],
@@ -181,12 +182,14 @@ pub(crate) fn swap_member(
         .map_err(|e| work_err(&format!("write {}", journal.display()), e))?;
     // The journal must be on disk before the swap it describes.
     fsync_dir(&work)?;
+    crate::failpoint!("swap-after-journal");
     renameat2(AT_FDCWD, &current, AT_FDCWD, &new, RenameFlags::RENAME_EXCHANGE).map_err(|errno| {
         work_err(
             &format!("swap {} with {}", current.display(), new.display()),
             format!("{errno} (the filesystem must support renameat2 RENAME_EXCHANGE: ext4, xfs, btrfs, tmpfs and overlayfs do); nothing was swapped"),
         )
     })?;
+    crate::failpoint!("swap-after-exchange");
     // Both directories changed entries: make the exchange durable before
     // version.txt records the step.
     fsync_dir(data_dir)?;
@@ -303,6 +306,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .await;
         self.stop_serving(serving, label).await?;
         saved?;
+        crate::failpoint!("rollback-after-snapshot-save");
 
         let restorer = Binary::snapshot_restorer(to);
         let settings = &self.settings;
@@ -323,11 +327,13 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         ]);
         self.offline(restorer, &restore_args, &[("ETCDCTL_API", "3")])
             .await?;
+        crate::failpoint!("rollback-after-restore");
 
         let serving = self
             .start_serving(run(to, Storage::Etcd3, &restored), label)
             .await?;
         self.stop_serving(serving, label).await?;
+        crate::failpoint!("rollback-after-restored-served");
         swap_member(
             &data_dir,
             &restored,
@@ -367,6 +373,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 ("fingerprint", source.to_string().into()),
             ],
         );
+        crate::failpoint!("etcd2-rollback-after-v3-read");
 
         let mut serving = self
             .start_serving(run_new(to, Storage::Etcd2, &rebuilt), label)
@@ -400,6 +407,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             keyspace::write_all_v2(&endpoint, &to_write),
         )
         .await?;
+        crate::failpoint!("etcd2-rollback-after-v2-write");
         let copied = self
             .while_serving(
                 &mut serving,
@@ -419,6 +427,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 ("fingerprint", fingerprint(&copied).to_string().into()),
             ],
         );
+        crate::failpoint!("etcd2-rollback-after-verify");
         self.stop_serving(serving, label).await?;
         swap_member(
             &data_dir,
@@ -463,6 +472,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 ("fingerprint", before.to_string().into()),
             ],
         );
+        crate::failpoint!("migration-after-v2-read");
 
         let copying = Instant::now();
         create_private_dir(&converted)?;
@@ -472,9 +482,11 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             "data copied for conversion",
             &[("step", label.into()), ("ms", log::ms(copying.elapsed()))],
         );
+        crate::failpoint!("migration-after-copy");
         let migrate_args = strings(&["migrate", "--data-dir", &converted.to_string_lossy()]);
         self.offline(Binary::etcdctl(at), &migrate_args, &[("ETCDCTL_API", "3")])
             .await?;
+        crate::failpoint!("migration-after-etcdctl-migrate");
 
         let mut serving = self.start_serving(run_v2_on(at, &converted), label).await?;
         let endpoint = serving.endpoint.clone();
@@ -501,6 +513,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 ("expired", plan.expired.len().into()),
             ],
         );
+        crate::failpoint!("migration-after-leases");
 
         let v3 = self
             .while_serving(
@@ -534,6 +547,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 ("fingerprint", fingerprint(&expected).to_string().into()),
             ],
         );
+        crate::failpoint!("migration-after-verify");
 
         if !self.settings.keep_v2_keys {
             let removed = self
@@ -547,6 +561,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 "v2 store emptied of migrated keys",
                 &[("step", label.into()), ("top_level_nodes", removed.into())],
             );
+            crate::failpoint!("migration-after-v2-emptied");
         }
         self.stop_serving(serving, label).await?;
         swap_member(
