@@ -189,6 +189,28 @@ pub fn lock(dir: &Path) -> Result<DirLock, DataDirError> {
     }
 }
 
+/// Removes the temp file a run that died inside [`write_version`] left.
+/// Its content was never published (the rename is the publication), so it
+/// holds nothing version.txt does not. Call under the lock.
+pub fn remove_stale_version_temp(dir: &Path) -> Result<(), DataDirError> {
+    let temp = dir.join(VERSION_TEMP_FILE);
+    match fs::remove_file(&temp) {
+        Ok(()) => {
+            crate::log::info(
+                "removed the temp file of an interrupted version.txt write",
+                &[("path", temp.display().to_string().into())],
+            );
+            Ok(())
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DataDirError::Io {
+            op: "remove",
+            path: temp,
+            source,
+        }),
+    }
+}
+
 /// Replaces `version.txt` atomically and durably: after a crash at any
 /// point, it holds either the old pair or the new one, never a mix or
 /// nothing.

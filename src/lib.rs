@@ -165,7 +165,10 @@ impl Progress for DataDirProgress<'_> {
 pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     let started = Instant::now();
     let first_look = datadir::inspect(&config.data_dir);
-    let interrupted = config.data_dir.join(WORK_DIR).exists();
+    // A scratch dir, or a version.txt temp file: a run died mid-step or
+    // mid-record. Either sends us down the locked path that cleans up.
+    let interrupted = config.data_dir.join(WORK_DIR).exists()
+        || config.data_dir.join(datadir::VERSION_TEMP_FILE).exists();
     // Fast path: the data is already at the target. Nothing is spawned and
     // no thread is started, so handing over to etcd costs a few ms.
     if let Ok(DirState::Recorded(current)) = first_look {
@@ -188,6 +191,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     if config.data_dir.is_dir() && config.mode != Mode::DryRun {
         lock = Some(datadir::lock(&config.data_dir)?);
         if interrupted {
+            datadir::remove_stale_version_temp(&config.data_dir)?;
             rebuild::recover_interrupted_swap(&config.data_dir)?;
         }
     }
