@@ -2,9 +2,14 @@
 //! `etcd_version` = the release, through the API the data is served by (v2
 //! HTTP for etcd2 storage, v3 gRPC for etcd3). `/health` is not used: 3.5
 //! answers it while refusing every v3 call as "not capable" (ETCD-NOTES).
+//! Before a v3 write, the data's alarms are listed: a NOSPACE or CORRUPT
+//! alarm raised before the migration makes every write fail forever, so it
+//! is reported at once, with the remedy, instead of after the deadline.
 
 use std::future::Future;
 use std::time::Duration;
+
+use etcd_client::{AlarmAction, AlarmType};
 
 use crate::executor::{Health, HealthError};
 use crate::version::Storage;
@@ -52,18 +57,30 @@ impl EtcdHealth {
         Err(format!("v2 PUT {url}: HTTP {status}: {}", body.trim()))
     }
 
-    async fn write_v3(&self, endpoint: &str, value: &str) -> Result<(), String> {
+    async fn write_v3(&self, endpoint: &str, value: &str) -> Result<(), HealthError> {
         let options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(ATTEMPT_TIMEOUT)
             .with_timeout(ATTEMPT_TIMEOUT);
         let mut client = etcd_client::Client::connect([endpoint], Some(options))
             .await
-            .map_err(|err| format!("v3 connect {endpoint}: {}", error_chain(&err)))?;
+            .map_err(|err| {
+                HealthError::NotYet(format!("v3 connect {endpoint}: {}", error_chain(&err)))
+            })?;
+        let alarms = client
+            .alarm(AlarmAction::Get, AlarmType::None, None)
+            .await
+            .map_err(|err| {
+                HealthError::NotYet(format!("v3 alarm list {endpoint}: {}", error_chain(&err)))
+            })?;
+        let raised: Vec<AlarmType> = alarms.alarms().iter().map(|a| a.alarm()).collect();
+        if let Some(refusal) = refusal_for(&raised) {
+            return Err(refusal);
+        }
         client
             .put(HEALTH_KEY, value, None)
             .await
             .map(|_| ())
-            .map_err(|err| format!("v3 put {endpoint}: {}", error_chain(&err)))
+            .map_err(|err| HealthError::NotYet(format!("v3 put {endpoint}: {}", error_chain(&err))))
     }
 }
 
@@ -78,12 +95,32 @@ impl Health for EtcdHealth {
         let value = value.to_string();
         async move {
             match storage {
-                Storage::Etcd2 => self.write_v2(&endpoint, &value).await,
+                Storage::Etcd2 => self
+                    .write_v2(&endpoint, &value)
+                    .await
+                    .map_err(HealthError::NotYet),
                 Storage::Etcd3 => self.write_v3(&endpoint, &value).await,
             }
-            .map_err(HealthError::NotYet)
         }
     }
+}
+
+/// The refusal for alarms raised in the data, if any. Both kinds make etcd
+/// refuse every write until an operator acts, so no retry can help.
+fn refusal_for(raised: &[AlarmType]) -> Option<HealthError> {
+    if raised.contains(&AlarmType::Nospace) {
+        return Some(HealthError::Refused {
+            reason: "the data holds a NOSPACE alarm: its backend reached the space quota (--quota-backend-bytes, 2 GiB by default) and etcd accepts no write until the alarm is cleared".to_string(),
+            remedy: "to clear it, serve the data with its recorded release and run: `etcdctl endpoint status -w json` (note the revision), `etcdctl compact <revision>`, `etcdctl defrag`, `etcdctl alarm disarm`; then rerun etcd-migrate (or, if the data is meant to be this large, raise --quota-backend-bytes through ETCD_CREDS)".to_string(),
+        });
+    }
+    if raised.contains(&AlarmType::Corrupt) {
+        return Some(HealthError::Refused {
+            reason: "the data holds a CORRUPT alarm: etcd found this member's data inconsistent".to_string(),
+            remedy: "do not migrate it: restore this member from a backup or a snapshot (etcdctl snapshot restore), then rerun etcd-migrate".to_string(),
+        });
+    }
+    None
 }
 
 /// An error and its causes on one line ("connection refused" hides two or
@@ -100,4 +137,28 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raised_alarms_refuse_with_a_remedy_and_none_lets_the_write_go() {
+        assert_eq!(refusal_for(&[]), None);
+        assert_eq!(refusal_for(&[AlarmType::None]), None);
+        match refusal_for(&[AlarmType::Nospace]) {
+            Some(HealthError::Refused { reason, remedy }) => {
+                assert!(reason.contains("NOSPACE"), "{reason}");
+                for word in ["compact", "defrag", "alarm disarm"] {
+                    assert!(remedy.contains(word), "{remedy}");
+                }
+            }
+            other => panic!("NOSPACE must refuse: {other:?}"),
+        }
+        assert!(matches!(
+            refusal_for(&[AlarmType::Corrupt]),
+            Some(HealthError::Refused { .. })
+        ));
+    }
 }
