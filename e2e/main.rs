@@ -16,6 +16,7 @@
 //! - `backups`: retention, the restore command, the free-space check.
 //! - `interrupts`: SIGKILL/SIGTERM inside the rebuilding steps, and reruns.
 //! - `pid1`: orphans re-parented to etcd-migrate as PID 1 are reaped.
+//! - `security`: what a step's etcd listens on; modes of what a run creates.
 
 mod harness;
 
@@ -27,5 +28,6 @@ mod no_step;
 mod pid1;
 mod refusals;
 mod rollbacks;
+mod security;
 mod storage;
 mod walks;

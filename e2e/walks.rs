@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 
 use crate::harness::etcd::{connect, read_back};
 use crate::harness::fixture::{self, FixtureSpec};
-use crate::harness::keyspace::Keyspace;
+use crate::harness::keyspace::{Keyspace, HEALTH_KEY};
 use crate::harness::migrator::{Migration, Mode};
 use crate::harness::{
     block_on, etcd_binary, free_port, mode, read_version_txt, temp_dir, Member, POLL_INTERVAL,
@@ -47,15 +47,40 @@ fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
         "second step goes to 3.5.16: {}",
         starts[1]
     );
+    // The recorded release reads the baseline first; then each step runs
+    // its own release.
     let started = run.lines_with("etcd started");
     assert!(
-        started.len() == 2
-            && started[0].contains("version=3.4.23")
-            && started[1].contains("version=3.5.16"),
-        "each step runs its own release\n{}",
+        started.len() == 3
+            && started[0].contains("step=baseline version=3.3.25")
+            && started[1].contains("version=3.4.23")
+            && started[2].contains("version=3.5.16"),
+        "baseline by 3.3.25, then each step its own release\n{}",
         run.explain()
     );
-    assert_eq!(run.lines_with("step done").len(), 2, "{}", run.explain());
+    // One fingerprint before and one after each step, all alike but for
+    // the health key, which none of them counts.
+    let baseline = run.lines_with("baseline read");
+    let done = run.lines_with("step done");
+    assert_eq!((baseline.len(), done.len()), (1, 2), "{}", run.explain());
+    let digest = |line: &str| {
+        let at = line.find("fingerprint=").expect("a fingerprint field");
+        line[at..].split(" ms=").next().expect("field").to_string()
+    };
+    let keys = fixture
+        .keyspace
+        .entries
+        .keys()
+        .filter(|k| k.as_slice() != HEALTH_KEY)
+        .count();
+    assert!(
+        digest(&baseline[0]).contains(&format!("v3 {keys} keys")),
+        "the baseline counts the fixture's keys: {}",
+        baseline[0]
+    );
+    for line in &done {
+        assert_eq!(digest(line), digest(&baseline[0]), "{line}");
+    }
     assert_eq!(run.lines_with("migrated").len(), 1, "{}", run.explain());
     run.assert_stderr_has("[etcd-3.4.23] ")
         .assert_stderr_has("[etcd-3.5.16] ");

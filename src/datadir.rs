@@ -191,9 +191,14 @@ pub fn lock(dir: &Path) -> Result<DirLock, DataDirError> {
 
 /// Removes the temp file a run that died inside [`write_version`] left.
 /// Its content was never published (the rename is the publication), so it
-/// holds nothing version.txt does not. Call under the lock.
+/// holds nothing version.txt does not. Anything but a regular file under
+/// that name is not ours and is left alone (the record will then fail and
+/// name it). Call under the lock.
 pub fn remove_stale_version_temp(dir: &Path) -> Result<(), DataDirError> {
     let temp = dir.join(VERSION_TEMP_FILE);
+    if !fs::symlink_metadata(&temp).is_ok_and(|meta| meta.is_file()) {
+        return Ok(());
+    }
     match fs::remove_file(&temp) {
         Ok(()) => {
             crate::log::info(

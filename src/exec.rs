@@ -1,11 +1,13 @@
 //! This module owns the hand-over: building the target etcd's command line
-//! from the user's arguments and replacing this process with it, with the
-//! original signal mask restored.
+//! from the user's arguments and replacing this process with it, with what
+//! `main` changed about the process at start (the signal mask, the umask)
+//! given back.
 
 use std::ffi::CString;
 use std::path::PathBuf;
 
 use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
+use nix::sys::stat::{self, Mode};
 
 use crate::config::data_dir_in_args;
 use crate::supervisor;
@@ -13,6 +15,30 @@ use crate::supervisor;
 /// Variables that configure etcd-migrate and mean nothing (or something
 /// else) to etcd.
 const OUR_ETCD_VARS: [&str; 3] = ["ETCD_CREDS", "ETCD_DATA_PREFIX", "ETCD_HOSTNAME"];
+
+/// The umask of the whole run: group and other get nothing on any file or
+/// dir that we, or the etcd, etcdctl and etcdutl we start, create. The data,
+/// its backups and the scratch copies hold every key of the cluster, and
+/// etcd leaves some modes to the umask (it writes `member/snap/*.snap` with
+/// 0666).
+pub const RUN_UMASK: u32 = 0o077;
+
+/// Sets [`RUN_UMASK`] for the whole process and returns the umask it
+/// replaced, for [`ExecTarget::exec`] to give back. Call first in `main`,
+/// before anything is created.
+pub fn make_created_files_private() -> Mode {
+    stat::umask(Mode::from_bits_truncate(RUN_UMASK))
+}
+
+/// What the process had when it started and the target etcd gets back at
+/// exec, so that it runs as if it had been started directly.
+#[derive(Debug, Clone, Copy)]
+pub struct Inherited {
+    /// The signal mask before `main` blocked the handled signals.
+    pub signal_mask: SigSet,
+    /// The umask before `main` set [`RUN_UMASK`].
+    pub umask: Mode,
+}
 
 /// The process that replaces us.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,8 +127,9 @@ impl ExecTarget {
         Ok(envp)
     }
 
-    /// Replaces this process with the target etcd. Returns only on failure.
-    pub fn exec(&self, original_mask: SigSet) -> ExecError {
+    /// Replaces this process with the target etcd, which gets back the
+    /// signal mask and the umask `inherited` holds. Returns only on failure.
+    pub fn exec(&self, inherited: Inherited) -> ExecError {
         // A stop request that came while we were migrating is honoured, not
         // passed on to an etcd that was never meant to start.
         if let Some(sig) = supervisor::take_pending_termination() {
@@ -120,24 +147,29 @@ impl ExecTarget {
                 Err(_) => return ExecError::Nul(arg.clone()),
             }
         }
+        let envp = match self.environment() {
+            Ok(envp) => envp,
+            Err(err) => return err,
+        };
         // A blocked mask survives execve: without this etcd would never see
         // SIGTERM and `docker stop` would end in SIGKILL.
-        if let Err(errno) = signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&original_mask), None)
+        if let Err(errno) =
+            signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&inherited.signal_mask), None)
         {
             return ExecError::Exec {
                 program: self.program.clone(),
                 source: errno,
             };
         }
-        let envp = match self.environment() {
-            Ok(envp) => envp,
-            Err(err) => return err,
-        };
+        // The umask survives execve too: the target creates its files as
+        // the user's umask says, as it would if started directly.
+        stat::umask(inherited.umask);
         let errno = match nix::unistd::execve(&program, &argv, &envp) {
             Err(errno) => errno,
             Ok(never) => match never {},
         };
-        // Block again so the caller's exit path runs as before.
+        // Back to the run's state, so the caller's exit path runs as before.
+        make_created_files_private();
         let _ = signal::sigprocmask(
             SigmaskHow::SIG_BLOCK,
             Some(&supervisor::handled_signals()),
@@ -153,6 +185,90 @@ impl ExecTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where [`exec_child`] has the exec'd shell write what it inherited.
+    const PROBE_ENV: &str = "ETCD_MIGRATE_EXEC_PROBE";
+
+    /// A umask no test runner starts with, standing for the user's.
+    const USER_UMASK: u32 = 0o027;
+
+    /// A child process does what `main` does (a user umask, then the run's
+    /// umask and the blocked signals) and execs a shell through
+    /// [`ExecTarget::exec`]; the shell reports its umask and blocked mask.
+    #[test]
+    fn the_exec_gives_the_target_the_original_umask_and_signal_mask() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let probe = tmp.path().join("inherited");
+        let exe = std::env::current_exe().expect("test exe");
+        let output = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "exec::tests::exec_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(PROBE_ENV, &probe)
+            .output()
+            .expect("run the exec child");
+        assert!(
+            output.status.success(),
+            "exec child failed with {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report = std::fs::read_to_string(&probe)
+            .unwrap_or_else(|err| panic!("read {}: {err}", probe.display()));
+        let mut lines = report.lines();
+        assert_eq!(
+            lines.next(),
+            Some(format!("{USER_UMASK:04o}").as_str()),
+            "umask of the exec'd target; report: {report:?}"
+        );
+        let blocked = lines
+            .next()
+            .and_then(|line| line.strip_prefix("SigBlk:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no SigBlk line in {report:?}"));
+        for sig in supervisor::handled_signals().iter() {
+            assert_eq!(
+                blocked & (1 << (sig as u32 - 1)),
+                0,
+                "{sig} is still blocked in the exec'd target (SigBlk {blocked:x})"
+            );
+        }
+    }
+
+    /// Not a test on its own: the process that execs, for
+    /// [`the_exec_gives_the_target_the_original_umask_and_signal_mask`].
+    #[test]
+    #[ignore = "run by the_exec_gives_the_target_the_original_umask_and_signal_mask"]
+    fn exec_child() {
+        let Some(probe) = std::env::var_os(PROBE_ENV) else {
+            return;
+        };
+        stat::umask(Mode::from_bits_truncate(USER_UMASK));
+        let umask = make_created_files_private();
+        // pthread_sigmask, like main: this test thread is the one that execs.
+        let signal_mask = supervisor::block_signals().expect("block signals");
+        let blocked = SigSet::thread_get_mask().expect("mask");
+        assert!(
+            blocked.contains(Signal::SIGTERM),
+            "SIGTERM is blocked first"
+        );
+        let script = r#"umask > "$1"; exec grep SigBlk /proc/self/status >> "$1""#;
+        let target = ExecTarget {
+            program: PathBuf::from("/bin/sh"),
+            args: vec![
+                "-c".to_string(),
+                script.to_string(),
+                "sh".to_string(),
+                probe.to_string_lossy().into_owned(),
+            ],
+        };
+        let err = target.exec(Inherited { signal_mask, umask });
+        panic!("exec /bin/sh failed: {err}");
+    }
 
     fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()

@@ -1,8 +1,10 @@
 //! This module owns carrying out a plan: for each step, start its etcd,
 //! wait until a write succeeds (or it dies, or the deadline passes, or we
-//! are told to stop), do the step's work while it serves, stop it, and
-//! record the step in `version.txt`; and the backup before the first step
-//! that rewrites the data. It talks to the outside only through the small
+//! are told to stop), do the step's work while it serves, fingerprint the
+//! keyspace it serves and check it against the one before the step, stop
+//! it, and record the step in `version.txt`; the baseline fingerprint read
+//! by the recorded release before the first step; and the backup before
+//! the first step that rewrites the data. It talks to the outside only through the small
 //! traits below, so a test can make step N fail in each way and check what
 //! was recorded. The steps that rebuild data live in `rebuild`.
 
@@ -16,6 +18,7 @@ use tokio::sync::watch;
 use crate::backup::{self, BackupMode, BackupPolicy};
 use crate::datadir::DataDirError;
 use crate::dialect::StepEtcd;
+use crate::keyspace::Fingerprint;
 use crate::log;
 use crate::plan::{Binary, Plan, Step};
 use crate::supervisor::{ExitStatus, SupervisorError};
@@ -77,7 +80,7 @@ impl std::fmt::Display for HealthError {
     }
 }
 
-/// Proves a step's etcd healthy with one write.
+/// Proves a step's etcd healthy with one write, and reads what it serves.
 pub trait Health {
     /// Checks the data's alarms (where the API has them) and writes the
     /// health key once.
@@ -87,6 +90,13 @@ pub trait Health {
         storage: Storage,
         value: &str,
     ) -> impl Future<Output = Result<(), HealthError>>;
+
+    /// Reads the whole keyspace through `storage`'s API and fingerprints it.
+    fn fingerprint(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+    ) -> impl Future<Output = Result<Fingerprint, String>>;
 }
 
 /// Runs the offline tools of a release (`etcdctl`, `etcdutl`).
@@ -195,6 +205,14 @@ pub enum StepError {
         /// The deadline.
         waited: Duration,
     },
+    /// The keyspace after the step is not the one before it.
+    #[error("the keyspace etcd {version} serves after the step is not the one before it ({detail}); the step was not recorded")]
+    Changed {
+        /// The release that served the result.
+        version: Version,
+        /// Both fingerprints and what differs.
+        detail: String,
+    },
     /// The backup before a destructive step failed.
     #[error("cannot back up the data dir before a step that rewrites it")]
     Backup(#[source] backup::BackupError),
@@ -224,6 +242,17 @@ pub enum ExecuteError {
         /// What version.txt says now.
         recorded: VersionPair,
         /// What went wrong (boxed: it carries etcd's output).
+        #[source]
+        source: Box<StepError>,
+    },
+    /// The recorded release could not serve the data before the first step.
+    #[error("etcd {version} could not serve the data as version.txt records it ({recorded}) before the first step; nothing was changed; fix the cause and rerun")]
+    Baseline {
+        /// The release that was to read it.
+        version: Version,
+        /// What version.txt says.
+        recorded: VersionPair,
+        /// What went wrong.
         #[source]
         source: Box<StepError>,
     },
@@ -292,6 +321,9 @@ pub struct StepSettings<'a> {
     pub ttl_keys_directory: &'a str,
     /// Leave the v2 copies of migrated keys in place.
     pub keep_v2_keys: bool,
+    /// The release that reads the data as recorded before the first step,
+    /// for the baseline fingerprint ([`crate::plan::baseline_reader`]).
+    pub baseline: Option<Version>,
 }
 
 /// Runs a plan's steps through the given effects.
@@ -356,6 +388,13 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let total = plan.steps.len();
         let mut recorded = plan.current;
         let mut backed_up = false;
+        // The keyspace as the last completed step left it; each step must
+        // hand on the same. The rebuilding steps read their source first,
+        // so without a baseline reader the first of them sets it.
+        let mut before = match (self.settings.baseline, plan.steps.is_empty()) {
+            (Some(version), false) => Some(self.baseline(version, plan.current).await?),
+            _ => None,
+        };
         for (i, step) in plan.steps.iter().enumerate() {
             let label = format!("{}/{total}", i + 1);
             let fail = |recorded, source| ExecuteError::Step {
@@ -391,8 +430,8 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                     ("to", step.result().to_string().into()),
                 ],
             );
-            match self.run_step(step, &label).await {
-                Ok(()) => {}
+            let after = match self.run_step(step, &label, before.as_ref()).await {
+                Ok(after) => after,
                 Err(Failure::Interrupted(signal)) => {
                     return Err(ExecuteError::Interrupted {
                         signal,
@@ -401,7 +440,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                     })
                 }
                 Err(Failure::Step(source)) => return Err(fail(recorded, source)),
-            }
+            };
             crate::failpoint!("step-after-stop");
             let pair = step.result();
             self.progress
@@ -419,9 +458,104 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 &[
                     ("step", label.into()),
                     ("recorded", pair.to_string().into()),
+                    ("fingerprint", after.to_string().into()),
                     ("ms", log::ms(started.elapsed())),
                 ],
             );
+            before = Some(after);
+        }
+        Ok(())
+    }
+
+    /// Serves the data with the release version.txt names and fingerprints
+    /// it: what every step after must keep.
+    async fn baseline(
+        &mut self,
+        version: Version,
+        recorded: VersionPair,
+    ) -> Result<Fingerprint, ExecuteError> {
+        if let Some(signal) = *self.termination.borrow() {
+            return Err(ExecuteError::Interrupted {
+                signal,
+                during: None,
+                recorded,
+            });
+        }
+        let started = Instant::now();
+        let label = "baseline";
+        let run = Run {
+            version,
+            storage: recorded.storage,
+            data_dir: self.settings.data_dir,
+            force_v2: false,
+            new_cluster: false,
+        };
+        let read = async {
+            let mut serving = self.start_serving(run, label).await?;
+            let fingerprint = self
+                .read_fingerprint(&mut serving, recorded.storage)
+                .await?;
+            crate::failpoint!("baseline-read");
+            self.stop_serving(serving, label).await?;
+            Ok::<_, Failure>(fingerprint)
+        };
+        match read.await {
+            Ok(fingerprint) => {
+                log::info(
+                    "baseline read",
+                    &[
+                        ("version", version.to_string().into()),
+                        ("fingerprint", fingerprint.to_string().into()),
+                        ("ms", log::ms(started.elapsed())),
+                    ],
+                );
+                Ok(fingerprint)
+            }
+            Err(Failure::Interrupted(signal)) => Err(ExecuteError::Interrupted {
+                signal,
+                during: Some(format!("the baseline read by etcd {version}")),
+                recorded,
+            }),
+            Err(Failure::Step(source)) => Err(ExecuteError::Baseline {
+                version,
+                recorded,
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    /// Reads the fingerprint of what `serving` serves (see
+    /// [`Executor::while_serving`] for what ends the read early).
+    pub(crate) async fn read_fingerprint(
+        &self,
+        serving: &mut Serving<L::Etcd>,
+        storage: Storage,
+    ) -> Result<Fingerprint, Failure> {
+        let endpoint = serving.endpoint.clone();
+        self.while_serving(
+            serving,
+            "fingerprint the keyspace",
+            self.health.fingerprint(&endpoint, storage),
+        )
+        .await
+    }
+
+    /// Fails (stopping `serving`) unless `after` holds what `before` held.
+    pub(crate) async fn check_kept(
+        &self,
+        serving: &mut Serving<L::Etcd>,
+        before: Option<&Fingerprint>,
+        after: &Fingerprint,
+    ) -> Result<(), Failure> {
+        let Some(before) = before else {
+            return Ok(());
+        };
+        if let Err(detail) = before.check_kept_by(after) {
+            stop_serving_quietly(serving).await;
+            return Err(Failure::Step(StepError::Changed {
+                version: serving.version,
+                detail,
+            }));
         }
         Ok(())
     }
@@ -450,7 +584,14 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         Ok(())
     }
 
-    async fn run_step(&mut self, step: &Step, label: &str) -> Result<(), Failure> {
+    /// Runs one step; returns the fingerprint of its result, checked
+    /// against `before` (the keyspace as the last step left it).
+    async fn run_step(
+        &mut self,
+        step: &Step,
+        label: &str,
+        before: Option<&Fingerprint>,
+    ) -> Result<Fingerprint, Failure> {
         match *step {
             Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. } => {
                 let pair = step.result();
@@ -461,13 +602,19 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                     force_v2: false,
                     new_cluster: false,
                 };
-                let serving = self.start_serving(run, label).await?;
-                self.stop_serving(serving, label).await
+                let mut serving = self.start_serving(run, label).await?;
+                let after = self.read_fingerprint(&mut serving, pair.storage).await?;
+                crate::failpoint!("step-after-fingerprint");
+                self.check_kept(&mut serving, before, &after).await?;
+                self.stop_serving(serving, label).await?;
+                Ok(after)
             }
-            Step::StorageMigration { at } => self.storage_migration(at, label).await,
-            Step::MinorRollback { serve, to, .. } => self.minor_rollback(serve, to, label).await,
+            Step::StorageMigration { at } => self.storage_migration(at, label, before).await,
+            Step::MinorRollback { serve, to, .. } => {
+                self.minor_rollback(serve, to, label, before).await
+            }
             Step::RollbackToEtcd2 { serve, to, .. } => {
-                self.rollback_to_etcd2(serve, to, label).await
+                self.rollback_to_etcd2(serve, to, label, before).await
             }
         }
     }
@@ -744,6 +891,28 @@ mod tests {
         DiesAtStart,
         CannotLaunch,
         Alarmed,
+        /// Healthy, but serves a keyspace with one key less.
+        LosesAKey,
+    }
+
+    /// What every fake etcd serves (one key fewer for `LosesAKey`).
+    fn fake_keyspace(behaviour: Behaviour) -> Fingerprint {
+        let keep = if behaviour == Behaviour::LosesAKey {
+            1
+        } else {
+            2
+        };
+        let entries: Vec<crate::keyspace::Entry> = ["/registry/a", "/registry/b"]
+            .iter()
+            .take(keep)
+            .map(|key| crate::keyspace::Entry {
+                key: key.as_bytes().to_vec(),
+                value: b"v".to_vec(),
+                ttl: None,
+                lease: 0,
+            })
+            .collect();
+        Fingerprint::of(Storage::Etcd3, &entries)
     }
 
     #[derive(Default)]
@@ -751,10 +920,20 @@ mod tests {
         events: Vec<String>,
     }
 
+    /// Each release's behaviour (Healthy when not listed).
+    type Behaviours = Rc<Vec<(Version, Behaviour)>>;
+
+    fn behaviour_of(behaviours: &Behaviours, version: Version) -> Behaviour {
+        behaviours
+            .iter()
+            .find(|(v, _)| *v == version)
+            .map(|(_, b)| *b)
+            .unwrap_or(Behaviour::Healthy)
+    }
+
     struct FakeLauncher {
-        behaviours: Vec<Behaviour>,
+        behaviours: Behaviours,
         journal: Rc<RefCell<Journal>>,
-        launches: RefCell<usize>,
     }
 
     struct FakeEtcd {
@@ -765,7 +944,8 @@ mod tests {
     }
 
     struct FakeHealth {
-        launches: Rc<RefCell<Vec<(Version, Behaviour)>>>,
+        behaviours: Behaviours,
+        journal: Rc<RefCell<Journal>>,
         attempts: RefCell<u32>,
     }
 
@@ -791,13 +971,7 @@ mod tests {
     impl Launcher for FakeLauncher {
         type Etcd = FakeEtcd;
         fn launch(&self, spec: &StepEtcd<'_>) -> Result<FakeEtcd, StepError> {
-            let n = *self.launches.borrow();
-            *self.launches.borrow_mut() += 1;
-            let behaviour = self
-                .behaviours
-                .get(n)
-                .copied()
-                .unwrap_or(Behaviour::Healthy);
+            let behaviour = behaviour_of(&self.behaviours, spec.version);
             self.journal
                 .borrow_mut()
                 .events
@@ -854,13 +1028,9 @@ mod tests {
             _storage: Storage,
             value: &str,
         ) -> impl Future<Output = Result<(), HealthError>> {
-            let behaviour = self
-                .launches
-                .borrow()
-                .iter()
-                .rev()
-                .find(|(v, _)| v.to_string() == value)
-                .map(|(_, b)| *b)
+            let behaviour = value
+                .parse()
+                .map(|v| behaviour_of(&self.behaviours, v))
                 .unwrap_or(Behaviour::Healthy);
             *self.attempts.borrow_mut() += 1;
             let attempts = *self.attempts.borrow();
@@ -873,9 +1043,29 @@ mod tests {
                         reason: "alarm NOSPACE".to_string(),
                         remedy: "compact, defrag, disarm".to_string(),
                     }),
+                    Behaviour::LosesAKey => Ok(()),
                     _ => Err(HealthError::NotYet("connection refused".to_string())),
                 }
             }
+        }
+
+        fn fingerprint(
+            &self,
+            _endpoint: &str,
+            _storage: Storage,
+        ) -> impl Future<Output = Result<Fingerprint, String>> {
+            // The etcd serving now is the one launched last.
+            let serving = self
+                .journal
+                .borrow()
+                .events
+                .iter()
+                .rev()
+                .find_map(|e| e.strip_prefix("launch ").and_then(|v| v.parse().ok()));
+            let behaviour = serving
+                .map(|v| behaviour_of(&self.behaviours, v))
+                .unwrap_or(Behaviour::Healthy);
+            async move { Ok(fake_keyspace(behaviour)) }
         }
     }
 
@@ -912,19 +1102,20 @@ mod tests {
         .expect("plans");
         let journal = Rc::new(RefCell::new(Journal::default()));
         let versions: Vec<Version> = plan.steps.iter().map(Step::runs).collect();
+        let behaviours: Behaviours = Rc::new(
+            versions
+                .iter()
+                .copied()
+                .zip(behaviours.iter().copied())
+                .collect(),
+        );
         let launcher = FakeLauncher {
-            behaviours: behaviours.to_vec(),
+            behaviours: Rc::clone(&behaviours),
             journal: Rc::clone(&journal),
-            launches: RefCell::new(0),
         };
         let health = FakeHealth {
-            launches: Rc::new(RefCell::new(
-                versions
-                    .iter()
-                    .copied()
-                    .zip(behaviours.iter().copied())
-                    .collect(),
-            )),
+            behaviours,
+            journal: Rc::clone(&journal),
             attempts: RefCell::new(0),
         };
         let mut progress = FakeProgress {
@@ -957,6 +1148,7 @@ mod tests {
                 ttl_leases: TtlLeases::Exact,
                 ttl_keys_directory: "/registry/events",
                 keep_v2_keys: false,
+                baseline: crate::plan::baseline_reader(&plan, &bundle),
             },
             termination,
         };
@@ -981,6 +1173,8 @@ mod tests {
         assert_eq!(
             outcome.events,
             [
+                "launch 3.3.25",
+                "stop 3.3.25",
                 "launch 3.4.23",
                 "stop 3.4.23",
                 "record 3.4.23/etcd3",
@@ -1040,6 +1234,35 @@ mod tests {
     }
 
     #[test]
+    fn a_step_whose_keyspace_differs_is_not_recorded_and_shows_both_fingerprints() {
+        let outcome = walk(&[Behaviour::Healthy, Behaviour::LosesAKey], None, false);
+        let err = outcome.result.expect_err("step 2 loses a key");
+        assert!(err.to_string().starts_with("step 2/2"), "{err}");
+        assert!(
+            err.to_string().contains("version.txt: 3.4.23/etcd3"),
+            "{err}"
+        );
+        let source = std::error::Error::source(&err)
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        assert!(
+            source.contains("etcd 3.5.16 serves after the step is not the one before it")
+                && source.contains("before: v3 2 keys")
+                && source.contains("after: v3 1 keys"),
+            "{source}"
+        );
+        assert_eq!(
+            outcome.events[outcome.events.len() - 2..],
+            ["launch 3.5.16", "stop 3.5.16"],
+            "the step's etcd is stopped and nothing recorded"
+        );
+        // The first step's own read is checked against the baseline too.
+        let outcome = walk(&[Behaviour::LosesAKey], None, false);
+        assert!(outcome.result.is_err());
+        assert!(!outcome.events.iter().any(|e| e.starts_with("record")));
+    }
+
+    #[test]
     fn an_alarm_fails_the_step_at_once_with_the_remedy() {
         let outcome = walk(&[Behaviour::Alarmed], None, false);
         let err = outcome.result.expect_err("refused");
@@ -1051,14 +1274,30 @@ mod tests {
                 && source.contains("compact, defrag, disarm"),
             "{source}"
         );
-        assert_eq!(outcome.events, ["launch 3.4.23", "stop 3.4.23"]);
+        assert_eq!(
+            outcome.events,
+            [
+                "launch 3.3.25",
+                "stop 3.3.25",
+                "launch 3.4.23",
+                "stop 3.4.23"
+            ]
+        );
     }
 
     #[test]
     fn a_failure_on_step_1_records_nothing() {
         let outcome = walk(&[Behaviour::NeverHealthy], None, false);
         assert!(outcome.result.is_err());
-        assert_eq!(outcome.events, ["launch 3.4.23", "stop 3.4.23"]);
+        assert_eq!(
+            outcome.events,
+            [
+                "launch 3.3.25",
+                "stop 3.3.25",
+                "launch 3.4.23",
+                "stop 3.4.23"
+            ]
+        );
     }
 
     #[test]

@@ -15,11 +15,14 @@
 /// `failpoint!` calls in the sources, both ways, so the crash tests can
 /// tell failpoints exercised from failpoints defined.
 pub const ALL: &[&str] = &[
+    // executor: the read of the data before the first step
+    "baseline-read",
     // etcd: a step's etcd
     "etcd-before-spawn",
     "etcd-after-spawn",
     // executor: each step
     "step-after-health-write",
+    "step-after-fingerprint",
     "step-after-stop",
     "step-after-record",
     // datadir: version.txt

@@ -12,6 +12,7 @@ use std::time::Duration;
 use etcd_client::{AlarmAction, AlarmType};
 
 use crate::executor::{Health, HealthError};
+use crate::keyspace::Fingerprint;
 use crate::version::Storage;
 
 /// The key every step writes, as the Kubernetes tool did.
@@ -85,6 +86,15 @@ impl EtcdHealth {
 }
 
 impl Health for EtcdHealth {
+    fn fingerprint(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+    ) -> impl Future<Output = Result<Fingerprint, String>> {
+        let endpoint = endpoint.to_string();
+        async move { crate::keyspace::read_fingerprint(&endpoint, storage).await }
+    }
+
     fn write(
         &self,
         endpoint: &str,

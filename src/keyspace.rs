@@ -1,17 +1,19 @@
 //! This module owns whole-keyspace work against a step's etcd on its
 //! isolated port: reading every key (v2 with TTLs, v3 with leases),
 //! writing keys back (v2 with a TTL, v3 under a lease), deleting the v2
-//! tree, and the fingerprint (count + digest of every leaf key and value)
-//! that proves two keyspaces equal.
+//! tree, and the fingerprint (key count, digests over every key, value and
+//! expiry binding, v3 leases) that proves two reads of the data hold the
+//! same keyspace.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::health::HEALTH_KEY;
+use crate::version::Storage;
 
 /// Keys per v3 range request: K8s objects reach 1.5 MiB, so pages stay
 /// small and the decoding limit generous.
@@ -20,6 +22,10 @@ const V3_PAGE: i64 = 200;
 /// Largest v3 response we accept (etcd's own request limit is 1.5 MiB a
 /// key; a page of them fits).
 const V3_MAX_MESSAGE: usize = 512 * 1024 * 1024;
+
+/// The gRPC status code UNIMPLEMENTED: what 3.0 … 3.2 answer to a lease
+/// list (LeaseLeases came in 3.3).
+const GRPC_UNIMPLEMENTED: i32 = 12;
 
 /// Per-request deadline for keyspace calls: a page of a large keyspace.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -33,47 +39,261 @@ pub struct Entry {
     pub value: Vec<u8>,
     /// Seconds left to live, if the key expires (v2 TTL or v3 lease).
     pub ttl: Option<i64>,
+    /// The v3 lease the key is bound to (0: none, and always 0 in v2).
+    pub lease: i64,
 }
 
-/// What identifies a keyspace's content: the number of leaf keys and a
-/// SHA-256 over every (key, value) in key order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A 256-bit sum of SHA-256 digests (mod 2^256): an order-independent
+/// digest of a set of entries, from which one entry's part can be taken
+/// out again (a key that expired between two reads).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Sum([u64; 4]);
+
+impl Sum {
+    fn of(parts: &[&[u8]]) -> Sum {
+        let mut hasher = Sha256::new();
+        for part in parts {
+            // Length-prefixed so that ("ab","c") and ("a","bc") differ.
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        let digest: [u8; 32] = hasher.finalize().into();
+        let mut limbs = [0u64; 4];
+        for (limb, chunk) in limbs.iter_mut().zip(digest.chunks_exact(8)) {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(chunk);
+            *limb = u64::from_be_bytes(bytes);
+        }
+        Sum(limbs)
+    }
+
+    fn add(self, other: Sum) -> Sum {
+        let mut out = [0u64; 4];
+        let mut carry = false;
+        for i in (0..4).rev() {
+            let (a, c1) = self.0[i].overflowing_add(other.0[i]);
+            let (b, c2) = a.overflowing_add(u64::from(carry));
+            out[i] = b;
+            carry = c1 || c2;
+        }
+        Sum(out)
+    }
+
+    fn sub(self, other: Sum) -> Sum {
+        let mut out = [0u64; 4];
+        let mut borrow = false;
+        for i in (0..4).rev() {
+            let (a, b1) = self.0[i].overflowing_sub(other.0[i]);
+            let (b, b2) = a.overflowing_sub(u64::from(borrow));
+            out[i] = b;
+            borrow = b1 || b2;
+        }
+        Sum(out)
+    }
+
+    fn short(&self) -> String {
+        format!("{:016x}", self.0[0])
+    }
+}
+
+/// One entry that may legitimately be gone at a later read: its TTL or
+/// lease can run out.
+#[derive(Debug, Clone, Copy)]
+struct Expiring {
+    /// The earliest moment it can be gone.
+    earliest: Instant,
+    /// Its part of [`Fingerprint::digest`].
+    digest: Sum,
+    /// Its part of [`Fingerprint::content`].
+    content: Sum,
+}
+
+/// What identifies a keyspace as one etcd served it: the number of keys,
+/// a digest over every key, value and expiry binding, and (v3) the leases.
+/// Our health key is left out: every step writes it with its own version.
+///
+/// - `digest` is storage-specific: v3 hashes (key, value, lease id), v2
+///   hashes (key, value, TTL present or not).
+/// - `content` hashes (key as a v2 path, value, expires or not) in both,
+///   so a step that changes the storage can be compared too.
+///
+/// Both are sums of per-entry SHA-256 digests, so an entry whose TTL or
+/// lease ran out between two reads can be taken out of the earlier one.
+#[derive(Debug, Clone)]
 pub struct Fingerprint {
-    /// Leaf keys.
-    pub count: usize,
-    /// Digest of keys and values.
-    pub digest: [u8; 32],
+    /// The API it was read through.
+    pub storage: Storage,
+    /// Keys (leaves in v2).
+    pub keys: usize,
+    /// v3 leases alive (`None` in v2, and where the API cannot list them:
+    /// 3.0 … 3.2), with the earliest moment each can run out.
+    leases: Option<BTreeMap<i64, Instant>>,
+    digest: Sum,
+    content: Sum,
+    /// Entries that expire, by the hash of their v2 path.
+    expiring: BTreeMap<[u8; 32], Expiring>,
+    /// When the read that made it ended.
+    read_done: Instant,
 }
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex: String = self.digest[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        write!(f, "{} keys sha256:{hex}…", self.count)
+        let storage = match self.storage {
+            Storage::Etcd2 => "v2",
+            Storage::Etcd3 => "v3",
+        };
+        write!(f, "{storage} {} keys", self.keys)?;
+        if let Some(leases) = &self.leases {
+            write!(f, " {} leases", leases.len())?;
+        }
+        write!(
+            f,
+            " {} expiring digest:{} content:{}",
+            self.expiring.len(),
+            self.digest.short(),
+            self.content.short()
+        )
     }
 }
 
-/// The fingerprint of `entries`, leaving out our own health key (each step
-/// writes it with its own version). Keys are normalised to v2 form (a
-/// leading `/`) so a v2 store and the v3 keyspace made from it compare.
-pub fn fingerprint<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Fingerprint {
-    let mut sorted: BTreeMap<Vec<u8>, &[u8]> = BTreeMap::new();
-    for entry in entries.into_iter().filter(|e| !is_health_key(&e.key)) {
-        sorted.insert(v2_path(&entry.key), &entry.value);
+/// The earliest moment an entry read at `read_started` with `ttl` seconds
+/// left can be gone: etcd rounds the remaining time (v2 up, v3 down), so
+/// one second is taken off, and a restarted etcd only ever extends a lease.
+fn earliest_expiry(read_started: Instant, ttl: i64) -> Instant {
+    let secs = u64::try_from(ttl.saturating_sub(1)).unwrap_or(0);
+    read_started + Duration::from_secs(secs)
+}
+
+impl Fingerprint {
+    /// The fingerprint of `entries` as read through `storage`'s API between
+    /// `read_started` and now; `leases` are the v3 leases alive with their
+    /// seconds left, when the API lists them.
+    pub fn new(
+        storage: Storage,
+        entries: &[Entry],
+        leases: Option<&BTreeMap<i64, i64>>,
+        read_started: Instant,
+    ) -> Fingerprint {
+        let mut digest = Sum::default();
+        let mut content = Sum::default();
+        let mut expiring = BTreeMap::new();
+        let mut keys = 0;
+        for entry in entries.iter().filter(|e| !is_health_key(&e.key)) {
+            let path = v2_path(&entry.key);
+            let expires = entry.ttl.is_some() || entry.lease != 0;
+            let flag: &[u8] = if expires { b"expires" } else { b"stays" };
+            let own = match storage {
+                Storage::Etcd3 => Sum::of(&[&entry.key, &entry.value, &entry.lease.to_be_bytes()]),
+                Storage::Etcd2 => Sum::of(&[&entry.key, &entry.value, flag]),
+            };
+            let neutral = Sum::of(&[&path, &entry.value, flag]);
+            digest = digest.add(own);
+            content = content.add(neutral);
+            keys += 1;
+            if expires {
+                let path_hash: [u8; 32] = Sha256::digest(&path).into();
+                expiring.insert(
+                    path_hash,
+                    Expiring {
+                        earliest: earliest_expiry(read_started, entry.ttl.unwrap_or(0)),
+                        digest: own,
+                        content: neutral,
+                    },
+                );
+            }
+        }
+        let leases = leases.map(|leases| {
+            leases
+                .iter()
+                .map(|(id, ttl)| (*id, earliest_expiry(read_started, *ttl)))
+                .collect()
+        });
+        Fingerprint {
+            storage,
+            keys,
+            leases,
+            digest,
+            content,
+            expiring,
+            read_done: Instant::now(),
+        }
     }
-    let mut hasher = Sha256::new();
-    for (key, value) in &sorted {
-        // Length-prefixed so that ("ab","c") and ("a","bc") differ.
-        hasher.update((key.len() as u64).to_be_bytes());
-        hasher.update(key);
-        hasher.update((value.len() as u64).to_be_bytes());
-        hasher.update(value);
+
+    /// The fingerprint of entries held in memory (no leases, read now).
+    pub fn of(storage: Storage, entries: &[Entry]) -> Fingerprint {
+        Fingerprint::new(storage, entries, None, Instant::now())
     }
-    Fingerprint {
-        count: sorted.len(),
-        digest: hasher.finalize().into(),
+
+    /// True when both hold the same keys and values, with the same expiry
+    /// presence, whatever storage each was read through.
+    pub fn same_content(&self, other: &Fingerprint) -> bool {
+        self.keys == other.keys && self.content == other.content
+    }
+
+    /// Checks that `later` holds what `self` held: the same keys, values
+    /// and bindings (through the same storage: the full digest and the
+    /// leases; across a storage change: the content), except entries and
+    /// leases whose TTL could have run out by the time `later` was read.
+    /// `Err` says what differs.
+    pub fn check_kept_by(&self, later: &Fingerprint) -> Result<(), String> {
+        // Expired since: their earliest end has passed and `later` no
+        // longer lists them as expiring (if it holds them at all, a changed
+        // binding shows in the digest).
+        let gone: Vec<&Expiring> = self
+            .expiring
+            .iter()
+            .filter(|(path, e)| {
+                e.earliest <= later.read_done && !later.expiring.contains_key(*path)
+            })
+            .map(|(_, e)| e)
+            .collect();
+        let keys = self.keys - gone.len();
+        let content = gone.iter().fold(self.content, |sum, e| sum.sub(e.content));
+        let mut differs = Vec::new();
+        if later.keys != keys {
+            differs.push(format!(
+                "{} keys expected ({} before, {} expired since), {} found",
+                keys,
+                self.keys,
+                gone.len(),
+                later.keys
+            ));
+        }
+        if later.storage == self.storage {
+            let digest = gone.iter().fold(self.digest, |sum, e| sum.sub(e.digest));
+            if later.digest != digest {
+                differs.push("keys, values or lease bindings differ".to_string());
+            }
+            if let (Some(before), Some(after)) = (&self.leases, &later.leases) {
+                let appeared: Vec<String> = after
+                    .keys()
+                    .filter(|id| !before.contains_key(id))
+                    .map(|id| format!("{id:x}"))
+                    .collect();
+                let lost: Vec<String> = before
+                    .iter()
+                    .filter(|(id, earliest)| {
+                        !after.contains_key(id) && **earliest > later.read_done
+                    })
+                    .map(|(id, _)| format!("{id:x}"))
+                    .collect();
+                if !appeared.is_empty() || !lost.is_empty() {
+                    differs.push(format!(
+                        "leases differ (lost before their TTL: {lost:?}, new: {appeared:?})"
+                    ));
+                }
+            }
+        } else if later.content != content {
+            differs.push("keys, values or expiry differ".to_string());
+        }
+        if differs.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "before: {self}; after: {later}; {}",
+                differs.join("; ")
+            ))
+        }
     }
 }
 
@@ -151,6 +371,7 @@ fn collect_v2(node: &Value, out: &mut Vec<Entry>) {
                 .as_bytes()
                 .to_vec(),
             ttl,
+            lease: 0,
         });
     }
 }
@@ -276,13 +497,23 @@ pub async fn v3_client(endpoint: &str) -> Result<etcd_client::Client, String> {
 }
 
 /// Reads every v3 key with the remaining TTL of its lease (if any), a page
-/// at a time.
+/// at a time. A key whose lease has just run out (etcd has not deleted it
+/// yet) comes with a TTL of 0.
 pub async fn read_v3(endpoint: &str) -> Result<Vec<Entry>, String> {
     let client = v3_client(endpoint).await?;
+    let (entries, _) = read_v3_with(&client).await?;
+    Ok(entries)
+}
+
+/// Reads every v3 key (as [`read_v3`]) and the leases alive with their
+/// seconds left (`None` where the API cannot list leases: before 3.3).
+async fn read_v3_with(
+    client: &etcd_client::Client,
+) -> Result<(Vec<Entry>, BTreeMap<i64, i64>), String> {
     let mut kv = client.kv_client().max_decoding_message_size(V3_MAX_MESSAGE);
     let mut lease_client = client.lease_client();
     let mut entries = Vec::new();
-    let mut ttl_of_lease: BTreeMap<i64, Option<i64>> = BTreeMap::new();
+    let mut ttl_of_lease: BTreeMap<i64, i64> = BTreeMap::new();
     let mut start: Vec<u8> = vec![0];
     let mut revision = 0;
     loop {
@@ -301,28 +532,20 @@ pub async fn read_v3(endpoint: &str) -> Result<Vec<Entry>, String> {
         for kv in response.kvs() {
             let ttl = match kv.lease() {
                 0 => None,
-                lease => match ttl_of_lease.get(&lease) {
+                lease => Some(match ttl_of_lease.get(&lease) {
                     Some(ttl) => *ttl,
                     None => {
-                        let answer = lease_client
-                            .time_to_live(lease, None)
-                            .await
-                            .map_err(|err| format!("v3 lease {lease:x} time-to-live: {err}"))?;
-                        let ttl = (answer.ttl() > 0).then_some(answer.ttl());
+                        let ttl = lease_ttl(&mut lease_client, lease).await?;
                         ttl_of_lease.insert(lease, ttl);
                         ttl
                     }
-                },
+                }),
             };
-            if kv.lease() != 0 && ttl.is_none() {
-                // The lease ran out between the range and the lookup: the
-                // key is gone (or going); do not carry it over.
-                continue;
-            }
             entries.push(Entry {
                 key: kv.key().to_vec(),
                 value: kv.value().to_vec(),
                 ttl,
+                lease: kv.lease(),
             });
         }
         match (response.more(), response.kvs().last()) {
@@ -333,7 +556,71 @@ pub async fn read_v3(endpoint: &str) -> Result<Vec<Entry>, String> {
             _ => break,
         }
     }
-    Ok(entries)
+    Ok((entries, ttl_of_lease))
+}
+
+/// Seconds left on a lease; 0 once it has run out (or is unknown).
+async fn lease_ttl(client: &mut etcd_client::LeaseClient, lease: i64) -> Result<i64, String> {
+    let answer = client
+        .time_to_live(lease, None)
+        .await
+        .map_err(|err| format!("v3 lease {lease:x} time-to-live: {err}"))?;
+    Ok(answer.ttl().max(0))
+}
+
+/// Every lease alive with its seconds left, or `None` where the API has no
+/// lease list (etcd 3.0 … 3.2 answer "unimplemented").
+async fn read_leases(
+    client: &etcd_client::Client,
+    known: &BTreeMap<i64, i64>,
+) -> Result<Option<BTreeMap<i64, i64>>, String> {
+    let mut lease_client = client.lease_client();
+    let listed = match lease_client.leases().await {
+        Ok(listed) => listed,
+        Err(etcd_client::Error::GRpcStatus(status))
+            if i32::from(status.code()) == GRPC_UNIMPLEMENTED =>
+        {
+            return Ok(None)
+        }
+        Err(err) => return Err(format!("v3 lease list: {err}")),
+    };
+    let mut leases = BTreeMap::new();
+    for lease in listed.leases() {
+        let ttl = match known.get(&lease.id()) {
+            Some(ttl) => *ttl,
+            None => lease_ttl(&mut lease_client, lease.id()).await?,
+        };
+        leases.insert(lease.id(), ttl);
+    }
+    Ok(Some(leases))
+}
+
+/// Reads the whole keyspace a step's etcd serves through `storage`'s API:
+/// every entry, and the fingerprint of the read.
+pub async fn read_all(
+    endpoint: &str,
+    storage: Storage,
+) -> Result<(Vec<Entry>, Fingerprint), String> {
+    let started = Instant::now();
+    match storage {
+        Storage::Etcd2 => {
+            let entries = read_v2(endpoint).await?;
+            let fingerprint = Fingerprint::new(storage, &entries, None, started);
+            Ok((entries, fingerprint))
+        }
+        Storage::Etcd3 => {
+            let client = v3_client(endpoint).await?;
+            let (entries, known) = read_v3_with(&client).await?;
+            let leases = read_leases(&client, &known).await?;
+            let fingerprint = Fingerprint::new(storage, &entries, leases.as_ref(), started);
+            Ok((entries, fingerprint))
+        }
+    }
+}
+
+/// The fingerprint of the keyspace a step's etcd serves.
+pub async fn read_fingerprint(endpoint: &str, storage: Storage) -> Result<Fingerprint, String> {
+    Ok(read_all(endpoint, storage).await?.1)
 }
 
 #[cfg(test)]
@@ -345,7 +632,21 @@ mod tests {
             key: key.as_bytes().to_vec(),
             value: value.as_bytes().to_vec(),
             ttl: None,
+            lease: 0,
         }
+    }
+
+    fn leased(key: &str, value: &str, lease: i64, ttl: i64) -> Entry {
+        Entry {
+            ttl: Some(ttl),
+            lease,
+            ..entry(key, value)
+        }
+    }
+
+    fn v3(entries: &[Entry], leases: &[(i64, i64)], read_started: Instant) -> Fingerprint {
+        let leases: BTreeMap<i64, i64> = leases.iter().copied().collect();
+        Fingerprint::new(Storage::Etcd3, entries, Some(&leases), read_started)
     }
 
     #[test]
@@ -360,13 +661,141 @@ mod tests {
             entry("registry/a", "1"),
             entry("etcd_version", "3.5.16"),
         ];
-        assert_eq!(fingerprint(&a), fingerprint(&b));
-        assert_eq!(fingerprint(&a).count, 2);
+        let (fa, fb) = (
+            Fingerprint::of(Storage::Etcd2, &a),
+            Fingerprint::of(Storage::Etcd3, &b),
+        );
+        assert!(fa.same_content(&fb));
+        assert_eq!(fa.keys, 2);
+        fa.check_kept_by(&fb).expect("same content across storages");
         let c = [entry("/registry/a", "1"), entry("/registry/b", "3")];
-        assert_ne!(fingerprint(&a), fingerprint(&c));
+        assert!(!fa.same_content(&Fingerprint::of(Storage::Etcd2, &c)));
         let d = [entry("/ab", "c")];
         let e = [entry("/a", "bc")];
-        assert_ne!(fingerprint(&d), fingerprint(&e));
+        assert!(
+            !Fingerprint::of(Storage::Etcd2, &d).same_content(&Fingerprint::of(Storage::Etcd2, &e))
+        );
+    }
+
+    #[test]
+    fn a_lost_key_a_changed_value_or_a_changed_lease_fails_the_check() {
+        let now = Instant::now();
+        let before = v3(
+            &[entry("a", "1"), leased("b", "2", 7, 3600)],
+            &[(7, 3600)],
+            now,
+        );
+        before
+            .check_kept_by(&v3(
+                &[entry("a", "1"), leased("b", "2", 7, 3600)],
+                &[(7, 3600)],
+                now,
+            ))
+            .expect("identical");
+        let lost = v3(&[leased("b", "2", 7, 3600)], &[(7, 3600)], now);
+        let err = before.check_kept_by(&lost).expect_err("a key lost");
+        assert!(
+            err.contains("2 keys expected")
+                && err.contains("1 found")
+                && err.contains("before: v3 2 keys"),
+            "{err}"
+        );
+        let changed = v3(
+            &[entry("a", "X"), leased("b", "2", 7, 3600)],
+            &[(7, 3600)],
+            now,
+        );
+        assert!(before.check_kept_by(&changed).is_err(), "a value changed");
+        let rebound = v3(
+            &[entry("a", "1"), leased("b", "2", 8, 3600)],
+            &[(8, 3600)],
+            now,
+        );
+        let err = before.check_kept_by(&rebound).expect_err("another lease");
+        assert!(err.contains("leases differ"), "{err}");
+        // A key that lost its expiry (a resurrection) fails, in one storage
+        // and across a storage change.
+        let unleased = v3(&[entry("a", "1"), entry("b", "2")], &[(7, 3600)], now);
+        assert!(before.check_kept_by(&unleased).is_err());
+        let v2 = Fingerprint::of(Storage::Etcd2, &[entry("/a", "1"), entry("/b", "2")]);
+        assert!(before.check_kept_by(&v2).is_err());
+        let v2_ttl = Fingerprint::of(
+            Storage::Etcd2,
+            &[
+                entry("/a", "1"),
+                Entry {
+                    ttl: Some(3599),
+                    ..entry("/b", "2")
+                },
+            ],
+        );
+        before
+            .check_kept_by(&v2_ttl)
+            .expect("etcd3 -> etcd2 keeps content");
+    }
+
+    #[test]
+    fn keys_and_leases_whose_ttl_ran_out_may_be_gone() {
+        // Read 10 s ago with 2 s left: it may have expired since.
+        let long_ago = Instant::now() - Duration::from_secs(10);
+        let before = v3(
+            &[
+                entry("a", "1"),
+                leased("b", "2", 7, 2),
+                leased("c", "3", 9, 3600),
+            ],
+            &[(7, 2), (9, 3600), (11, 2)],
+            long_ago,
+        );
+        let after = v3(
+            &[entry("a", "1"), leased("c", "3", 9, 3600)],
+            &[(9, 3600)],
+            Instant::now(),
+        );
+        before
+            .check_kept_by(&after)
+            .expect("b and lease 11 expired");
+        // Still there is fine too.
+        let still = v3(
+            &[
+                entry("a", "1"),
+                leased("b", "2", 7, 1),
+                leased("c", "3", 9, 3600),
+            ],
+            &[(7, 1), (9, 3600), (11, 1)],
+            Instant::now(),
+        );
+        before.check_kept_by(&still).expect("not yet swept");
+        // But a key with an hour left cannot have expired.
+        let gone = v3(&[entry("a", "1")], &[], Instant::now());
+        let err = before.check_kept_by(&gone).expect_err("c had an hour");
+        assert!(
+            err.contains("2 keys expected") && err.contains("1 found"),
+            "{err}"
+        );
+        // Nor a key read just now with 2 s left.
+        let fresh = v3(
+            &[entry("a", "1"), leased("b", "2", 7, 2)],
+            &[(7, 2)],
+            Instant::now(),
+        );
+        let after = v3(&[entry("a", "1")], &[], Instant::now());
+        assert!(fresh.check_kept_by(&after).is_err());
+    }
+
+    #[test]
+    fn digest_sums_add_and_take_out() {
+        let x = Sum::of(&[b"x"]);
+        let y = Sum::of(&[b"y"]);
+        assert_eq!(x.add(y).sub(y), x);
+        assert_eq!(x.add(y), y.add(x));
+        assert_ne!(x.add(y), x);
+        let max = Sum([u64::MAX; 4]);
+        assert_eq!(
+            max.add(Sum([0, 0, 0, 1])),
+            Sum::default(),
+            "wraps mod 2^256"
+        );
     }
 
     #[test]

@@ -136,7 +136,9 @@ impl Error {
             | Error::Space(_)
             | Error::Binary(_)
             | Error::MultiMember { .. } => EXIT_PRECONDITION,
-            Error::Execute(ExecuteError::Step { .. }) => EXIT_STEP_FAILED,
+            Error::Execute(ExecuteError::Step { .. } | ExecuteError::Baseline { .. }) => {
+                EXIT_STEP_FAILED
+            }
             Error::Execute(ExecuteError::Interrupted { signal, .. })
             | Error::Interrupted(signal) => signal_exit_code(*signal),
             Error::Record { .. } | Error::Supervisor(_) | Error::Runtime(_) => EXIT_FAILURE,
@@ -231,9 +233,13 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     let mut needed = plan.binaries();
     // The target's server is needed even with --no-exec: the manifest
     // starts it next, and a bundle that lists it without the file is broken.
+    // So is the recorded release's when it reads the baseline.
     let target_etcd = Binary::etcd(config.target.version);
-    if !needed.contains(&target_etcd) {
-        needed.push(target_etcd);
+    let baseline = plan::baseline_reader(&plan, &bundle).map(Binary::etcd);
+    for binary in [Some(target_etcd), baseline].into_iter().flatten() {
+        if !needed.contains(&binary) {
+            needed.push(binary);
+        }
     }
     binaries::check_present(&config.bin_dir, &needed)?;
 
@@ -354,6 +360,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
                 ttl_leases: config.ttl_leases,
                 ttl_keys_directory: &config.ttl_keys_directory,
                 keep_v2_keys: config.keep_v2_keys,
+                baseline: plan::baseline_reader(&plan, &bundle),
             },
             termination: supervisor.termination(),
         };

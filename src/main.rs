@@ -1,15 +1,20 @@
-//! This module owns the process entry: block signals before any thread
-//! exists, parse the configuration, call `run`, and turn the result into
-//! the documented exit code (or the exec of the target etcd).
+//! This module owns the process entry: make everything the run creates
+//! private (umask 077), block signals before any thread exists, parse the
+//! configuration, call `run`, and turn the result into the documented exit
+//! code (or the exec of the target etcd, with the umask and mask it found).
 
 use std::process::ExitCode;
 
 use etcd_migrate::config::{self, ConfigError};
-use etcd_migrate::exec::ExecError;
+use etcd_migrate::exec::{self, ExecError, Inherited};
 use etcd_migrate::{log, run, signal_exit_code, Outcome, EXIT_FAILURE, EXIT_OK, EXIT_PRECONDITION};
 
 fn main() -> ExitCode {
-    // First, before the async runtime or any helper thread exists: threads
+    // Before anything is created: every file and dir that we, or the etcd,
+    // etcdctl and etcdutl we start, create from here on is private. The
+    // exec'd target gets the user's umask back.
+    let umask = exec::make_created_files_private();
+    // Then, before the async runtime or any helper thread exists: threads
     // inherit the mask, so only the signal thread ever sees these signals.
     let original_mask = match etcd_migrate::supervisor::block_signals() {
         Ok(mask) => mask,
@@ -43,7 +48,11 @@ fn main() -> ExitCode {
                     ("args", target.args.join(" ").into()),
                 ],
             );
-            match target.exec(original_mask) {
+            let inherited = Inherited {
+                signal_mask: original_mask,
+                umask,
+            };
+            match target.exec(inherited) {
                 ExecError::Interrupted(signal) => {
                     log::error(
                         &format!("stopped by {signal} before exec; the data dir is migrated"),

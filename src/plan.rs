@@ -187,6 +187,24 @@ pub enum PlanError {
     },
 }
 
+/// The release that reads the data as recorded before the first step, for
+/// the baseline fingerprint every later step is checked against: the
+/// recorded release itself, when the image has it and the first step runs
+/// another release on the data in place. The rebuilding steps serve their
+/// source with `serve`/`at` and read it anyway, so they need none; when
+/// the recorded release is not bundled, the first step's own read is the
+/// first fingerprint.
+pub fn baseline_reader(plan: &Plan, bundle: &Bundle) -> Option<Version> {
+    match plan.steps.first()? {
+        Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. } => bundle
+            .contains(plan.current.version)
+            .then_some(plan.current.version),
+        Step::StorageMigration { .. }
+        | Step::MinorRollback { .. }
+        | Step::RollbackToEtcd2 { .. } => None,
+    }
+}
+
 impl Bundle {
     /// Builds a bundle from a list of releases.
     pub fn new(versions: impl IntoIterator<Item = Version>) -> Self {
@@ -1142,6 +1160,29 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_baseline_is_read_by_the_recorded_release_before_an_in_place_first_step() {
+        let full = bundle(CI);
+        let cases = [
+            // (current, target, baseline reader)
+            ("3.3.25/etcd3", "3.5.16/etcd3", Some("3.3.25")),
+            ("3.4.23/etcd3", "3.5.16/etcd3", Some("3.4.23")),
+            // 3.4.20 is not bundled: the first step's own read is the first.
+            ("3.4.20/etcd3", "3.5.16/etcd3", None),
+            // Rebuilding first steps read their source themselves.
+            ("3.3.25/etcd2", "3.5.16/etcd3", None),
+            ("3.5.16/etcd3", "3.3.25/etcd3", None),
+            ("3.3.25/etcd3", "3.3.25/etcd2", None),
+            // No step, no read.
+            ("3.5.16/etcd3", "3.5.16/etcd3", None),
+        ];
+        for (current, target, want) in cases {
+            let plan = plan(pair(current), pair(target), &full).expect("plans");
+            let want = want.map(|v| v.parse().expect("version"));
+            assert_eq!(baseline_reader(&plan, &full), want, "{current} -> {target}");
         }
     }
 

@@ -19,7 +19,7 @@ use crate::executor::{
     Executor, Failure, Health, Launcher, Progress, Run, StepError, Tools, TtlLeases,
 };
 use crate::health::HEALTH_KEY;
-use crate::keyspace::{self, fingerprint, Entry};
+use crate::keyspace::{self, Entry, Fingerprint};
 use crate::log;
 use crate::plan::Binary;
 use crate::version::{Storage, Version, VersionPair};
@@ -240,40 +240,33 @@ pub fn check_v2_compatible(entries: &[Entry]) -> Result<(), String> {
 
 impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
     /// Serves the data with `run`, reads its whole keyspace through the
-    /// API of its storage (without our health key), and stops it. Returns
-    /// the keys and when they were read (TTLs count down from then).
-    async fn read_keyspace(
+    /// API of its storage (without our health key), checks it against
+    /// `before` (what the last step left), and stops it. Returns the keys,
+    /// their fingerprint, and when they were read (TTLs count down from
+    /// then).
+    async fn read_source(
         &mut self,
         run: Run<'_>,
         label: &str,
-    ) -> Result<(Vec<Entry>, Instant), Failure> {
+        before: Option<&Fingerprint>,
+    ) -> Result<(Vec<Entry>, Fingerprint, Instant), Failure> {
         let mut serving = self.start_serving(run, label).await?;
         let endpoint = serving.endpoint.clone();
-        let entries = match run.storage {
-            Storage::Etcd2 => {
-                self.while_serving(
-                    &mut serving,
-                    "read the v2 keyspace",
-                    keyspace::read_v2(&endpoint),
-                )
-                .await?
-            }
-            Storage::Etcd3 => {
-                self.while_serving(
-                    &mut serving,
-                    "read the v3 keyspace",
-                    keyspace::read_v3(&endpoint),
-                )
-                .await?
-            }
-        };
+        let (entries, source) = self
+            .while_serving(
+                &mut serving,
+                "read the keyspace",
+                keyspace::read_all(&endpoint, run.storage),
+            )
+            .await?;
         let read_at = Instant::now();
+        self.check_kept(&mut serving, before, &source).await?;
         self.stop_serving(serving, label).await?;
         let entries = entries
             .into_iter()
             .filter(|e| !keyspace::is_health_key(&e.key))
             .collect();
-        Ok((entries, read_at))
+        Ok((entries, source, read_at))
     }
 
     /// 3.x → 3.(x-1): `serve` saves a snapshot, `to`'s restore tool writes
@@ -285,15 +278,19 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         serve: Version,
         to: Version,
         label: &str,
-    ) -> Result<(), Failure> {
+        before: Option<&Fingerprint>,
+    ) -> Result<Fingerprint, Failure> {
         let data_dir = self.settings.data_dir.to_path_buf();
         let work = fresh_work_dir(&data_dir)?;
         let snapshot = work.join("snapshot.db");
         let restored = work.join("restored");
 
-        let serving = self
+        let mut serving = self
             .start_serving(run(serve, Storage::Etcd3, &data_dir), label)
             .await?;
+        let source = self.read_fingerprint(&mut serving, Storage::Etcd3).await?;
+        self.check_kept(&mut serving, before, &source).await?;
+        let before = before.unwrap_or(&source);
         let save_args = strings(&[
             "snapshot",
             "save",
@@ -329,9 +326,11 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .await?;
         crate::failpoint!("rollback-after-restore");
 
-        let serving = self
+        let mut serving = self
             .start_serving(run(to, Storage::Etcd3, &restored), label)
             .await?;
+        let after = self.read_fingerprint(&mut serving, Storage::Etcd3).await?;
+        self.check_kept(&mut serving, Some(before), &after).await?;
         self.stop_serving(serving, label).await?;
         crate::failpoint!("rollback-after-restored-served");
         swap_member(
@@ -342,7 +341,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 storage: Storage::Etcd3,
             },
         )?;
-        Ok(())
+        Ok(after)
     }
 
     /// etcd3 → etcd2: `serve` serves the v3 data, every key is read with
@@ -354,18 +353,19 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         serve: Version,
         to: Version,
         label: &str,
-    ) -> Result<(), Failure> {
+        before: Option<&Fingerprint>,
+    ) -> Result<Fingerprint, Failure> {
         let data_dir = self.settings.data_dir.to_path_buf();
         let work = fresh_work_dir(&data_dir)?;
         let rebuilt = work.join("v2");
         create_private_dir(&rebuilt)?;
 
-        let (entries, read_at) = self
-            .read_keyspace(run(serve, Storage::Etcd3, &data_dir), label)
+        let (entries, source, read_at) = self
+            .read_source(run(serve, Storage::Etcd3, &data_dir), label, before)
             .await?;
+        let before = before.unwrap_or(&source);
         check_v2_compatible(&entries)
             .map_err(|detail| work_err("check that every v3 key fits the v2 store", detail))?;
-        let source = fingerprint(&entries);
         log::info(
             "v3 keyspace read",
             &[
@@ -392,11 +392,13 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                     key: keyspace::v2_path(&e.key),
                     value: e.value.clone(),
                     ttl: Some(ttl - elapsed),
+                    lease: 0,
                 }),
                 None => Some(Entry {
                     key: keyspace::v2_path(&e.key),
                     value: e.value.clone(),
                     ttl: None,
+                    lease: 0,
                 }),
             })
             .collect();
@@ -408,11 +410,11 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         )
         .await?;
         crate::failpoint!("etcd2-rollback-after-v2-write");
-        let copied = self
+        let (copied, after) = self
             .while_serving(
                 &mut serving,
                 "read the new v2 store back",
-                keyspace::read_v2(&endpoint),
+                keyspace::read_all(&endpoint, Storage::Etcd2),
             )
             .await?;
         let check = verify_copy(&to_write, &copied, read_at.elapsed().as_secs() as i64 + 2);
@@ -420,11 +422,12 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             crate::executor::stop_serving_quietly(&mut serving).await;
             return Err(work_err("verify the v2 copy", detail));
         }
+        self.check_kept(&mut serving, Some(before), &after).await?;
         log::info(
             "v2 store verified",
             &[
                 ("step", label.into()),
-                ("fingerprint", fingerprint(&copied).to_string().into()),
+                ("fingerprint", after.to_string().into()),
             ],
         );
         crate::failpoint!("etcd2-rollback-after-verify");
@@ -437,7 +440,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 storage: Storage::Etcd2,
             },
         )?;
-        Ok(())
+        Ok(after)
     }
 
     /// etcd2 → etcd3 at `at` (3.0 … 3.4): fingerprint the v2 store while
@@ -457,19 +460,19 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         &mut self,
         at: Version,
         label: &str,
-    ) -> Result<(), Failure> {
+        before: Option<&Fingerprint>,
+    ) -> Result<Fingerprint, Failure> {
         let data_dir = self.settings.data_dir.to_path_buf();
         let work = fresh_work_dir(&data_dir)?;
         let converted = work.join("converted");
-        let (v2, read_at) = self
-            .read_keyspace(run(at, Storage::Etcd2, &data_dir), label)
+        let (v2, source, read_at) = self
+            .read_source(run(at, Storage::Etcd2, &data_dir), label, before)
             .await?;
-        let before = fingerprint(&v2);
         log::info(
             "v2 keyspace read",
             &[
                 ("step", label.into()),
-                ("fingerprint", before.to_string().into()),
+                ("fingerprint", source.to_string().into()),
             ],
         );
         crate::failpoint!("migration-after-v2-read");
@@ -515,22 +518,23 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         );
         crate::failpoint!("migration-after-leases");
 
-        let v3 = self
+        let (v3, after) = self
             .while_serving(
                 &mut serving,
                 "read the v3 keyspace",
-                keyspace::read_v3(&endpoint),
+                keyspace::read_all(&endpoint, Storage::Etcd3),
             )
             .await?;
-        let expected: Vec<Entry> = v2
-            .iter()
+        // What v3 must hold: the v2 keys, less the expired, with the
+        // expiry the lease plan gave them.
+        let expected: Vec<Entry> = flat_expiry(&v2, &plan)
+            .into_iter()
             .filter(|e| {
                 !plan
                     .expired
                     .iter()
                     .any(|x| x.as_bytes() == e.key.as_slice())
             })
-            .cloned()
             .collect();
         let tolerance = read_at.elapsed().as_secs() as i64 + 2;
         if let Err(detail) = verify_migration(&expected, &v3, &plan, tolerance) {
@@ -540,11 +544,22 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 detail,
             ));
         }
+        // What the step means to keep: the keyspace as the last step left
+        // it, except that flat mode gives every key under the TTL keys
+        // directory a lease.
+        let intended = match self.settings.ttl_leases {
+            TtlLeases::Exact => before.cloned().unwrap_or(source),
+            TtlLeases::Flat => {
+                Fingerprint::new(Storage::Etcd2, &flat_expiry(&v2, &plan), None, read_at)
+            }
+        };
+        self.check_kept(&mut serving, Some(&intended), &after)
+            .await?;
         log::info(
             "v3 keys verified",
             &[
                 ("step", label.into()),
-                ("fingerprint", fingerprint(&expected).to_string().into()),
+                ("fingerprint", after.to_string().into()),
             ],
         );
         crate::failpoint!("migration-after-verify");
@@ -563,6 +578,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             );
             crate::failpoint!("migration-after-v2-emptied");
         }
+        // The emptied v2 store is not in the v3 fingerprint: `after` stands.
         self.stop_serving(serving, label).await?;
         swap_member(
             &data_dir,
@@ -571,8 +587,29 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 version: at,
                 storage: Storage::Etcd3,
             },
-        )
+        )?;
+        Ok(after)
     }
+}
+
+/// The v2 entries as the lease plan means them to end up: every key it
+/// puts under a lease expires (in flat mode, also keys of the TTL keys
+/// directory that had no TTL).
+fn flat_expiry(v2: &[Entry], plan: &LeasePlan) -> Vec<Entry> {
+    let leased: BTreeSet<&[u8]> = plan
+        .groups
+        .values()
+        .flatten()
+        .map(|e| e.key.as_slice())
+        .collect();
+    v2.iter()
+        .map(|e| Entry {
+            ttl: e.ttl.or(leased
+                .contains(e.key.as_slice())
+                .then_some(FLAT_LEASE_SECONDS)),
+            ..e.clone()
+        })
+        .collect()
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -715,30 +752,7 @@ fn verify_migration(
     tolerance: i64,
 ) -> Result<(), String> {
     let present: BTreeSet<&[u8]> = v3.iter().map(|e| e.key.as_slice()).collect();
-    let expected: Vec<Entry> = expected
-        .iter()
-        .filter(|e| present.contains(e.key.as_slice()) || e.ttl.is_none_or(|t| t > tolerance))
-        .cloned()
-        .collect();
-    let expected = expected.as_slice();
-    let wanted: BTreeSet<&[u8]> = expected.iter().map(|e| e.key.as_slice()).collect();
-    let migrated: Vec<Entry> = v3
-        .iter()
-        .filter(|e| wanted.contains(e.key.as_slice()))
-        .cloned()
-        .collect();
-    let (want, got) = (fingerprint(expected), fingerprint(&migrated));
-    if want != got {
-        let have: BTreeSet<&[u8]> = migrated.iter().map(|e| e.key.as_slice()).collect();
-        let missing: Vec<String> = wanted
-            .difference(&have)
-            .take(5)
-            .map(|k| String::from_utf8_lossy(k).into_owned())
-            .collect();
-        return Err(format!(
-            "v2 had {want}, v3 has {got} of those keys; missing: {missing:?}"
-        ));
-    }
+    // Each leased key's TTL first: the most precise report.
     let ttl_of: BTreeMap<&[u8], Option<i64>> =
         v3.iter().map(|e| (e.key.as_slice(), e.ttl)).collect();
     for (ttl, entries) in &plan.groups {
@@ -757,6 +771,33 @@ fn verify_migration(
             }
         }
     }
+    let expected: Vec<Entry> = expected
+        .iter()
+        .filter(|e| present.contains(e.key.as_slice()) || e.ttl.is_none_or(|t| t > tolerance))
+        .cloned()
+        .collect();
+    let expected = expected.as_slice();
+    let wanted: BTreeSet<&[u8]> = expected.iter().map(|e| e.key.as_slice()).collect();
+    let migrated: Vec<Entry> = v3
+        .iter()
+        .filter(|e| wanted.contains(e.key.as_slice()))
+        .cloned()
+        .collect();
+    let (want, got) = (
+        Fingerprint::of(Storage::Etcd2, expected),
+        Fingerprint::of(Storage::Etcd3, &migrated),
+    );
+    if !want.same_content(&got) {
+        let have: BTreeSet<&[u8]> = migrated.iter().map(|e| e.key.as_slice()).collect();
+        let missing: Vec<String> = wanted
+            .difference(&have)
+            .take(5)
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        return Err(format!(
+            "v2 had {want}, v3 has {got} of those keys; missing: {missing:?}"
+        ));
+    }
     Ok(())
 }
 
@@ -768,8 +809,11 @@ fn verify_copy(written: &[Entry], copied: &[Entry], tolerance: i64) -> Result<()
         .filter(|e| !keyspace::is_health_key(&e.key))
         .cloned()
         .collect();
-    let (want, got) = (fingerprint(written), fingerprint(&copied));
-    if want != got {
+    let (want, got) = (
+        Fingerprint::of(Storage::Etcd2, written),
+        Fingerprint::of(Storage::Etcd2, &copied),
+    );
+    if !want.same_content(&got) {
         return Err(format!("wrote {want}, the v2 store holds {got}"));
     }
     let ttl_of: BTreeMap<&[u8], Option<i64>> =
@@ -798,6 +842,7 @@ mod tests {
 
     fn e(key: &str, value: &str, ttl: Option<i64>) -> Entry {
         Entry {
+            lease: 0,
             key: key.as_bytes().to_vec(),
             value: value.as_bytes().to_vec(),
             ttl,
@@ -842,6 +887,7 @@ mod tests {
         let err = check_v2_compatible(&[e("a", "1", None), e("/a", "2", None)]).unwrap_err();
         assert!(err.contains("two keys become the same v2 path /a"), "{err}");
         let binary = Entry {
+            lease: 0,
             key: b"/k".to_vec(),
             value: vec![0xff, 0x00],
             ttl: None,
