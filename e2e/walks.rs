@@ -74,12 +74,12 @@ fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
         .filter(|k| k.as_slice() != HEALTH_KEY)
         .count();
     assert!(
-        digest(&baseline[0]).contains(&format!("v3 {keys} keys")),
+        digest(baseline[0]).contains(&format!("v3 {keys} keys")),
         "the baseline counts the fixture's keys: {}",
         baseline[0]
     );
     for line in &done {
-        assert_eq!(digest(line), digest(&baseline[0]), "{line}");
+        assert_eq!(digest(line), digest(baseline[0]), "{line}");
     }
     assert_eq!(run.lines_with("migrated").len(), 1, "{}", run.explain());
     run.assert_stderr_has("[etcd-3.4.23] ")

@@ -276,12 +276,14 @@ pub fn copy_dir(from: &Path, to: &Path) -> Result<(), BackupError> {
 /// fsynced so the copy is durable before it is published.
 fn copy_tree(from: &Path, to: &Path, top: bool) -> Result<(), BackupError> {
     let meta = fs::metadata(from).map_err(io_err("stat", from))?;
+    // A backup's top dir is private whatever the data dir's mode (the
+    // Kubernetes tool made data dirs 0755): it holds the whole keyspace.
+    let mode = if top { 0o700 } else { meta.mode() & 0o7777 };
     DirBuilder::new()
-        .mode(meta.mode() & 0o7777)
+        .mode(mode)
         .create(to)
         .map_err(io_err("create", to))?;
-    fs::set_permissions(to, fs::Permissions::from_mode(meta.mode() & 0o7777))
-        .map_err(io_err("chmod", to))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", to))?;
     for entry in fs::read_dir(from).map_err(io_err("list", from))? {
         let entry = entry.map_err(io_err("list", from))?;
         let name = entry.file_name();
