@@ -11,9 +11,12 @@ export ETCD_BIN_DIR
 echo "test: etcd binaries in $ETCD_BIN_DIR" >&2
 
 cargo fmt --check
+# Both builds: the release one (no failpoints) and the test one.
 cargo clippy --locked --all-targets -- -D warnings
-# Unit tests, then the end-to-end tests on real etcd (e2e/).
-cargo test --locked --all-targets
+cargo clippy --locked --all-targets --features failpoints -- -D warnings
+# Unit tests, then the end-to-end tests on real etcd (e2e/), with the named
+# failpoints compiled in (src/failpoint.rs): the crash tests die at each.
+cargo test --locked --all-targets --features failpoints
 # The image (make image: base, bundle, docker build, smoke test) and the
 # container tests on it (image-tests/run.sh; last line "N passed, M failed").
 make image-test
