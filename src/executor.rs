@@ -206,7 +206,7 @@ pub enum StepError {
         waited: Duration,
     },
     /// The keyspace after the step is not the one before it.
-    #[error("the keyspace etcd {version} serves after the step is not the one before it ({detail}); the step was not recorded")]
+    #[error("the keyspace etcd {version} serves after the step is not the one before it ({detail}); the step was not recorded; do not serve this data until the difference is understood: a rebuilding step left the data untouched, but an in-place step ran etcd {version} on it, so compare it with a backup (take one with --backup always before rerunning)")]
     Changed {
         /// The release that served the result.
         version: Version,
