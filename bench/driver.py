@@ -256,7 +256,7 @@ class Bench:
         healthy = {1: [], 2: []}
         stop = {1: [], 2: []}
         record = {1: [], 2: []}
-        walls, verify_ms, before_steps, after_steps = [], [], [], []
+        walls, verify_ms, before_steps, after_steps, baseline_ms = [], [], [], [], []
         floor = {(s, m): [] for s in (1, 2) for m in ("fresh", "persistent")}
         floor_full = {(s, m): [] for s in (1, 2) for m in ("fresh", "persistent")}
         ours_phases = {1: [], 2: []}
@@ -271,7 +271,13 @@ class Bench:
                     walls.append(wall)
                     by = {}
                     for ln in lines:
+                        # The baseline read's etcd logs step=baseline: it is
+                        # not a step; its cost is reported on its own.
+                        if ln["msg"] == "etcd healthy and stopped" and "/" not in str(ln.get("step", "")):
+                            continue
                         by.setdefault(ln["msg"], []).append(ln)
+                    for b in by.get("baseline read", []):
+                        baseline_ms.append(b["ms"])
                     for d in by.get("step done", []):
                         s = int(d["step"].split("/")[0])
                         ours[s].append(d["ms"])
@@ -310,7 +316,7 @@ class Bench:
             log(f"round {i + 1}/{n} done")
         shutil.rmtree(work, ignore_errors=True)
         return dict(ours=ours, healthy=healthy, stop=stop, record=record, walls=walls,
-                    verify=verify_ms, before=before_steps, after=after_steps,
+                    verify=verify_ms, before=before_steps, after=after_steps, baseline=baseline_ms,
                     floor=floor, floor_full=floor_full, ours_phases=ours_phases)
 
     # ---------- phase 2: the no-op path ----------
@@ -525,7 +531,8 @@ def main():
     w = r["walls"]
     fsum = sum(min(med(r["floor"][(s_, 'fresh')]), med(r["floor"][(s_, 'persistent')])) for s_ in (1, 2))
     p(f"Whole walk, process start → exit 0 (--no-exec): {mmm(w)} ms; sum of the two floor medians {fmt(fsum)} ms. "
-      f"Start → `step start` 1/2: {fmt(med(r['before']))} ms, of which `binaries verified` {fmt(med(r['verify']))} ms; "
+      f"Start → `step start` 1/2: {fmt(med(r['before']))} ms, of which `binaries verified` {fmt(med(r['verify']))} ms "
+      f"and the baseline read by etcd {FROM} (start, write, fingerprint, stop) {mmm(r['baseline']) if r['baseline'] else 'n/a'} ms; "
       f"last `step done` → exit: {fmt(med(r['after']))} ms.")
     p(f"One health attempt against a serving etcd {TARGET} ({pb['n']} puts each): new client per put "
       f"median {pb['fresh_median_ms']:.2f} ms (p90 {pb['fresh_p90_ms']:.2f}), persistent client median "
