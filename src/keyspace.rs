@@ -174,49 +174,66 @@ impl Fingerprint {
         leases: Option<&BTreeMap<i64, i64>>,
         read_started: Instant,
     ) -> Fingerprint {
-        let mut digest = Sum::default();
-        let mut content = Sum::default();
-        let mut expiring = BTreeMap::new();
-        let mut keys = 0;
-        for entry in entries.iter().filter(|e| !is_health_key(&e.key)) {
-            let path = v2_path(&entry.key);
-            let expires = entry.ttl.is_some() || entry.lease != 0;
-            let flag: &[u8] = if expires { b"expires" } else { b"stays" };
-            let own = match storage {
-                Storage::Etcd3 => Sum::of(&[&entry.key, &entry.value, &entry.lease.to_be_bytes()]),
-                Storage::Etcd2 => Sum::of(&[&entry.key, &entry.value, flag]),
-            };
-            let neutral = Sum::of(&[&path, &entry.value, flag]);
-            digest = digest.add(own);
-            content = content.add(neutral);
-            keys += 1;
-            if expires {
-                let path_hash: [u8; 32] = Sha256::digest(&path).into();
-                expiring.insert(
-                    path_hash,
-                    Expiring {
-                        earliest: earliest_expiry(read_started, entry.ttl.unwrap_or(0)),
-                        digest: own,
-                        content: neutral,
-                    },
-                );
-            }
+        let mut fingerprint = Fingerprint::empty(storage);
+        for entry in entries {
+            fingerprint.add(entry, read_started);
         }
-        let leases = leases.map(|leases| {
+        fingerprint.finish(leases, read_started)
+    }
+
+    /// Nothing read yet: entries are added as a read brings them.
+    fn empty(storage: Storage) -> Fingerprint {
+        Fingerprint {
+            storage,
+            keys: 0,
+            leases: None,
+            digest: Sum::default(),
+            content: Sum::default(),
+            expiring: BTreeMap::new(),
+            read_done: Instant::now(),
+        }
+    }
+
+    /// Counts one entry of a read that began at `read_started` (our health
+    /// key is skipped).
+    fn add(&mut self, entry: &Entry, read_started: Instant) {
+        if is_health_key(&entry.key) {
+            return;
+        }
+        let path = v2_path(&entry.key);
+        let expires = entry.ttl.is_some() || entry.lease != 0;
+        let flag: &[u8] = if expires { b"expires" } else { b"stays" };
+        let own = match self.storage {
+            Storage::Etcd3 => Sum::of(&[&entry.key, &entry.value, &entry.lease.to_be_bytes()]),
+            Storage::Etcd2 => Sum::of(&[&entry.key, &entry.value, flag]),
+        };
+        let neutral = Sum::of(&[&path, &entry.value, flag]);
+        self.digest = self.digest.add(own);
+        self.content = self.content.add(neutral);
+        self.keys += 1;
+        if expires {
+            let path_hash: [u8; 32] = Sha256::digest(&path).into();
+            self.expiring.insert(
+                path_hash,
+                Expiring {
+                    earliest: earliest_expiry(read_started, entry.ttl.unwrap_or(0)),
+                    digest: own,
+                    content: neutral,
+                },
+            );
+        }
+    }
+
+    /// Ends the read: the leases, and the moment it ended.
+    fn finish(mut self, leases: Option<&BTreeMap<i64, i64>>, read_started: Instant) -> Self {
+        self.leases = leases.map(|leases| {
             leases
                 .iter()
                 .map(|(id, ttl)| (*id, earliest_expiry(read_started, *ttl)))
                 .collect()
         });
-        Fingerprint {
-            storage,
-            keys,
-            leases,
-            digest,
-            content,
-            expiring,
-            read_done: Instant::now(),
-        }
+        self.read_done = Instant::now();
+        self
     }
 
     /// The fingerprint of entries held in memory (no leases, read now).
@@ -501,18 +518,20 @@ pub async fn v3_client(endpoint: &str) -> Result<etcd_client::Client, String> {
 /// yet) comes with a TTL of 0.
 pub async fn read_v3(endpoint: &str) -> Result<Vec<Entry>, String> {
     let client = v3_client(endpoint).await?;
-    let (entries, _) = read_v3_with(&client).await?;
+    let mut entries = Vec::new();
+    read_v3_with(&client, &mut |entry| entries.push(entry)).await?;
     Ok(entries)
 }
 
-/// Reads every v3 key (as [`read_v3`]) and the leases alive with their
-/// seconds left (`None` where the API cannot list leases: before 3.3).
+/// Reads every v3 key (as [`read_v3`]), handing each to `sink` as its page
+/// arrives, so a fingerprint never holds the keyspace in memory. Returns
+/// the seconds left on each lease a key is bound to.
 async fn read_v3_with(
     client: &etcd_client::Client,
-) -> Result<(Vec<Entry>, BTreeMap<i64, i64>), String> {
+    sink: &mut dyn FnMut(Entry),
+) -> Result<BTreeMap<i64, i64>, String> {
     let mut kv = client.kv_client().max_decoding_message_size(V3_MAX_MESSAGE);
     let mut lease_client = client.lease_client();
-    let mut entries = Vec::new();
     let mut ttl_of_lease: BTreeMap<i64, i64> = BTreeMap::new();
     let mut start: Vec<u8> = vec![0];
     let mut revision = 0;
@@ -541,7 +560,7 @@ async fn read_v3_with(
                     }
                 }),
             };
-            entries.push(Entry {
+            sink(Entry {
                 key: kv.key().to_vec(),
                 value: kv.value().to_vec(),
                 ttl,
@@ -556,7 +575,7 @@ async fn read_v3_with(
             _ => break,
         }
     }
-    Ok((entries, ttl_of_lease))
+    Ok(ttl_of_lease)
 }
 
 /// Seconds left on a lease; 0 once it has run out (or is unknown).
@@ -610,7 +629,8 @@ pub async fn read_all(
         }
         Storage::Etcd3 => {
             let client = v3_client(endpoint).await?;
-            let (entries, known) = read_v3_with(&client).await?;
+            let mut entries = Vec::new();
+            let known = read_v3_with(&client, &mut |entry| entries.push(entry)).await?;
             let leases = read_leases(&client, &known).await?;
             let fingerprint = Fingerprint::new(storage, &entries, leases.as_ref(), started);
             Ok((entries, fingerprint))
@@ -618,9 +638,22 @@ pub async fn read_all(
     }
 }
 
-/// The fingerprint of the keyspace a step's etcd serves.
+/// The fingerprint of the keyspace a step's etcd serves. A v3 keyspace is
+/// hashed page by page and never held whole (a 2 GiB backend stays out of
+/// our memory); the v2 API has no paging, so a v2 store is read at once.
 pub async fn read_fingerprint(endpoint: &str, storage: Storage) -> Result<Fingerprint, String> {
-    Ok(read_all(endpoint, storage).await?.1)
+    match storage {
+        Storage::Etcd2 => Ok(read_all(endpoint, storage).await?.1),
+        Storage::Etcd3 => {
+            let started = Instant::now();
+            let client = v3_client(endpoint).await?;
+            let mut fingerprint = Fingerprint::empty(storage);
+            let known =
+                read_v3_with(&client, &mut |entry| fingerprint.add(&entry, started)).await?;
+            let leases = read_leases(&client, &known).await?;
+            Ok(fingerprint.finish(leases.as_ref(), started))
+        }
+    }
 }
 
 #[cfg(test)]
