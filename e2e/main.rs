@@ -16,12 +16,15 @@
 //! - `backups`: retention, the restore command, the free-space check.
 //! - `interrupts`: SIGKILL/SIGTERM inside the rebuilding steps, and reruns.
 //! - `pid1`: orphans re-parented to etcd-migrate as PID 1 are reaped.
+//! - `fingerprint`: a key written behind our back fails the step (real etcd).
 //! - `security`: what a step's etcd listens on; modes of what a run creates.
 
 mod harness;
 
 mod backups;
 mod failures;
+#[cfg(feature = "failpoints")]
+mod fingerprint;
 mod interrupts;
 mod logging;
 mod no_step;

@@ -391,8 +391,10 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         // The keyspace as the last completed step left it; each step must
         // hand on the same. The rebuilding steps read their source first,
         // so without a baseline reader the first of them sets it.
-        let mut before = match (self.settings.baseline, plan.steps.is_empty()) {
-            (Some(version), false) => Some(self.baseline(version, plan.current).await?),
+        let mut before = match (self.settings.baseline, plan.steps.first()) {
+            (Some(version), Some(first)) => {
+                Some(self.baseline(version, first, plan.current).await?)
+            }
             _ => None,
         };
         for (i, step) in plan.steps.iter().enumerate() {
@@ -469,7 +471,41 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
 
     /// Serves the data with the release version.txt names and fingerprints
     /// it: what every step after must keep.
+    ///
+    /// If that release exits at start, a run that died during `first` has
+    /// most likely run `first`'s newer release on the data already (3.4
+    /// sets the cluster version to 3.4 once it leads, and 3.3 then refuses
+    /// the data as a downgrade). That release then reads the baseline: it is
+    /// the newest that may have touched the data, and `first` runs it again.
     async fn baseline(
+        &mut self,
+        version: Version,
+        first: &Step,
+        recorded: VersionPair,
+    ) -> Result<Fingerprint, ExecuteError> {
+        match self.read_baseline(version, recorded).await {
+            Err(ExecuteError::Baseline { source, .. })
+                if matches!(*source, StepError::ExitedEarly { .. }) && first.runs() != version =>
+            {
+                let text = source.to_string();
+                let said = text.lines().rev().find(|l| !l.trim().is_empty());
+                log::warn(
+                    "the recorded release cannot serve the data; an interrupted run has probably run the first step's release on it already",
+                    &[
+                        ("version", version.to_string().into()),
+                        ("error", text.lines().next().unwrap_or_default().into()),
+                        ("etcd_said", said.unwrap_or_default().into()),
+                        ("baseline_by", first.runs().to_string().into()),
+                    ],
+                );
+                self.read_baseline(first.runs(), recorded).await
+            }
+            result => result,
+        }
+    }
+
+    /// One baseline read: `version` serves the data as recorded.
+    async fn read_baseline(
         &mut self,
         version: Version,
         recorded: VersionPair,
@@ -1091,7 +1127,24 @@ mod tests {
         events: Vec<String>,
     }
 
+    /// The walk 3.3.25 → 3.4.23 → 3.5.16 with `behaviours` for the steps'
+    /// releases in order (the baseline's 3.3.25 is healthy).
     fn walk(behaviours: &[Behaviour], signal: Option<Signal>, record_fails: bool) -> Outcome {
+        let versions = ["3.4.23", "3.5.16"].map(|s| s.parse::<Version>().expect("version"));
+        let by_release = versions
+            .iter()
+            .copied()
+            .zip(behaviours.iter().copied())
+            .collect();
+        walk_releases(by_release, signal, record_fails)
+    }
+
+    /// The walk with each release's behaviour given.
+    fn walk_releases(
+        behaviours: Vec<(Version, Behaviour)>,
+        signal: Option<Signal>,
+        record_fails: bool,
+    ) -> Outcome {
         let bundle =
             Bundle::new(["3.3.25", "3.4.23", "3.5.16"].map(|s| s.parse().expect("version")));
         let plan = plan(
@@ -1101,14 +1154,7 @@ mod tests {
         )
         .expect("plans");
         let journal = Rc::new(RefCell::new(Journal::default()));
-        let versions: Vec<Version> = plan.steps.iter().map(Step::runs).collect();
-        let behaviours: Behaviours = Rc::new(
-            versions
-                .iter()
-                .copied()
-                .zip(behaviours.iter().copied())
-                .collect(),
-        );
+        let behaviours: Behaviours = Rc::new(behaviours);
         let launcher = FakeLauncher {
             behaviours: Rc::clone(&behaviours),
             journal: Rc::clone(&journal),
@@ -1259,6 +1305,41 @@ mod tests {
         // The first step's own read is checked against the baseline too.
         let outcome = walk(&[Behaviour::LosesAKey], None, false);
         assert!(outcome.result.is_err());
+        assert!(!outcome.events.iter().any(|e| e.starts_with("record")));
+    }
+
+    #[test]
+    fn a_recorded_release_that_cannot_start_hands_the_baseline_to_the_first_steps() {
+        let v = |s: &str| s.parse::<Version>().expect("version");
+        let outcome = walk_releases(vec![(v("3.3.25"), Behaviour::DiesAtStart)], None, false);
+        assert!(outcome.result.is_ok(), "{:?}", outcome.result);
+        assert_eq!(
+            outcome.events[..6],
+            [
+                "launch 3.3.25",
+                "launch 3.4.23",
+                "stop 3.4.23",
+                "launch 3.4.23",
+                "stop 3.4.23",
+                "record 3.4.23/etcd3"
+            ]
+        );
+        // When the first step's release cannot serve it either, the run
+        // stops before any step, naming the baseline.
+        let outcome = walk_releases(
+            vec![
+                (v("3.3.25"), Behaviour::DiesAtStart),
+                (v("3.4.23"), Behaviour::DiesAtStart),
+            ],
+            None,
+            false,
+        );
+        let err = outcome.result.expect_err("no baseline");
+        assert!(
+            err.to_string()
+                .contains("could not serve the data as version.txt records it"),
+            "{err}"
+        );
         assert!(!outcome.events.iter().any(|e| e.starts_with("record")));
     }
 

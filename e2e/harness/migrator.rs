@@ -57,6 +57,8 @@ pub struct Migration {
     pub mode: Mode,
     /// More flags before `--`.
     pub extra: Vec<OsString>,
+    /// Environment variables on top of `PATH` (e.g. `FAILPOINTS`).
+    pub env: Vec<(OsString, OsString)>,
 }
 
 impl Migration {
@@ -74,6 +76,7 @@ impl Migration {
             bundled: None,
             mode: Mode::NoExec,
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -101,7 +104,15 @@ impl Migration {
         self
     }
 
-    /// The command, with an environment holding only `PATH`: the test
+    /// Sets an environment variable for the run (the test build reads
+    /// `FAILPOINTS`, see `src/failpoint.rs`).
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// The command, with an environment holding only `PATH` and what
+    /// [`Migration::env`] added: the test
     /// runner's own `HOSTNAME`, `ETCD_*` or `INITIAL_CLUSTER` must not leak
     /// into the run.
     pub fn command(&self) -> Command {
@@ -109,6 +120,7 @@ impl Migration {
         command
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg("--target-version")
             .arg(&self.target)
             .arg("--data-dir")

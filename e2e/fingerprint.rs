@@ -1,0 +1,152 @@
+//! The fingerprint check on real etcd: a key that appears behind our back
+//! (written into the data while a step's etcd serves it, between the read
+//! before a step and the read after it) fails the step. Nothing is recorded,
+//! a rebuilding step does not swap its copy in, and a clean rerun converges
+//! on the original keyspace. The window is held open with a failpoint
+//! `sleep` (build feature `failpoints`).
+
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use crate::harness::etcd::{connect, read_back};
+use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::{Keyspace, HEALTH_KEY};
+use crate::harness::migrator::Migration;
+use crate::harness::{block_on, read_version_txt, temp_dir, Member};
+
+/// How long the failpoint holds the run: ample for one put on loopback.
+const HOLD_MS: u64 = 3000;
+
+/// How long a run may take to reach the failpoint.
+const REACH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Puts `key` into the etcd a held run serves on `port`.
+fn put_behind_our_back(port: u16, key: &str) {
+    let endpoint = format!("http://127.0.0.1:{port}");
+    block_on(async {
+        let mut client = connect(&endpoint)
+            .await
+            .unwrap_or_else(|err| panic!("connect {endpoint}: {err}"));
+        client
+            .put(key, "not from the data", None)
+            .await
+            .unwrap_or_else(|err| panic!("put {key} into {endpoint}: {err}"));
+    });
+}
+
+/// Runs `migration` with the failpoint `point` held open (`spec` is its
+/// fail action), writes a key into the etcd serving then, and returns the
+/// finished run.
+fn run_with_a_key_written_at(
+    migration: Migration,
+    point: &str,
+    spec: &str,
+) -> crate::harness::migrator::Outcome {
+    let port = migration.port;
+    let mut running = migration
+        .env("FAILPOINTS", format!("{point}={spec}"))
+        .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1")
+        .spawn();
+    // The trace line comes just before the action; with a `k*off->` prefix
+    // the held pass is the last of those lines before the sleep, so wait
+    // for the etcd the run serves to stay put: count passes.
+    let passes = 1 + spec
+        .split_once("*off->")
+        .map(|(k, _)| k.parse::<usize>().expect("a count"))
+        .unwrap_or(0);
+    for pass in 1..=passes {
+        running.wait_for_line(&format!("pass {pass} of {point}"), REACH_TIMEOUT, |line| {
+            line.starts_with("[etcd-migrate] ") && line.contains(&format!("name={point}"))
+        });
+    }
+    put_behind_our_back(port, "/registry/intruder");
+    running.wait(REACH_TIMEOUT)
+}
+
+#[test]
+fn a_key_written_after_the_baseline_read_fails_the_upgrade_and_nothing_is_recorded() {
+    let tmp = temp_dir("fp-upgrade");
+    let data = tmp.path().join("data");
+    let member = Member::new("fp-upgrade");
+    let fixture = fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
+    let migration = Migration::new("3.4.23", &data, &member).bundled("3.3.25,3.4.23");
+
+    // Held after the baseline fingerprint, with the recorded release still
+    // serving: the key lands in the data before the step runs.
+    let run = run_with_a_key_written_at(
+        migration.clone(),
+        "baseline-read",
+        &format!("sleep({HOLD_MS})"),
+    );
+    run.assert_code(3)
+        .assert_stderr_has("etcd 3.4.23 serves after the step is not the one before it")
+        .assert_stderr_has("before: v3 ")
+        .assert_stderr_has("keys expected")
+        .assert_stderr_has("version.txt: 3.3.25/etcd3");
+    assert!(run.lines_with("step done").is_empty(), "{}", run.explain());
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+
+    // The next run reads the data as it now is (with the key) and walks it.
+    let rerun = migration.run();
+    rerun.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.4.23/etcd3");
+    let after = read_back("3.4.23", &member, &data, tmp.path());
+    assert!(
+        after.entries.contains_key(b"/registry/intruder".as_slice()),
+        "the rerun keeps what the data holds"
+    );
+    let users = |keyspace: &Keyspace| {
+        keyspace
+            .entries
+            .keys()
+            .filter(|k| k.as_slice() != HEALTH_KEY)
+            .count()
+    };
+    assert_eq!(
+        users(&after),
+        users(&fixture.keyspace) + 1,
+        "the fixture's keys and the one written"
+    );
+}
+
+#[test]
+fn a_rollback_whose_restored_copy_differs_is_not_swapped_in() {
+    let tmp = temp_dir("fp-rollback");
+    let data = tmp.path().join("data");
+    let member = Member::new("fp-rollback");
+    let fixture = fixture::build(FixtureSpec::small("3.4.23"), &data, &member, tmp.path());
+    let migration = Migration::new("3.3.25", &data, &member).bundled("3.3.25,3.4.23");
+    let member_inode = || {
+        std::fs::metadata(data.join("member"))
+            .expect("stat member/")
+            .ino()
+    };
+    let member_before = member_inode();
+
+    // Passes of step-after-health-write: 1 = 3.4.23 serving the data for the
+    // snapshot, 2 = 3.3.25 serving the restored copy. Write into the copy.
+    let run = run_with_a_key_written_at(
+        migration.clone(),
+        "step-after-health-write",
+        &format!("1*off->sleep({HOLD_MS})"),
+    );
+    run.assert_code(3)
+        .assert_stderr_has("etcd 3.3.25 serves after the step is not the one before it")
+        .assert_stderr_has("a rebuilding step left the data untouched");
+    assert_eq!(read_version_txt(&data), "3.4.23/etcd3");
+    // The copy was never swapped in: `member/` is the same directory (a
+    // swap exchanges it with the copy's), and no scratch dir is left.
+    assert_eq!(
+        member_inode(),
+        member_before,
+        "the original member dir stays in place"
+    );
+
+    // A clean rerun rolls back the original data: no trace of the key.
+    let rerun = migration.run();
+    rerun.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+    let after = read_back("3.3.25", &member, &data, tmp.path());
+    assert!(!after.entries.contains_key(b"/registry/intruder".as_slice()));
+    after.assert_kept(&fixture.keyspace, Some("3.3.25"), 3000);
+}
