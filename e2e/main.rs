@@ -18,10 +18,13 @@
 //! - `pid1`: orphans re-parented to etcd-migrate as PID 1 are reaped.
 //! - `fingerprint`: a key written behind our back fails the step (real etcd).
 //! - `security`: what a step's etcd listens on; modes of what a run creates.
+//! - `bad_input`: bad input and a bad environment (version.txt, binaries,
+//!   permissions, ports, corrupt data, full disks, alarms, flags).
 
 mod harness;
 
 mod backups;
+mod bad_input;
 mod failures;
 #[cfg(feature = "failpoints")]
 mod fingerprint;

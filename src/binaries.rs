@@ -38,7 +38,7 @@ pub enum BinError {
         binary: Binary,
     },
     /// A needed binary cannot be executed.
-    #[error("{path} is not an executable file ({reason}); the plan needs {binary}")]
+    #[error("{path} is not an executable file ({reason}); the plan needs {binary}: replace it with the real {binary} binary (mode 0755)")]
     NotExecutable {
         /// The file.
         path: PathBuf,
@@ -48,7 +48,7 @@ pub enum BinError {
         reason: String,
     },
     /// The binary failed to report its version.
-    #[error("{path} did not report its version ({reason}); the plan needs a working {binary}")]
+    #[error("{path} did not report its version ({reason}); the plan needs a working {binary}: replace it with the real {binary} binary")]
     NoVersion {
         /// The file.
         path: PathBuf,

@@ -77,6 +77,36 @@ pub struct Config {
     pub mode: Mode,
     /// How our own log lines look.
     pub log_format: LogFormat,
+    /// Settings given both as a flag and as a different env var: the flag
+    /// won. `run` logs each, so a manifest's stale env var is visible.
+    pub overridden: Vec<Override>,
+}
+
+/// A setting given as a flag and, with another value, as its env var.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Override {
+    /// The flag, which wins.
+    pub flag: &'static str,
+    /// The env var, which is ignored.
+    pub env: &'static str,
+    /// The flag's value (the one used).
+    pub used: String,
+    /// The env var's value (the one ignored).
+    pub ignored: String,
+}
+
+impl Override {
+    /// Env vars whose values stay out of the log (they may hold secrets).
+    const SECRET: [&'static str; 1] = ["ETCD_CREDS"];
+
+    /// `value`, or a placeholder when this setting's values are not shown.
+    pub fn shown(&self, value: &str) -> String {
+        if Self::SECRET.contains(&self.env) {
+            format!("<{} bytes, not shown>", value.len())
+        } else {
+            value.to_string()
+        }
+    }
 }
 
 /// Why the configuration was rejected. Each names the flag and env var.
@@ -254,15 +284,34 @@ where
     let cli = Cli::try_parse_from(args)?;
     // An empty env var counts as unset: manifests often template `VAR: ""`.
     let env = |name: &str| env(name).filter(|value| !value.trim().is_empty());
+    let mut overridden = Vec::new();
+    // Flag, else env var; a flag that shadows a different env var is noted.
+    let mut pick = |flag_value: Option<String>, flag: &'static str, var: &'static str| {
+        let env_value = env(var);
+        match (flag_value, env_value) {
+            (Some(used), Some(ignored)) => {
+                if used.trim() != ignored.trim() {
+                    overridden.push(Override {
+                        flag,
+                        env: var,
+                        used: used.clone(),
+                        ignored,
+                    });
+                }
+                Some(used)
+            }
+            (Some(used), None) => Some(used),
+            (None, from_env) => from_env,
+        }
+    };
 
-    let version_text =
-        cli.target_version
-            .or_else(|| env("TARGET_VERSION"))
-            .ok_or(ConfigError::Missing {
-                flag: "--target-version",
-                env: "TARGET_VERSION",
-                hint: "the etcd release to run, e.g. 3.5.16",
-            })?;
+    let version_text = pick(cli.target_version, "--target-version", "TARGET_VERSION").ok_or(
+        ConfigError::Missing {
+            flag: "--target-version",
+            env: "TARGET_VERSION",
+            hint: "the etcd release to run, e.g. 3.5.16",
+        },
+    )?;
     let version: Version =
         version_text
             .trim()
@@ -272,7 +321,7 @@ where
                 value: version_text.clone(),
                 reason: err.to_string(),
             })?;
-    let storage = match cli.target_storage.or_else(|| env("TARGET_STORAGE")) {
+    let storage = match pick(cli.target_storage, "--target-storage", "TARGET_STORAGE") {
         None => version.default_storage(),
         Some(text) => text
             .trim()
@@ -291,17 +340,18 @@ where
         });
     }
 
-    let data_dir = cli
-        .data_dir
-        .or_else(|| env("DATA_DIRECTORY").map(PathBuf::from))
-        .ok_or(ConfigError::Missing {
-            flag: "--data-dir",
-            env: "DATA_DIRECTORY",
-            hint: "the etcd data dir to migrate, e.g. /var/etcd/data",
-        })?;
-    let name = cli
-        .name
-        .or_else(|| env("ETCD_NAME"))
+    let data_dir = pick(
+        cli.data_dir.map(|dir| dir.to_string_lossy().into_owned()),
+        "--data-dir",
+        "DATA_DIRECTORY",
+    )
+    .map(PathBuf::from)
+    .ok_or(ConfigError::Missing {
+        flag: "--data-dir",
+        env: "DATA_DIRECTORY",
+        hint: "the etcd data dir to migrate, e.g. /var/etcd/data",
+    })?;
+    let name = pick(cli.name, "--name", "ETCD_NAME")
         .or_else(|| env("ETCD_HOSTNAME").map(|host| format!("etcd-{host}")))
         .or_else(|| env("HOSTNAME").map(|host| format!("etcd-{host}")))
         .ok_or(ConfigError::NoName)?;
@@ -316,31 +366,41 @@ where
     let client_port = cli.port.unwrap_or(if events { 18631 } else { 18629 });
     let peer_port = cli.peer_port.unwrap_or(if events { 2381 } else { 2380 });
     let local_peer = format!("http://localhost:{peer_port}");
-    let listen_peer_urls = cli
-        .listen_peer_urls
-        .or_else(|| env("LISTEN_PEER_URLS"))
-        .unwrap_or_else(|| local_peer.clone());
-    let initial_advertise_peer_urls = cli
-        .initial_advertise_peer_urls
-        .or_else(|| env("INITIAL_ADVERTISE_PEER_URLS"))
-        .unwrap_or_else(|| local_peer.clone());
-    let initial_cluster = cli
-        .initial_cluster
-        .or_else(|| env("INITIAL_CLUSTER"))
+    let listen_peer_urls = pick(
+        cli.listen_peer_urls,
+        "--listen-peer-urls",
+        "LISTEN_PEER_URLS",
+    )
+    .unwrap_or_else(|| local_peer.clone());
+    let initial_advertise_peer_urls = pick(
+        cli.initial_advertise_peer_urls,
+        "--initial-advertise-peer-urls",
+        "INITIAL_ADVERTISE_PEER_URLS",
+    )
+    .unwrap_or_else(|| local_peer.clone());
+    let initial_cluster = pick(cli.initial_cluster, "--initial-cluster", "INITIAL_CLUSTER")
         .unwrap_or_else(|| format!("{name}={local_peer}"));
-    let listen_client_urls = cli.listen_client_urls.or_else(|| env("LISTEN_CLIENT_URLS"));
-    let data_prefix = cli
-        .etcd_data_prefix
-        .or_else(|| env("ETCD_DATA_PREFIX"))
-        .unwrap_or_else(|| "/registry".to_string());
+    let listen_client_urls = pick(
+        cli.listen_client_urls,
+        "--listen-client-urls",
+        "LISTEN_CLIENT_URLS",
+    );
+    let data_prefix = pick(
+        cli.etcd_data_prefix,
+        "--etcd-data-prefix",
+        "ETCD_DATA_PREFIX",
+    )
+    .unwrap_or_else(|| "/registry".to_string());
     let ttl_keys_directory = cli
         .ttl_keys_directory
         .unwrap_or_else(|| format!("{data_prefix}/events"));
-    let extra_args = cli
-        .etcd_server_extra_args
-        .or_else(|| env("ETCD_CREDS"))
-        .map(|text| text.split_whitespace().map(str::to_string).collect())
-        .unwrap_or_default();
+    let extra_args = pick(
+        cli.etcd_server_extra_args,
+        "--etcd-server-extra-args",
+        "ETCD_CREDS",
+    )
+    .map(|text| text.split_whitespace().map(str::to_string).collect())
+    .unwrap_or_default();
     let health_timeout = cli
         .health_timeout
         .map(Duration::from_secs)
@@ -361,10 +421,12 @@ where
             reason,
         })?;
 
-    let initial_cluster_token = cli
-        .initial_cluster_token
-        .or_else(|| env("INITIAL_CLUSTER_TOKEN"))
-        .unwrap_or_else(|| "etcd-cluster".to_string());
+    let initial_cluster_token = pick(
+        cli.initial_cluster_token,
+        "--initial-cluster-token",
+        "INITIAL_CLUSTER_TOKEN",
+    )
+    .unwrap_or_else(|| "etcd-cluster".to_string());
     let backup_mode: BackupMode = match cli.backup {
         None => BackupMode::default(),
         Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
@@ -448,6 +510,7 @@ where
         keep_v2_keys: cli.keep_v2_keys,
         mode,
         log_format,
+        overridden,
     })
 }
 
@@ -626,6 +689,57 @@ mod tests {
         assert_eq!(config.ttl_keys_directory, "/p2/ttl");
         assert_eq!((config.client_port, config.peer_port), (1234, 4321));
         assert_eq!(config.initial_advertise_peer_urls, "http://localhost:4321");
+    }
+
+    #[test]
+    fn a_flag_that_shadows_a_different_env_var_is_noted() {
+        let env = [
+            ("TARGET_VERSION", "3.4.23"),
+            ("DATA_DIRECTORY", "/var/etcd/data"),
+            ("HOSTNAME", "m1"),
+            ("ETCD_NAME", "same"),
+            ("ETCD_CREDS", "--secret-ish"),
+        ];
+        let config = resolve_with(
+            &[
+                "--target-version",
+                "3.5.16",
+                "--name",
+                "same",
+                "--etcd-server-extra-args",
+                "--other",
+            ],
+            &env,
+        )
+        .expect("resolves");
+        assert_eq!(config.target.to_string(), "3.5.16/etcd3", "the flag wins");
+        let noted: Vec<(&str, &str, &str, &str)> = config
+            .overridden
+            .iter()
+            .map(|o| (o.flag, o.env, o.used.as_str(), o.ignored.as_str()))
+            .collect();
+        assert_eq!(
+            noted,
+            [
+                ("--target-version", "TARGET_VERSION", "3.5.16", "3.4.23"),
+                (
+                    "--etcd-server-extra-args",
+                    "ETCD_CREDS",
+                    "--other",
+                    "--secret-ish"
+                ),
+            ],
+            "equal values are no conflict"
+        );
+        assert_eq!(
+            config.overridden[1].shown("--secret-ish"),
+            "<12 bytes, not shown>"
+        );
+        assert_eq!(config.overridden[0].shown("3.4.23"), "3.4.23");
+        assert!(resolve_with(&[], &env)
+            .expect("resolves")
+            .overridden
+            .is_empty());
     }
 
     #[test]

@@ -5,10 +5,12 @@
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
+use nix::unistd::{access, AccessFlags, Uid};
 
 use crate::version::{ParseError, VersionPair};
 
@@ -62,11 +64,55 @@ pub enum DataDirError {
         /// Some of what it holds.
         entries: String,
     },
+    /// `version.txt` exists but holds nothing (a write cut short: the
+    /// Kubernetes tool never fsynced it, kubernetes#98989).
+    #[error("{path} is empty, so the etcd that last ran on this data is unknown (a write cut short by a crash or a full disk leaves it so); write the version and storage of that etcd, e.g. `echo 3.4.23/etcd3 > {path}` (the newest release that ran on it; etcd2 if its data is in the v2 store)")]
+    EmptyVersionFile {
+        /// The file.
+        path: PathBuf,
+    },
     /// The path exists but is not a directory.
-    #[error("data dir {path} exists but is not a directory")]
+    #[error("data dir {path} exists but is not a directory; move it away, or point --data-dir (or $DATA_DIRECTORY) at the etcd data directory")]
     NotADirectory {
         /// The path.
         path: PathBuf,
+    },
+    /// We may not read or write the data dir.
+    #[error("{subject} is not {need} by uid {uid}, which etcd-migrate runs as (owner uid {owner}, mode {mode:04o}); run etcd-migrate (and etcd) as uid {owner}, or give it to uid {uid}: `chown -R {uid} {dir}`")]
+    NoAccess {
+        /// "data dir X", or, when it is missing, "Y, where the missing
+        /// data dir X would be created,".
+        subject: String,
+        /// The dir that was checked: the data dir, or its nearest
+        /// existing ancestor.
+        dir: PathBuf,
+        /// What we need: "readable", "readable and writable".
+        need: &'static str,
+        /// Our uid.
+        uid: u32,
+        /// The owner's uid.
+        owner: u32,
+        /// The permission bits.
+        mode: u32,
+    },
+    /// The data dir is on a read-only filesystem.
+    #[error("{subject} is on a read-only filesystem, but etcd-migrate records progress there and etcd writes its WAL there; mount {dir} read-write (drop `:ro` / `readOnly: true` from the volume)")]
+    ReadOnly {
+        /// As in [`DataDirError::NoAccess`].
+        subject: String,
+        /// The dir that was checked.
+        dir: PathBuf,
+    },
+    /// A write failed because the filesystem is full.
+    #[error("the filesystem of {path} is full ({op} failed: {source}); free space there and rerun ({VERSION_FILE} still holds what it held before)")]
+    Full {
+        /// What was being done.
+        op: &'static str,
+        /// The file being written.
+        path: PathBuf,
+        /// The OS error (ENOSPC or EDQUOT).
+        #[source]
+        source: io::Error,
     },
     /// Another process holds the data dir lock.
     #[error("data dir {dir} is locked by another process (another etcd-migrate?); stop it before running this one")]
@@ -116,6 +162,9 @@ pub fn inspect(dir: &Path) -> Result<DirState, DataDirError> {
     }
     let path = dir.join(VERSION_FILE);
     match fs::read(&path) {
+        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {
+            Err(DataDirError::EmptyVersionFile { path })
+        }
         Ok(bytes) => {
             let content = String::from_utf8_lossy(&bytes).into_owned();
             content
@@ -176,6 +225,78 @@ pub fn create(dir: &Path) -> Result<(), DataDirError> {
     Ok(())
 }
 
+/// Checks, before anything is touched, that we can read the data dir and,
+/// with `write`, write to it: a read-only mount or a dir owned by another
+/// uid is named up front, not found mid-step by etcd. A missing data dir is
+/// checked through the ancestor it would be created in.
+pub fn check_access(dir: &Path, write: bool) -> Result<(), DataDirError> {
+    // A relative path's last ancestor is "": the working directory.
+    let existing = dir
+        .ancestors()
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        })
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    let mut flags = AccessFlags::R_OK | AccessFlags::X_OK;
+    if write {
+        flags |= AccessFlags::W_OK;
+    }
+    let subject = if existing == dir {
+        format!("data dir {}", dir.display())
+    } else {
+        format!(
+            "{}, where the missing data dir {} would be created,",
+            existing.display(),
+            dir.display()
+        )
+    };
+    match access(existing, flags) {
+        Ok(()) => Ok(()),
+        Err(Errno::EROFS) => Err(DataDirError::ReadOnly {
+            subject,
+            dir: existing.to_path_buf(),
+        }),
+        Err(Errno::EACCES) | Err(Errno::EPERM) => {
+            let meta = fs::metadata(existing).map_err(io_err("stat", existing))?;
+            Err(DataDirError::NoAccess {
+                subject,
+                dir: existing.to_path_buf(),
+                need: if write {
+                    "readable and writable"
+                } else {
+                    "readable"
+                },
+                uid: Uid::current().as_raw(),
+                owner: meta.uid(),
+                mode: meta.mode() & 0o7777,
+            })
+        }
+        Err(errno) => Err(io_err("check access to", existing)(io::Error::from(errno))),
+    }
+}
+
+/// etcd's mode for its data dir: etcd 3.4.10+ warns about any other (some
+/// releases refused to start), and the data is the cluster's secrets.
+pub const DATA_DIR_MODE: u32 = 0o700;
+
+/// Sets the data dir's mode to [`DATA_DIR_MODE`] if it has another
+/// (the Kubernetes tool created it 0755). Returns the old mode when it
+/// changed something.
+pub fn correct_mode(dir: &Path) -> Result<Option<u32>, DataDirError> {
+    let mode = fs::metadata(dir).map_err(io_err("stat", dir))?.mode() & 0o7777;
+    if mode == DATA_DIR_MODE {
+        return Ok(None);
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(DATA_DIR_MODE))
+        .map_err(io_err("chmod 0700", dir))?;
+    Ok(Some(mode))
+}
+
 /// Takes an exclusive, non-blocking lock on the data dir itself, so two
 /// migrators never work on one volume at once.
 pub fn lock(dir: &Path) -> Result<DirLock, DataDirError> {
@@ -222,30 +343,61 @@ pub fn remove_stale_version_temp(dir: &Path) -> Result<(), DataDirError> {
 pub fn write_version(dir: &Path, pair: VersionPair) -> Result<(), DataDirError> {
     let temp = dir.join(VERSION_TEMP_FILE);
     let target = dir.join(VERSION_FILE);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temp)
-        .map_err(io_err("create", &temp))?;
-    // No trailing newline: byte-for-byte the Kubernetes format.
-    file.write_all(pair.to_string().as_bytes())
-        .map_err(io_err("write", &temp))?;
-    crate::failpoint!("version-txt-after-temp-write");
-    // Flush the content before the rename publishes it: without this a
-    // power loss can leave version.txt renamed but empty (kubernetes#98989).
-    file.sync_all().map_err(io_err("fsync", &temp))?;
-    drop(file);
+    let written = write_temp(&temp, pair);
+    if let Err(err) = written {
+        // Never leave a half-written temp file behind (a full disk fails
+        // the write or the fsync): version.txt itself was not touched.
+        let _ = fs::remove_file(&temp);
+        return Err(err);
+    }
     crate::failpoint!("version-txt-after-fsync");
     // rename(2) within one directory is atomic: readers see the old file or
     // the new one, never a partial write.
-    fs::rename(&temp, &target).map_err(io_err("rename into place", &target))?;
+    if let Err(source) = fs::rename(&temp, &target) {
+        let _ = fs::remove_file(&temp);
+        return Err(write_err("rename into place", &target)(source));
+    }
     crate::failpoint!("version-txt-after-rename");
     // The rename is a change to the directory: fsync it, or a power loss
     // can bring back the old version.txt and a completed step would be
     // forgotten (and rerun on data that has moved on).
     fsync_dir(dir)
+}
+
+/// Writes and fsyncs the temp file `write_version` renames into place.
+fn write_temp(temp: &Path, pair: VersionPair) -> Result<(), DataDirError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(temp)
+        .map_err(write_err("create", temp))?;
+    // No trailing newline: byte-for-byte the Kubernetes format.
+    file.write_all(pair.to_string().as_bytes())
+        .map_err(write_err("write", temp))?;
+    crate::failpoint!("version-txt-after-temp-write");
+    // Flush the content before the rename publishes it: without this a
+    // power loss can leave version.txt renamed but empty (kubernetes#98989).
+    file.sync_all().map_err(write_err("fsync", temp))
+}
+
+/// Like [`io_err`], but a full filesystem gets its own error.
+fn write_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DataDirError + 'a {
+    move |source| {
+        if matches!(
+            source.raw_os_error(),
+            Some(code) if code == Errno::ENOSPC as i32 || code == Errno::EDQUOT as i32
+        ) {
+            DataDirError::Full {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
+        } else {
+            io_err(op, path)(source)
+        }
+    }
 }
 
 fn fsync_dir(dir: &Path) -> Result<(), DataDirError> {
@@ -258,7 +410,6 @@ fn fsync_dir(dir: &Path) -> Result<(), DataDirError> {
 mod tests {
     use super::*;
     use crate::version::{Storage, Version};
-    use std::os::unix::fs::PermissionsExt;
 
     fn pair(s: &str) -> VersionPair {
         s.parse().expect("test pair parses")
@@ -320,6 +471,47 @@ mod tests {
             inspect(tmp.path()).is_err(),
             "an empty version.txt is refused, not taken as empty data"
         );
+    }
+
+    #[test]
+    fn an_empty_version_file_says_so_and_how_to_declare_the_version() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join(VERSION_FILE);
+        for content in ["", "\n", "  \n"] {
+            fs::write(&path, content).expect("write");
+            let err = inspect(tmp.path()).expect_err("empty");
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("{} is empty", path.display()))
+                    && text.contains(&format!("> {}", path.display())),
+                "{content:?}: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_data_dir_with_another_mode_gets_0700() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(correct_mode(tmp.path()).expect("corrects"), Some(0o755));
+        assert_eq!(
+            fs::metadata(tmp.path()).expect("stat").permissions().mode() & 0o7777,
+            0o700
+        );
+        assert_eq!(
+            correct_mode(tmp.path()).expect("checks"),
+            None,
+            "idempotent"
+        );
+    }
+
+    #[test]
+    fn a_missing_data_dir_is_checked_through_its_parent() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        check_access(&tmp.path().join("a/b/data"), true).expect("the temp dir is writable");
+        check_access(tmp.path(), false).expect("readable");
+        check_access(Path::new("no-such-relative-dir/data"), false)
+            .expect("checked through the working directory");
     }
 
     #[test]

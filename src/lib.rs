@@ -25,6 +25,7 @@ pub mod supervisor;
 pub mod version;
 
 use std::io::Write;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::Path;
 use std::time::Instant;
 
@@ -77,6 +78,32 @@ pub enum Error {
         /// Why.
         #[source]
         source: PlanError,
+    },
+    /// version.txt names a release newer than anything this image can run.
+    #[error("{path} says {current}: the data was last run by etcd {}, newer than {known}, so no bundled etcd can serve it or roll it back; run an image that bundles etcd {}.x (and, to roll back, every minor down to the target), or correct {path} if it is wrong", .current.version, .current.version.minor_line())]
+    FutureData {
+        /// The version.txt file.
+        path: String,
+        /// What it says.
+        current: VersionPair,
+        /// What this image knows, for the message.
+        known: String,
+    },
+    /// A port a step's etcd must listen on is taken (or not ours to take).
+    #[error("{role} port {port} ({address}, from {setting}) cannot be bound: {reason}; {fix}")]
+    PortUnavailable {
+        /// "client" or "peer".
+        role: &'static str,
+        /// The port.
+        port: u16,
+        /// The address that was tried.
+        address: String,
+        /// The setting it comes from.
+        setting: String,
+        /// The OS error.
+        reason: String,
+        /// What to do.
+        fix: &'static str,
     },
     /// An empty or missing data dir cannot be started at the target.
     #[error("cannot start the empty data dir {data_dir} at the target")]
@@ -133,6 +160,8 @@ impl Error {
             Error::DataDir(_)
             | Error::Plan { .. }
             | Error::FreshTarget { .. }
+            | Error::FutureData { .. }
+            | Error::PortUnavailable { .. }
             | Error::Space(_)
             | Error::Binary(_)
             | Error::MultiMember { .. } => EXIT_PRECONDITION,
@@ -166,6 +195,17 @@ impl Progress for DataDirProgress<'_> {
 /// mask `main` found at start; children and the exec'd etcd get it back.
 pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     let started = Instant::now();
+    for noted in &config.overridden {
+        log::info(
+            "flag overrides env",
+            &[
+                ("flag", noted.flag.into()),
+                ("used", noted.shown(&noted.used).into()),
+                ("env", noted.env.into()),
+                ("ignored", noted.shown(&noted.ignored).into()),
+            ],
+        );
+    }
     let first_look = datadir::inspect(&config.data_dir);
     // A scratch dir, or a version.txt temp file: a run died mid-step or
     // mid-record. Either sends us down the locked path that cleans up.
@@ -187,6 +227,13 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         }
     }
 
+    // A read-only mount or a dir owned by someone else is named now, not
+    // found by etcd in the middle of a step. (A file in the dir's place is
+    // reported by `inspect` below.)
+    if config.data_dir.is_dir() || !config.data_dir.exists() {
+        datadir::check_access(&config.data_dir, config.mode != Mode::DryRun)?;
+    }
+
     // Everything else reads and changes the data dir under its lock, after
     // finishing or discarding what an interrupted rebuilding step left.
     let mut lock = None;
@@ -205,6 +252,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     };
     let plan = match state {
         DirState::Recorded(current) => {
+            check_not_from_the_future(config, current, &bundle)?;
             plan::plan(current, config.target, &bundle).map_err(|source| Error::Plan {
                 current,
                 target: config.target,
@@ -309,6 +357,25 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         }
     }
 
+    // Under the lock, before the first change: etcd wants its data dir
+    // 0700 (the Kubernetes tool created it 0755).
+    match datadir::correct_mode(&config.data_dir) {
+        Ok(Some(old)) => log::info(
+            "corrected data dir mode",
+            &[
+                ("data_dir", config.data_dir.display().to_string().into()),
+                ("from", format!("{old:04o}").into()),
+                ("to", format!("{:04o}", datadir::DATA_DIR_MODE).into()),
+            ],
+        ),
+        Ok(None) => {}
+        // Not ours to change (another owner): etcd only warns about it.
+        Err(err) => log::warn(
+            "cannot correct the data dir mode",
+            &[("error", err.to_string().into())],
+        ),
+    }
+
     if plan.is_noop() && matches!(state, DirState::Recorded(_)) {
         // Reached only after finishing an interrupted step: already recorded.
         log::info(
@@ -392,6 +459,11 @@ fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
             members,
         });
     }
+    // Only when etcd will run: a no-op stays fast, and a dry run may look
+    // at a data dir whose etcd is serving (and holding the ports) right now.
+    if !plan.steps.is_empty() && config.mode != Mode::DryRun {
+        check_ports(config)?;
+    }
     let destructive = plan.steps.iter().any(Step::is_destructive);
     let backup = match config.backup.mode {
         BackupMode::Always => !plan.steps.is_empty(),
@@ -406,6 +478,97 @@ fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
         )?;
     }
     Ok(())
+}
+
+/// Refuses data last run by a release newer than anything the image has:
+/// no bundled etcd can serve it, so no path (up or down) can start.
+fn check_not_from_the_future(
+    config: &Config,
+    current: VersionPair,
+    bundle: &Bundle,
+) -> Result<(), Error> {
+    let known = if current.version.major > 3 {
+        Some("any release etcd-migrate knows (2.2 … 3.x)".to_string())
+    } else {
+        bundle
+            .versions()
+            .last()
+            .filter(|newest| newest.minor_line() < current.version.minor_line())
+            .map(|newest| format!("anything this image bundles (newest: {newest})"))
+    };
+    match known {
+        Some(known) => Err(Error::FutureData {
+            path: config
+                .data_dir
+                .join(datadir::VERSION_FILE)
+                .display()
+                .to_string(),
+            current,
+            known,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Checks that every port a step's etcd listens on can be bound now, so a
+/// port held by another process (an etcd already running on this data, a
+/// second pod) is named before anything is touched. etcd binds with
+/// SO_REUSEADDR, and so does `TcpListener`: a port in TIME_WAIT passes.
+fn check_ports(config: &Config) -> Result<(), Error> {
+    let client = SocketAddr::from(([127, 0, 0, 1], config.client_port));
+    try_bind(client).map_err(|reason| Error::PortUnavailable {
+        role: "client",
+        port: config.client_port,
+        address: client.to_string(),
+        setting: "--port (default 18629, or 18631 when the data dir path contains \"event\")"
+            .to_string(),
+        reason,
+        fix: "stop whatever listens there, or give the steps a free loopback port with --port",
+    })?;
+    for (url, address) in peer_addresses(&config.listen_peer_urls) {
+        try_bind(address).map_err(|reason| Error::PortUnavailable {
+            role: "peer",
+            port: address.port(),
+            address: address.to_string(),
+            setting: format!(
+                "{url} in --listen-peer-urls (or $LISTEN_PEER_URLS; default http://localhost:<--peer-port>)"
+            ),
+            reason,
+            fix: "stop whatever listens there (an etcd already serving this data?), or pick a free port with --peer-port, or set LISTEN_PEER_URLS (and INITIAL_ADVERTISE_PEER_URLS and INITIAL_CLUSTER to match)",
+        })?;
+    }
+    Ok(())
+}
+
+fn try_bind(address: SocketAddr) -> Result<(), String> {
+    TcpListener::bind(address)
+        .map(drop)
+        .map_err(|err| err.to_string())
+}
+
+/// The address each URL of `--listen-peer-urls` makes etcd listen on: the
+/// host as Go's `net.Listen` takes it (an IP, or a name of which the first
+/// IPv4 address is used). URLs without a host:port, or whose name does not
+/// resolve, are left for etcd to report.
+fn peer_addresses(urls: &str) -> Vec<(String, SocketAddr)> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .filter_map(|url| {
+            let (scheme, rest) = url.split_once("://")?;
+            if !matches!(scheme, "http" | "https") {
+                return None;
+            }
+            let host_port = rest.split('/').next()?;
+            let resolved: Vec<SocketAddr> = host_port.to_socket_addrs().ok()?.collect();
+            let address = resolved
+                .iter()
+                .find(|a| a.is_ipv4())
+                .or(resolved.first())
+                .copied()?;
+            Some((url.to_string(), address))
+        })
+        .collect()
 }
 
 /// How many distinct member names `--initial-cluster` lists.
@@ -513,6 +676,20 @@ mod tests {
             initial_cluster_members("a=http://1:2380,b=http://2:2380,c=http://3:2380"),
             3
         );
+    }
+
+    #[test]
+    fn peer_urls_become_the_addresses_etcd_listens_on() {
+        let found = peer_addresses(
+            "http://localhost:2380, https://10.1.2.3:2390/,http://[::1]:2400,unix://x:1,http://nohost",
+        );
+        let addresses: Vec<String> = found.iter().map(|(_, a)| a.to_string()).collect();
+        assert_eq!(
+            addresses,
+            ["127.0.0.1:2380", "10.1.2.3:2390", "[::1]:2400"],
+            "{found:?}"
+        );
+        assert_eq!(found[1].0, "https://10.1.2.3:2390/");
     }
 
     #[test]
