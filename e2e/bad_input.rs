@@ -132,10 +132,9 @@ impl Drop for KilledOnDrop {
 }
 
 /// Runs `command` (an etcd-migrate command line) to completion within
-/// [`MIGRATE_TIMEOUT`], calling `on_line` with each stderr line as it
-/// comes. For what the harness's runner cannot do: another user, more
-/// environment variables.
-fn run_command(mut command: Command, mut on_line: impl FnMut(&str)) -> Outcome {
+/// [`MIGRATE_TIMEOUT`]: for what the harness's runner cannot do, running
+/// it as another user.
+fn run_command(mut command: Command) -> Outcome {
     command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -167,7 +166,6 @@ fn run_command(mut command: Command, mut on_line: impl FnMut(&str)) -> Outcome {
     loop {
         match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(line) => {
-                on_line(&line);
                 text.push_str(&line);
                 text.push('\n');
             }
@@ -192,14 +190,6 @@ fn run_command(mut command: Command, mut on_line: impl FnMut(&str)) -> Outcome {
         stdout: stdout.join().unwrap_or_default(),
         stderr: text,
     }
-}
-
-/// `migration`'s command with `env` added to its (otherwise clean)
-/// environment.
-fn with_env(migration: &Migration, env: &[(&str, &str)]) -> Command {
-    let mut command = migration.command();
-    command.envs(env.iter().copied());
-    command
 }
 
 /// A filesystem mounted for one test, unmounted when dropped.
@@ -595,7 +585,7 @@ fn a_data_dir_another_user_owns_is_refused_untouched() {
         .arg(&program)
         .args(migration.command().get_args());
     let before = fingerprint(data);
-    let run = run_command(command, |_| {});
+    let run = run_command(command);
     assert_refused_untouched(
         &run,
         data,
@@ -722,7 +712,7 @@ fn ports_that_are_taken_are_refused_before_anything_is_touched() {
         "http://localhost:{},http://127.0.0.1:{taken}",
         migration.peer_port
     );
-    let run = run_command(with_env(&migration, &[("LISTEN_PEER_URLS", &urls)]), |_| {});
+    let run = migration.clone().env("LISTEN_PEER_URLS", &urls).run();
     assert_refused_untouched(
         &run,
         data,
@@ -770,30 +760,18 @@ fn a_port_taken_after_the_check_fails_the_step_with_etcds_words() {
     // The run passes the port check, then is held before its first etcd
     // starts; the test takes the client port in that window, as another
     // process starting at the same moment would.
-    let command = with_env(
-        &migration,
-        &[
-            ("FAILPOINTS", &format!("{BEFORE_SPAWN}=sleep(2000)")),
-            ("ETCD_MIGRATE_FAILPOINT_TRACE", "1"),
-        ],
-    );
-    let mut holder = None;
-    let run = run_command(command, |line| {
-        if holder.is_none()
-            && line.starts_with("[etcd-migrate] ")
+    let mut running = migration
+        .clone()
+        .env("FAILPOINTS", format!("{BEFORE_SPAWN}=sleep(2000)"))
+        .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1")
+        .spawn();
+    running.wait_for_line(BEFORE_SPAWN, MIGRATE_TIMEOUT, |line| {
+        line.starts_with("[etcd-migrate] ")
             && line.contains(&format!(" failpoint name={BEFORE_SPAWN}"))
-        {
-            holder = Some(
-                TcpListener::bind(("127.0.0.1", migration.port))
-                    .unwrap_or_else(|err| panic!("take port {}: {err}", migration.port)),
-            );
-        }
     });
-    assert!(
-        holder.is_some(),
-        "the run never reached {BEFORE_SPAWN}\n{}",
-        run.explain()
-    );
+    let holder = TcpListener::bind(("127.0.0.1", migration.port))
+        .unwrap_or_else(|err| panic!("take port {}: {err}", migration.port));
+    let run = running.wait(MIGRATE_TIMEOUT);
     run.assert_code(EXIT_STEP_FAILED)
         .assert_stderr_has(&format!("127.0.0.1:{}", migration.port))
         .assert_stderr_has("address already in use");
@@ -1182,18 +1160,12 @@ fn a_flag_wins_over_a_different_env_var_and_says_so() {
     let elsewhere = tmp.path().join("elsewhere");
     let migration = Migration::new("3.5.16", data, &fixture.member).bundled(BUNDLE);
     let before = fingerprint(data);
-    let run = run_command(
-        with_env(
-            &migration,
-            &[
-                ("TARGET_VERSION", "3.4.23"),
-                ("DATA_DIRECTORY", &elsewhere.display().to_string()),
-                // The same value as the flag: no conflict, no line.
-                ("ETCD_NAME", &fixture.member.name),
-            ],
-        ),
-        |_| {},
-    );
+    let run = migration
+        .env("TARGET_VERSION", "3.4.23")
+        .env("DATA_DIRECTORY", &elsewhere)
+        // The same value as the flag: no conflict, no line.
+        .env("ETCD_NAME", &fixture.member.name)
+        .run();
     run.assert_code(0);
     let lines = run.lines_with("flag overrides env");
     assert_eq!(lines.len(), 2, "{}", run.explain());
