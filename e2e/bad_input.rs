@@ -923,7 +923,7 @@ fn disk_full_during_the_backup_fails_before_any_etcd_starts() {
 }
 
 #[test]
-#[ignore = "needs src/backup.rs to remove the .tmp- copy when the copy fails and to name the backup path on ENOSPC (issue 5 report)"]
+
 fn disk_full_during_the_backup_removes_the_half_backup_and_names_the_backup_dir() {
     let (_tmp, _small, _fixture, _before, root, run) = run_with_a_backup_that_runs_out_of_inodes();
     run.assert_code(EXIT_STEP_FAILED)

@@ -63,6 +63,19 @@ pub enum BackupError {
         /// The data dir.
         data_dir: PathBuf,
     },
+    /// The filesystem ran out of space or inodes during a copy (the free
+    /// space check passed, but something else filled it, or it has too few
+    /// inodes).
+    #[error("the filesystem holding {path} is full ({op}: {source}); the partial copy was removed; free space (or inodes) there, or point --backup-dir at a larger filesystem, or pass --backup never if you have your own backup")]
+    Full {
+        /// What was being done.
+        op: &'static str,
+        /// The file or dir being written.
+        path: PathBuf,
+        /// The OS error (ENOSPC or EDQUOT).
+        #[source]
+        source: io::Error,
+    },
     /// An I/O operation failed.
     #[error("{op} {path}: {source}")]
     Io {
@@ -90,10 +103,17 @@ impl std::str::FromStr for BackupMode {
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> BackupError + 'a {
-    move |source| BackupError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
+    move |source| {
+        let path = path.to_path_buf();
+        let full = matches!(
+            source.raw_os_error(),
+            Some(code) if code == nix::libc::ENOSPC || code == nix::libc::EDQUOT
+        );
+        if full {
+            BackupError::Full { op, path, source }
+        } else {
+            BackupError::Io { op, path, source }
+        }
     }
 }
 
@@ -252,7 +272,13 @@ pub fn create(
     if temp.exists() {
         fs::remove_dir_all(&temp).map_err(io_err("remove stale", &temp))?;
     }
-    copy_tree(data_dir, &temp, true)?;
+    if let Err(err) = copy_tree(data_dir, &temp, true) {
+        // Half a backup is no backup: never leave one to be mistaken for
+        // it (a crash instead leaves the temp name, which the next backup
+        // clears).
+        let _ = fs::remove_dir_all(&temp);
+        return Err(err);
+    }
     crate::failpoint!("backup-before-publish");
     let target = policy.root.join(&name);
     // Publish the finished copy in one step: the rename is atomic, so a
@@ -299,7 +325,7 @@ fn copy_tree(from: &Path, to: &Path, top: bool) -> Result<(), BackupError> {
             let link = fs::read_link(&source).map_err(io_err("read link", &source))?;
             std::os::unix::fs::symlink(&link, &dest).map_err(io_err("create link", &dest))?;
         } else {
-            fs::copy(&source, &dest).map_err(io_err("copy", &source))?;
+            fs::copy(&source, &dest).map_err(io_err("copy into", &dest))?;
             // Durable before the backup is published by the rename.
             fsync(&dest)?;
             if top {
