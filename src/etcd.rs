@@ -26,10 +26,32 @@ pub const OUTPUT_HEAD_LINES: usize = 5;
 /// panic or fatal error comes last.
 pub const OUTPUT_TAIL_LINES: usize = 20;
 
-/// The first and last lines a process printed, for error reports.
+/// How many fatal lines from the middle of a process's output an error
+/// report keeps: a Go crash prints its cause, then a goroutine dump far
+/// longer than the tail.
+pub const OUTPUT_FATAL_LINES: usize = 5;
+
+/// True for a line that says why a process died: a Go panic or fatal
+/// error, or etcd's own fatal/panic log line (capnslog `C |`, zap levels).
+fn is_fatal(line: &str) -> bool {
+    const MARKS: [&str; 7] = [
+        "panic:",
+        "fatal error:",
+        "unexpected fault address",
+        " C | ",
+        "\"level\":\"fatal\"",
+        "\"level\":\"panic\"",
+        "\"level\":\"dpanic\"",
+    ];
+    MARKS.iter().any(|mark| line.contains(mark))
+}
+
+/// The first and last lines a process printed, and the fatal ones in
+/// between, for error reports.
 #[derive(Debug, Default)]
 struct OutputSample {
     head: Vec<String>,
+    fatal: Vec<String>,
     tail: VecDeque<String>,
     omitted: usize,
 }
@@ -41,8 +63,12 @@ impl OutputSample {
             return;
         }
         if self.tail.len() == OUTPUT_TAIL_LINES {
-            self.tail.pop_front();
-            self.omitted += 1;
+            match self.tail.pop_front() {
+                Some(old) if is_fatal(&old) && self.fatal.len() < OUTPUT_FATAL_LINES => {
+                    self.fatal.push(old);
+                }
+                _ => self.omitted += 1,
+            }
         }
         self.tail.push_back(line.to_string());
     }
@@ -52,6 +78,7 @@ impl OutputSample {
         if self.omitted > 0 {
             lines.push(format!("[… {} lines omitted …]", self.omitted));
         }
+        lines.extend(self.fatal.iter().cloned());
         lines.extend(self.tail.iter().cloned());
         lines
     }
@@ -265,5 +292,34 @@ mod tests {
         assert_eq!(lines[OUTPUT_HEAD_LINES], "[… 176 lines omitted …]");
         assert_eq!(lines.last().map(String::as_str), Some("usage line 199"));
         assert_eq!(lines.len(), OUTPUT_HEAD_LINES + 1 + OUTPUT_TAIL_LINES);
+    }
+
+    #[test]
+    fn error_reports_keep_the_cause_of_a_crash_from_the_middle() {
+        let mut sample = OutputSample::default();
+        for i in 0..OUTPUT_HEAD_LINES {
+            sample.push(&format!("start line {i}"));
+        }
+        sample.push("unexpected fault address 0x7f00dead");
+        sample.push("fatal error: fault");
+        for i in 0..300 {
+            sample.push(&format!("goroutine {i} [running]:"));
+        }
+        let lines = sample.lines();
+        assert_eq!(lines[OUTPUT_HEAD_LINES], "[… 280 lines omitted …]");
+        assert_eq!(
+            lines[OUTPUT_HEAD_LINES + 1],
+            "unexpected fault address 0x7f00dead"
+        );
+        assert_eq!(lines[OUTPUT_HEAD_LINES + 2], "fatal error: fault");
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some("goroutine 299 [running]:")
+        );
+        assert!(is_fatal(
+            r#"{"level":"fatal","msg":"failed to open database"}"#
+        ));
+        assert!(is_fatal("2026-11-22 etcdserver: C | failed"));
+        assert!(!is_fatal("goroutine 1 [running]:"));
     }
 }

@@ -246,7 +246,7 @@ pub enum ExecuteError {
         source: Box<StepError>,
     },
     /// The recorded release could not serve the data before the first step.
-    #[error("etcd {version} could not serve the data as version.txt records it ({recorded}) before the first step; nothing was changed; fix the cause and rerun")]
+    #[error("etcd {version} could not serve the data as version.txt records it ({recorded}) before the first step; no step ran; fix the cause and rerun (if etcd's output below shows damaged data, such as a crc mismatch or a short db file, restore the data dir from a backup or an etcd snapshot first)")]
     Baseline {
         /// The release that was to read it.
         version: Version,
