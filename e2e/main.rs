@@ -16,6 +16,8 @@
 //! - `backups`: retention, the restore command, the free-space check.
 //! - `interrupts`: SIGKILL/SIGTERM inside the rebuilding steps, and reruns.
 //! - `pid1`: orphans re-parented to etcd-migrate as PID 1 are reaped.
+//! - `crashes`: SIGKILL at every failpoint pass, of the entrypoint alone, and
+//!   of the whole tree at random moments; every rerun converges.
 //! - `fingerprint`: a key written behind our back fails the step (real etcd).
 //! - `security`: what a step's etcd listens on; modes of what a run creates.
 //! - `bad_input`: bad input and a bad environment (version.txt, binaries,
@@ -25,6 +27,7 @@ mod harness;
 
 mod backups;
 mod bad_input;
+mod crashes;
 mod failures;
 #[cfg(feature = "failpoints")]
 mod fingerprint;
