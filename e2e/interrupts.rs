@@ -5,6 +5,7 @@
 //! target recorded, the fixture's keyspace, no scratch dir, no process
 //! left. One more run is stopped with SIGTERM during a rollback.
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -452,4 +453,73 @@ fn storage_migration_converted_but_not_recorded_converges() {
     );
     assert!(rerun.step_kinds().is_empty(), "{}", rerun.explain());
     assert_storage_converged(tmp.path(), &member, &fixture);
+}
+
+// ---- a data dir copied after a crash ----
+
+/// `cp -a` of `from` to `to`: the same content under new inodes, as a
+/// volume move or an operator's copy makes.
+fn copy_dir(from: &Path, to: &Path) {
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("run cp");
+    assert!(
+        status.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
+    );
+}
+
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_data_dir_copied_after_a_crash_at_the_swap_is_finished_not_wiped() {
+    // Regression: the swap journal named the swapped-in member dir by
+    // inode. Copied after a crash between the swap and the record, the data
+    // dir had new inodes, so the rerun "discarded" the step, removed the
+    // scratch dir (which held the data from before the step) and read the
+    // rebuilt v2 store through the v3 API: 0 keys, recorded as etcd2.
+    let tmp = temp_dir("copied-after-swap");
+    let member = Member::new("copied-after-swap");
+    let data = tmp.path().join("data");
+    let fixture = fixture::build(
+        FixtureSpec::small("3.3.25").text_only(),
+        &data,
+        &member,
+        tmp.path(),
+    );
+    let migration = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25")
+        .arg("--target-storage")
+        .arg("etcd2");
+    let killed = migration
+        .clone()
+        .env("FAILPOINTS", "swap-after-exchange=return")
+        .run();
+    assert_eq!(
+        killed.status.signal(),
+        Some(Signal::SIGKILL as i32),
+        "{}",
+        killed.explain()
+    );
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+
+    let copy = tmp.path().join("copy");
+    copy_dir(&data, &copy);
+    let mut on_copy = migration.clone();
+    on_copy.data_dir = copy.clone();
+    let rerun = rerun_converges(&on_copy, "3.3.25/etcd2");
+    assert_eq!(
+        rerun
+            .lines_with("finished a step interrupted after its swap")
+            .len(),
+        1,
+        "{}",
+        rerun.explain()
+    );
+    let v2 = read_back_v2("3.3.25", &member, &copy, tmp.path());
+    assert_v2_copy(&v2, &fixture.keyspace, LEASE_TTL_SECS);
 }

@@ -115,6 +115,21 @@ pub enum DataDirError {
         source: io::Error,
     },
     /// Another process holds the data dir lock.
+    /// A rebuilding step died around its swap, and neither member dir
+    /// carries the step's mark: which one holds the data cannot be told.
+    #[error("a rebuilding step was interrupted around its swap (journal {journal}), but neither {data_member} nor {copy_member} carries its mark {id}; nothing was changed: one of them holds the data as it was before the step, and the other the rebuilt copy; inspect both with etcd, keep the right one as member/, then remove {work} and rerun")]
+    UnclearSwap {
+        /// The journal.
+        journal: PathBuf,
+        /// The step's mark.
+        id: String,
+        /// `<data>/member`.
+        data_member: PathBuf,
+        /// The scratch copy's `member`.
+        copy_member: PathBuf,
+        /// The scratch dir.
+        work: PathBuf,
+    },
     #[error("data dir {dir} is locked by another process (another etcd-migrate?); stop it before running this one")]
     Locked {
         /// The data dir.

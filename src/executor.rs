@@ -453,7 +453,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             if step.is_destructive() {
                 // Only now: until version.txt names the step, its scratch
                 // dir (and swap journal) is what a restart recovers from.
-                crate::rebuild::remove_work_dir(self.settings.data_dir);
+                crate::rebuild::finish_rebuild(self.settings.data_dir);
             }
             log::info(
                 "step done",

@@ -55,8 +55,16 @@ fn fresh_work_dir(data_dir: &Path) -> Result<PathBuf, Failure> {
     Ok(work)
 }
 
+/// Removes the swap mark and then the scratch dir once a rebuilding step
+/// is recorded (in that order: while the scratch dir and its journal
+/// exist, a crash here is finished by the next start).
+pub fn finish_rebuild(data_dir: &Path) {
+    remove_swap_mark(data_dir);
+    remove_work_dir(data_dir);
+}
+
 /// Removes the scratch dir once its step is recorded.
-pub fn remove_work_dir(data_dir: &Path) {
+fn remove_work_dir(data_dir: &Path) {
     let work = data_dir.join(WORK_DIR);
     if !work.exists() {
         return;
@@ -72,15 +80,24 @@ pub fn remove_work_dir(data_dir: &Path) {
     }
 }
 
-/// The journal a rebuilding step writes just before its swap: the pair the
-/// data will be at, and the inode of the rebuilt member dir. If we die
-/// between the swap and the version.txt write, the next start sees the
-/// journal and, if that inode is now `<data>/member`, records the pair
-/// (the swap happened); otherwise it discards the scratch dir (it did not).
-/// Without it, a rerun would read the swapped-in data as if it were still
-/// at the old version: a rebuilt v2 store read through the v3 API looks
-/// empty.
+/// The journal a rebuilding step writes just before its swap: the pair
+/// the data will be at, a fresh random mark, and the name of the rebuilt
+/// dir in the scratch dir. The same mark is written into the rebuilt
+/// `member/` ([`SWAP_MARK`]) before the exchange, so after a crash between
+/// the swap and the version.txt write the next start can tell which
+/// `member/` is which by content: the mark in `<data>/member` means the
+/// swap happened (record the pair), the mark in the scratch copy means it
+/// did not (discard the copy). Inodes would not do: a data dir copied after
+/// the crash (`cp -a`, a volume move) has new ones. Without the journal, a
+/// rerun would read the swapped-in data as if it were still at the old
+/// version: a rebuilt v2 store read through the v3 API looks empty.
 pub const SWAP_JOURNAL: &str = "swap-journal";
+
+/// The file inside a rebuilt `member/` that carries its step's mark until
+/// the step is recorded. etcd never runs with it there: it is written
+/// after the rebuilt copy was last served and removed before anything
+/// serves the data again.
+pub const SWAP_MARK: &str = ".etcd-migrate-swap-mark";
 
 /// Finishes or discards what an interrupted rebuilding step left in the
 /// scratch dir. Call under the data-dir lock, before reading version.txt.
@@ -93,21 +110,51 @@ pub fn recover_interrupted_swap(data_dir: &Path) -> Result<Option<VersionPair>, 
     let mut finished = None;
     match fs::read_to_string(&journal) {
         Ok(text) => {
-            let (pair, ino) = text
-                .trim()
-                .split_once(' ')
-                .ok_or_else(|| bad_journal(&journal, &text))?;
-            let pair: VersionPair = pair.parse().map_err(|_| bad_journal(&journal, &text))?;
-            let ino: u64 = ino.parse().map_err(|_| bad_journal(&journal, &text))?;
-            let member = data_dir.join("member");
-            let current = fs::metadata(&member).map_err(|source| DataDirError::Io {
-                op: "stat",
-                path: member.clone(),
-                source,
-            })?;
-            if current.ino() == ino {
+            let fields: Vec<&str> = text.split_whitespace().collect();
+            let (pair, swapped) = match fields[..] {
+                [pair, id, rebuilt] => {
+                    let pair: VersionPair =
+                        pair.parse().map_err(|_| bad_journal(&journal, &text))?;
+                    let data_member = data_dir.join("member");
+                    let copy_member = work.join(rebuilt).join("member");
+                    let marked = |member: &Path| {
+                        fs::read_to_string(member.join(SWAP_MARK)).is_ok_and(|m| m.trim() == id)
+                    };
+                    let swapped = match (marked(&data_member), marked(&copy_member)) {
+                        (true, _) => true,
+                        (false, true) => false,
+                        (false, false) => {
+                            return Err(DataDirError::UnclearSwap {
+                                journal,
+                                id: id.to_string(),
+                                data_member,
+                                copy_member,
+                                work,
+                            })
+                        }
+                    };
+                    (pair, swapped)
+                }
+                // The first format (an inode instead of a mark), from a
+                // release of etcd-migrate before the mark existed.
+                [pair, ino] => {
+                    let pair: VersionPair =
+                        pair.parse().map_err(|_| bad_journal(&journal, &text))?;
+                    let ino: u64 = ino.parse().map_err(|_| bad_journal(&journal, &text))?;
+                    let member = data_dir.join("member");
+                    let current = fs::metadata(&member).map_err(|source| DataDirError::Io {
+                        op: "stat",
+                        path: member.clone(),
+                        source,
+                    })?;
+                    (pair, current.ino() == ino)
+                }
+                _ => return Err(bad_journal(&journal, &text)),
+            };
+            if swapped {
                 datadir::write_version(data_dir, pair)?;
                 crate::failpoint!("recover-after-record");
+                remove_swap_mark(data_dir);
                 log::warn(
                     "finished a step interrupted after its swap",
                     &[("recorded", pair.to_string().into())],
@@ -142,6 +189,41 @@ pub fn recover_interrupted_swap(data_dir: &Path) -> Result<Option<VersionPair>, 
     Ok(finished)
 }
 
+/// Removes the mark from `<data>/member` once its step is recorded (a
+/// failure only leaves a small file that the next recovery removes).
+fn remove_swap_mark(data_dir: &Path) {
+    let mark = data_dir.join("member").join(SWAP_MARK);
+    match fs::remove_file(&mark) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => log::warn(
+            "cannot remove the swap mark",
+            &[
+                ("path", mark.display().to_string().into()),
+                ("error", err.to_string().into()),
+            ],
+        ),
+    }
+}
+
+/// A mark no other step has used: 128 bits from the kernel's generator
+/// (the time and pid if it cannot be read).
+fn fresh_mark() -> String {
+    let mut bytes = [0u8; 16];
+    let read = File::open("/dev/urandom").and_then(|mut f| {
+        use std::io::Read;
+        f.read_exact(&mut bytes)
+    });
+    if read.is_err() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        bytes = (now ^ u128::from(std::process::id()) << 64).to_be_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn bad_journal(path: &Path, text: &str) -> DataDirError {
     DataDirError::Io {
         op: "parse",
@@ -170,17 +252,32 @@ pub(crate) fn swap_member(
 ) -> Result<(), Failure> {
     let current = data_dir.join("member");
     let new = rebuilt.join("member");
-    let ino = fs::metadata(&new)
-        .map_err(|e| work_err(&format!("stat {}", new.display()), e))?
-        .ino();
     let work = data_dir.join(WORK_DIR);
+    let rebuilt_name = rebuilt
+        .strip_prefix(&work)
+        .ok()
+        .and_then(|name| name.to_str())
+        .filter(|name| !name.is_empty() && !name.contains(char::is_whitespace))
+        .ok_or_else(|| {
+            work_err(
+                "swap the member dirs",
+                format!("{} is not a dir of {}", rebuilt.display(), work.display()),
+            )
+        })?;
+    let mark = fresh_mark();
+    let mark_path = new.join(SWAP_MARK);
+    fs::write(&mark_path, format!("{mark}\n"))
+        .and_then(|()| File::open(&mark_path)?.sync_all())
+        .map_err(|e| work_err(&format!("write {}", mark_path.display()), e))?;
+    fsync_dir(&new)?;
     let journal = work.join(SWAP_JOURNAL);
     let temp = work.join(format!("{SWAP_JOURNAL}.tmp"));
-    fs::write(&temp, format!("{pair} {ino}\n"))
+    fs::write(&temp, format!("{pair} {mark} {rebuilt_name}\n"))
         .and_then(|()| File::open(&temp)?.sync_all())
         .and_then(|()| fs::rename(&temp, &journal))
         .map_err(|e| work_err(&format!("write {}", journal.display()), e))?;
-    // The journal must be on disk before the swap it describes.
+    // The journal and the mark must be on disk before the swap they
+    // describe.
     fsync_dir(&work)?;
     crate::failpoint!("swap-after-journal");
     renameat2(AT_FDCWD, &current, AT_FDCWD, &new, RenameFlags::RENAME_EXCHANGE).map_err(|errno| {
@@ -936,7 +1033,8 @@ mod tests {
         let pair: VersionPair = "3.4.23/etcd3".parse().expect("pair");
         assert!(swap_member(&data, &rebuilt, pair).is_ok());
         assert!(data.join("member/new").exists() && rebuilt.join("member/old").exists());
-        // Died before recording: the next start finishes the step.
+        // Died before recording: the next start finishes the step, and
+        // removes the mark.
         crate::datadir::write_version(&data, "3.5.16/etcd3".parse().expect("pair")).expect("write");
         assert_eq!(
             recover_interrupted_swap(&data).expect("recovers"),
@@ -947,6 +1045,86 @@ mod tests {
             "3.4.23/etcd3"
         );
         assert!(!data.join(WORK_DIR).exists());
+        assert!(!data.join("member").join(SWAP_MARK).exists());
+    }
+
+    /// Lays out a data dir whose rebuilding step died right after (or
+    /// right before) its swap; returns the data dir.
+    fn interrupted_swap(tmp: &Path, swapped: bool) -> PathBuf {
+        let data = tmp.join("data");
+        let rebuilt = data.join(WORK_DIR).join("v2");
+        fs::create_dir_all(data.join("member")).expect("mkdir");
+        fs::write(data.join("member/old"), "").expect("write");
+        fs::create_dir_all(rebuilt.join("member")).expect("mkdir");
+        fs::write(rebuilt.join("member/new"), "").expect("write");
+        crate::datadir::write_version(&data, "3.3.25/etcd3".parse().expect("pair")).expect("write");
+        if swapped {
+            assert!(swap_member(&data, &rebuilt, "3.3.25/etcd2".parse().expect("pair")).is_ok());
+        } else {
+            // The journal and the mark are written, the exchange is not.
+            let mark = "00ff";
+            fs::write(rebuilt.join("member").join(SWAP_MARK), mark).expect("write");
+            fs::write(
+                data.join(WORK_DIR).join(SWAP_JOURNAL),
+                format!("3.3.25/etcd2 {mark} v2\n"),
+            )
+            .expect("write");
+        }
+        data
+    }
+
+    /// `cp -a` of a dir tree: new inodes, same content.
+    fn copy_tree(from: &Path, to: &Path) {
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .expect("cp");
+        assert!(status.success());
+    }
+
+    #[test]
+    fn a_data_dir_copied_after_a_crash_at_the_swap_is_finished_not_wiped() {
+        // Regression: the journal named the swapped-in member dir by inode;
+        // a copy has new inodes, so the rerun "discarded" the step and
+        // removed the scratch dir, which held the data from before the
+        // step, then read the rebuilt v2 store through the v3 API as empty.
+        for swapped in [true, false] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let data = interrupted_swap(tmp.path(), swapped);
+            let copy = tmp.path().join("copy");
+            copy_tree(&data, &copy);
+            let finished = recover_interrupted_swap(&copy).expect("recovers");
+            let version = fs::read_to_string(copy.join("version.txt")).expect("read");
+            if swapped {
+                assert_eq!(finished, Some("3.3.25/etcd2".parse().expect("pair")));
+                assert_eq!(version, "3.3.25/etcd2");
+                assert!(copy.join("member/new").exists(), "the rebuilt data stays");
+            } else {
+                assert_eq!(finished, None);
+                assert_eq!(version, "3.3.25/etcd3");
+                assert!(copy.join("member/old").exists(), "the original data stays");
+            }
+            assert!(!copy.join(WORK_DIR).exists());
+            assert!(!copy.join("member").join(SWAP_MARK).exists());
+        }
+    }
+
+    #[test]
+    fn a_swap_whose_mark_is_nowhere_is_refused_and_nothing_removed() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = interrupted_swap(tmp.path(), true);
+        fs::remove_file(data.join("member").join(SWAP_MARK)).expect("remove the mark");
+        let err = recover_interrupted_swap(&data).expect_err("unclear");
+        assert!(matches!(err, DataDirError::UnclearSwap { .. }), "{err}");
+        assert!(err.to_string().contains("nothing was changed"), "{err}");
+        assert!(data.join(WORK_DIR).join("v2/member/old").exists());
+        assert!(data.join("member/new").exists());
+        assert_eq!(
+            fs::read_to_string(data.join("version.txt")).expect("read"),
+            "3.3.25/etcd3"
+        );
     }
 
     #[test]
