@@ -381,7 +381,15 @@ pub fn prune(root: &Path, keep: usize, just_taken: &Path) -> Result<Vec<PathBuf>
         .collect();
     let excess = backups.len().saturating_sub(keep.max(1) - 1);
     for old in &backups[..excess] {
-        fs::remove_dir_all(old).map_err(io_err("remove old backup", old))?;
+        // Unpublish first: renamed to a temp name (and the rename made
+        // durable), a backup that a crash cuts off mid-delete is never
+        // found half-deleted under its published name; the next prune
+        // clears the temp name.
+        let name = old.file_name().map(|n| n.to_string_lossy().into_owned());
+        let doomed = root.join(format!("{TEMP_PREFIX}{}", name.unwrap_or_default()));
+        fs::rename(old, &doomed).map_err(io_err("unpublish old backup", old))?;
+        fsync(root)?;
+        fs::remove_dir_all(&doomed).map_err(io_err("remove old backup", &doomed))?;
         removed.push(old.clone());
     }
     Ok(removed)

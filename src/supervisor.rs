@@ -197,8 +197,10 @@ impl Supervisor {
     pub fn spawn(&self, command: &mut Command) -> Result<Child, SupervisorError> {
         let program = command.get_program().to_string_lossy().into_owned();
         let mask = self.inner.original_mask;
+        let parent = nix::unistd::getpid();
         // SAFETY: the closure runs between fork and exec and only makes
-        // async-signal-safe system calls (sigprocmask, setpgid, prctl).
+        // async-signal-safe system calls (sigprocmask, setpgid, prctl,
+        // getppid).
         unsafe {
             command.pre_exec(move || {
                 signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None)
@@ -214,6 +216,13 @@ impl Supervisor {
                 ) != 0
                 {
                     return Err(io::Error::last_os_error());
+                }
+                // If we died between the fork and the prctl, the signal
+                // will never come: the child was already re-parented. It
+                // must not go on to exec etcd as an orphan that holds the
+                // data dir's WAL lock against our restart.
+                if nix::unistd::getppid() != parent {
+                    return Err(io::Error::other("etcd-migrate died before exec"));
                 }
                 Ok(())
             });
