@@ -13,6 +13,7 @@ use etcd_client::{AlarmAction, AlarmType};
 
 use crate::executor::{Health, HealthError};
 use crate::keyspace::Fingerprint;
+use crate::log::error_chain;
 use crate::version::Storage;
 
 /// The key every step writes, as the Kubernetes tool did.
@@ -131,22 +132,6 @@ fn refusal_for(raised: &[AlarmType]) -> Option<HealthError> {
         });
     }
     None
-}
-
-/// An error and its causes on one line ("connection refused" hides two or
-/// three levels down in hyper/tonic errors).
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -34,6 +34,23 @@ pub enum Level {
 
 static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 
+/// An error and its causes on one line, each cause once (a cause already
+/// quoted in its parent's message is not repeated): "connection refused"
+/// hides two or three levels down in hyper/tonic errors.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Sets the format for the rest of the process; later calls are ignored.
 pub fn init(format: LogFormat) {
     let _ = FORMAT.set(format);

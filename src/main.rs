@@ -61,30 +61,14 @@ fn main() -> ExitCode {
                     ExitCode::from(signal_exit_code(signal))
                 }
                 err => {
-                    log::error(&chain(&err), &[]);
+                    log::error(&log::error_chain(&err), &[]);
                     ExitCode::from(EXIT_FAILURE)
                 }
             }
         }
         Err(err) => {
-            log::error(&chain(&err), &[("exit", err.exit_code().into())]);
+            log::error(&log::error_chain(&err), &[("exit", err.exit_code().into())]);
             ExitCode::from(err.exit_code())
         }
     }
-}
-
-/// The error and each cause once, joined with ": " (a cause already quoted
-/// in its parent's message is not repeated).
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
