@@ -5,7 +5,6 @@
 //! target recorded, the fixture's keyspace, no scratch dir, no process
 //! left. One more run is stopped with SIGTERM during a rollback.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -459,6 +458,7 @@ fn storage_migration_converted_but_not_recorded_converges() {
 
 /// `cp -a` of `from` to `to`: the same content under new inodes, as a
 /// volume move or an operator's copy makes.
+#[cfg(feature = "failpoints")]
 fn copy_dir(from: &Path, to: &Path) {
     let status = std::process::Command::new("cp")
         .arg("-a")
@@ -477,6 +477,7 @@ fn copy_dir(from: &Path, to: &Path) {
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_data_dir_copied_after_a_crash_at_the_swap_is_finished_not_wiped() {
+    use std::os::unix::process::ExitStatusExt;
     // Regression: the swap journal named the swapped-in member dir by
     // inode. Copied after a crash between the swap and the record, the data
     // dir had new inodes, so the rerun "discarded" the step, removed the
