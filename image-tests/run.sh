@@ -455,7 +455,7 @@ test_stop_during_step() {
   code=$(wait_exit "$c" 5) || return 1
   expect_eq "$code" 143 "exit code after docker stop" || return 1
   ((elapsed < 5000)) || { why "docker stop took ${elapsed} ms (the grace period is 10 s)"; return 1; }
-  has_log "$c" "healthy and stopped" && { why "the step completed before the stop; the test did not hit it"; return 1; }
+  has_log "$c" "healthy and stopped step=1/" && { why "the step completed before the stop; the test did not hit it"; return 1; }
   # The step's etcd went on SIGTERM, without escalation to SIGKILL. (etcd
   # 3.x installs its own SIGTERM handler only once it serves, so a step etcd
   # stopped before its first write exits by SIGTERM's default action, which
@@ -497,19 +497,31 @@ test_failures() {
   expect_eq "$code" 2 "exit code, no TARGET_VERSION" || return 1
   has_log "$c" "TARGET_VERSION" || { why "the error does not name TARGET_VERSION: $(logs "$c")"; return 1; }
 
-  # A step's etcd that cannot start (a peer URL on an address this host does
-  # not have): exit 3, the error quotes etcd's own words, version.txt
-  # unchanged, no exec.
+  # A peer URL on an address this host does not have: refused before any
+  # etcd starts (exit 2), naming the address and where it comes from.
   c=$(dk_run -d -v "$w:/var/etcd" -e TARGET_VERSION=3.5.16 -e DATA_DIRECTORY=/var/etcd/data \
       -e ETCD_NAME=etcd0 -e LISTEN_PEER_URLS=http://203.0.113.1:2380 "$IMAGE")
   code=$(wait_exit "$c" 60) || return 1
-  expect_eq "$code" 3 "exit code, failed step" || return 1
+  expect_eq "$code" 2 "exit code, unbindable peer URL" || return 1
+  has_log "$c" "203.0.113.1:2380" || { why "the error does not name the address: $(logs "$c" | tail -n5)"; return 1; }
+  has_log "$c" "LISTEN_PEER_URLS" || { why "the error does not name LISTEN_PEER_URLS: $(logs "$c" | tail -n5)"; return 1; }
+  has_log "$c" "etcd started" && { why "etcd was started"; return 1; }
+  expect_eq "$(fingerprint "$w/data")" "$before" "data dir after exit 2" || return 1
+  say "  unbindable peer URL: $(logs "$c" | grep -m1 ' error ' | cut -c1-150)"
+
+  # An etcd that cannot start (a flag it does not know, through ETCD_CREDS):
+  # exit 3, the error quotes etcd's own words, version.txt unchanged, no
+  # exec.
+  c=$(dk_run -d -v "$w:/var/etcd" -e TARGET_VERSION=3.5.16 -e DATA_DIRECTORY=/var/etcd/data \
+      -e ETCD_NAME=etcd0 -e ETCD_CREDS=--no-such-flag "$IMAGE")
+  code=$(wait_exit "$c" 60) || return 1
+  expect_eq "$code" 3 "exit code, etcd cannot start" || return 1
   has_log "$c" "exit=3" || { why "no exit=3 in the logs: $(logs "$c")"; return 1; }
-  logs "$c" | sed -n '/ error step 1\/2/,$p' | grep >/dev/null "bind: cannot assign requested address" \
+  logs "$c" | sed -n '/ error /,$p' | grep >/dev/null "flag provided but not defined: -no-such-flag" \
     || { why "the error does not quote etcd's complaint: $(logs "$c" | tail -n5)"; return 1; }
   has_log "$c" "exec program=" && { why "etcd was exec'd after a failed step"; return 1; }
   expect_eq "$(version_txt "$w/data")" 3.3.25/etcd3 "version.txt after a failed step" || return 1
-  say "  failed step: $(logs "$c" | grep -m1 ' error ' | cut -c1-150)"
+  say "  etcd cannot start: $(logs "$c" | grep -m1 ' error ' | cut -c1-150)"
 }
 
 # --user 1000:1000: a fresh data dir on a volume that user owns is created
@@ -550,14 +562,16 @@ test_non_root() {
     "migrated data dir mode/owner and version.txt owner" || return 1
   [[ -z $(find "$w/old" ! -uid 1000) ]] || { why "files not owned by 1000 after the migration"; return 1; }
 
-  # A volume the user cannot write: a clear error, no etcd.
+  # A volume the user cannot write: refused before anything (exit 2), with
+  # the owner and the chown that fixes it; no etcd.
   c=$(dk_run -d --user 1000:1000 -v "$w/rootowned:/var/etcd" -e TARGET_VERSION=3.5.16 \
       -e DATA_DIRECTORY=/var/etcd/data -e ETCD_NAME=etcd0 "$IMAGE")
   code=$(wait_exit "$c" 30) || return 1
-  [[ $code != 0 ]] || { why "a root-owned volume as uid 1000 exited 0"; return 1; }
-  logs "$c" | grep -i >/dev/null "permission denied" || { why "no 'permission denied' in: $(logs "$c")"; return 1; }
+  expect_eq "$code" 2 "exit code, a root-owned volume as uid 1000" || return 1
+  has_log "$c" "not readable and writable by uid 1000" || { why "the error does not say who cannot write: $(logs "$c")"; return 1; }
+  has_log "$c" "chown -R 1000" || { why "the error does not give the fix: $(logs "$c")"; return 1; }
   has_log "$c" "etcd started" && { why "etcd was started"; return 1; }
-  say "  root-owned volume as 1000: exit $code: $(logs "$c" | grep -m1 -i 'permission' | cut -c1-150)"
+  say "  root-owned volume as 1000: exit $code: $(logs "$c" | grep -m1 ' error ' | cut -c1-150)"
 }
 
 # Zombie reaping while PID 1: a step binary that orphans a child (a helper
