@@ -3,7 +3,7 @@
 //! the pre-rollback data back, the free-space check refusing a backup that
 //! cannot fit, and pruning never taking the backup just made.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
@@ -11,9 +11,12 @@ use serde_json::Value;
 
 use crate::harness::etcd::read_back;
 use crate::harness::fixture::{self, FixtureSpec};
-use crate::harness::migrator::{Migration, Outcome};
+use crate::harness::migrator::{field, Migration, Outcome};
+use crate::harness::mount::Mount;
 use crate::harness::tree::fingerprint;
-use crate::harness::{dir_names, mode, read_version_txt, temp_dir, write_version_txt, Member};
+use crate::harness::{
+    dir_names, mode, read_version_txt, temp_dir, write_version_txt, Member, WORK_DIR,
+};
 
 const BUNDLE: &str = "3.3.25,3.4.23,3.5.16";
 
@@ -26,10 +29,7 @@ fn backup_taken(run: &Outcome) -> Option<PathBuf> {
         run.explain()
     );
     lines.first().map(|line| {
-        let path = line
-            .split_whitespace()
-            .find_map(|field| field.strip_prefix("path="))
-            .unwrap_or_else(|| panic!("no path= in {line:?}"));
+        let path = field(line, "path").unwrap_or_else(|| panic!("no path= in {line:?}"));
         PathBuf::from(path)
     })
 }
@@ -117,7 +117,7 @@ fn backups_are_kept_newest_first_up_to_backup_keep() {
         assert_eq!(mode(&backup), 0o700, "{name}");
         assert_eq!(read_version_txt(&backup), pair, "{name}");
         assert!(
-            !backup.join(".etcd-migrate.work").exists(),
+            !backup.join(WORK_DIR).exists(),
             "{name} holds scratch space"
         );
     }
@@ -182,53 +182,13 @@ fn the_logged_restore_command_brings_back_the_pre_rollback_data() {
     after.assert_revisions_kept(&fixture.keyspace);
 }
 
-/// A tmpfs mounted for one test, unmounted when dropped.
-struct Tmpfs {
-    path: PathBuf,
-}
-
-impl Tmpfs {
-    fn mount(path: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(path)
-            .unwrap_or_else(|err| panic!("mkdir {}: {err}", path.display()));
-        let output = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(path)
-            .output()
-            .unwrap_or_else(|err| panic!("run mount: {err}"));
-        assert!(
-            output.status.success(),
-            "cannot mount a {size} tmpfs on {} (the e2e tests run as root with CAP_SYS_ADMIN): {}",
-            path.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        Tmpfs {
-            path: path.to_path_buf(),
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let unmounted = Command::new("umount")
-            .arg(&self.path)
-            .status()
-            .is_ok_and(|status| status.success());
-        if !unmounted {
-            // Busy (a process of a failed test still in it): detach it so
-            // the temp dir can still be removed.
-            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-        }
-    }
-}
-
 #[test]
 fn a_backup_that_cannot_fit_is_refused_before_anything_changes() {
     let tmp = temp_dir("nospace");
     let data = tmp.path().join("data");
     let member = Member::new("nospace");
     fixture::build(FixtureSpec::small("3.4.23"), &data, &member, tmp.path());
-    let small = Tmpfs::mount(&tmp.path().join("small"), "1m");
+    let small = Mount::tmpfs(&tmp.path().join("small"), "size=1m");
     let before = fingerprint(&data);
 
     let run = Migration::new("3.3.25", &data, &member)

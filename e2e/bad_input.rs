@@ -10,35 +10,29 @@
 //! target, missing bundled minor, mislabelled and non-executable binary)
 //! and `backups` (a backup the free-space check refuses).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, DeleteOptions};
 
-use crate::harness::etcd::{connect, die_with_parent, kill_and_reap, read_back, EtcdProcess};
+use crate::harness::etcd::{connect, read_back, EtcdProcess};
 use crate::harness::fixture::{self, Fixture, FixtureSpec};
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::{Migration, Outcome};
+use crate::harness::mount::Mount;
 use crate::harness::tree::{fingerprint, Tree};
 use crate::harness::v2::{self, V2Key};
 use crate::harness::{
     block_on, dir_names, etcd_binary, free_port, install_script, mode, read_version_txt, set_mode,
-    symlink, temp_dir, write_version_txt, Member, ETCD_READY_TIMEOUT, MIGRATE_TIMEOUT,
-    POLL_INTERVAL,
+    symlink, temp_dir, write_version_txt, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, VERSION_TEMP,
+    WORK_DIR,
 };
 
-/// Scratch dir of the rebuilding steps, and the temp name of version.txt.
-const WORK_DIR: &str = ".etcd-migrate.work";
-const VERSION_TEMP: &str = ".version.txt.tmp";
-
-/// Exit codes (README): bad configuration or precondition, nothing
-/// touched; a step failed.
-const EXIT_PRECONDITION: i32 = 2;
+/// Exit code (README): a step failed.
 const EXIT_STEP_FAILED: i32 = 3;
 
 /// The real releases these cases walk between.
@@ -48,21 +42,6 @@ const BUNDLE: &str = "3.3.25,3.4.23,3.5.16";
 fn fixture_at(tmp: &Path, version: &'static str, tag: &str) -> Fixture {
     let data = tmp.join("data");
     fixture::build(FixtureSpec::small(version), &data, &Member::new(tag), tmp)
-}
-
-/// Asserts `run` exited 2, says each of `expected`, started no etcd, and
-/// left `root` exactly as `before`.
-fn assert_refused_untouched(run: &Outcome, root: &Path, before: &Tree, expected: &[&str]) {
-    run.assert_code(EXIT_PRECONDITION);
-    for text in expected {
-        run.assert_stderr_has(text);
-    }
-    assert!(
-        run.lines_with("etcd started").is_empty(),
-        "a refused run starts no etcd\n{}",
-        run.explain()
-    );
-    before.assert_unchanged(&fingerprint(root), "a refused run");
 }
 
 /// Our error line (text format) and the lines that continue it.
@@ -119,133 +98,6 @@ fn assert_nothing_recorded(run: &Outcome, data: &Path, recorded: &str) {
             data.join(leftover).display(),
             run.explain()
         );
-    }
-}
-
-/// A child process killed and reaped if the test fails first.
-struct KilledOnDrop(Child);
-
-impl Drop for KilledOnDrop {
-    fn drop(&mut self) {
-        kill_and_reap(&mut self.0);
-    }
-}
-
-/// Runs `command` (an etcd-migrate command line) to completion within
-/// [`MIGRATE_TIMEOUT`]: for what the harness's runner cannot do, running
-/// it as another user.
-fn run_command(mut command: Command) -> Outcome {
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    die_with_parent(&mut command);
-    let mut child = KilledOnDrop(
-        command
-            .spawn()
-            .unwrap_or_else(|err| panic!("spawn {command:?}: {err}")),
-    );
-    let mut stdout = child.0.stdout.take().expect("stdout is piped");
-    let stdout = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stdout.read_to_string(&mut text);
-        text
-    });
-    let stderr = child.0.stderr.take().expect("stderr is piped");
-    let (sender, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + MIGRATE_TIMEOUT;
-    let mut text = String::new();
-    loop {
-        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => {
-                text.push_str(&line);
-                text.push('\n');
-            }
-            Err(RecvTimeoutError::Disconnected) => break,
-            Err(RecvTimeoutError::Timeout) => {
-                panic!("{command:?} ran past {MIGRATE_TIMEOUT:?}; stderr:\n{text}")
-            }
-        }
-    }
-    let status = loop {
-        if let Some(status) = child.0.try_wait().expect("wait for etcd-migrate") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{command:?} closed stderr but did not exit; stderr:\n{text}"
-        );
-        std::thread::sleep(POLL_INTERVAL);
-    };
-    Outcome {
-        status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: text,
-    }
-}
-
-/// A filesystem mounted for one test, unmounted when dropped.
-struct Mount {
-    path: PathBuf,
-}
-
-impl Mount {
-    fn run(args: &[&str], path: &Path) {
-        let output = Command::new("mount")
-            .args(args)
-            .arg(path)
-            .output()
-            .unwrap_or_else(|err| panic!("run mount: {err}"));
-        assert!(
-            output.status.success(),
-            "mount {args:?} {} failed (the e2e tests run as root with CAP_SYS_ADMIN): {}",
-            path.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-
-    /// A tmpfs with `options` (e.g. `size=80m`, `nr_inodes=5`) at `path`.
-    fn tmpfs(path: &Path, options: &str) -> Mount {
-        std::fs::create_dir_all(path)
-            .unwrap_or_else(|err| panic!("mkdir {}: {err}", path.display()));
-        Mount::run(&["-t", "tmpfs", "-o", options, "tmpfs"], path);
-        Mount {
-            path: path.to_path_buf(),
-        }
-    }
-
-    /// `source` mounted read-only at `path`.
-    fn read_only_bind(source: &Path, path: &Path) -> Mount {
-        std::fs::create_dir_all(path)
-            .unwrap_or_else(|err| panic!("mkdir {}: {err}", path.display()));
-        Mount::run(&["--bind", &source.display().to_string()], path);
-        let mount = Mount {
-            path: path.to_path_buf(),
-        };
-        Mount::run(&["-o", "remount,bind,ro"], path);
-        mount
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let unmounted = Command::new("umount")
-            .arg(&self.path)
-            .status()
-            .is_ok_and(|status| status.success());
-        if !unmounted {
-            // Busy (a process of a failed test still in it): detach it so
-            // the temp dir can still be removed.
-            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-        }
     }
 }
 
@@ -324,61 +176,60 @@ fn version_txt_that_cannot_be_used_is_refused_untouched() {
     let data = &fixture.data_dir;
     let path = data.join("version.txt").display().to_string();
     let declare = format!("> {path}");
-    // (name, content, what the message must say)
-    let cases: [(&str, &[u8], Vec<&str>); 8] = [
-        ("empty", b"", vec![&path, "is empty", &declare]),
-        ("a newline only", b"\n", vec![&path, "is empty", &declare]),
+    // (name, content, what the message says is wrong, what it says to
+    // do); every message names the file too.
+    let cases: [(&str, &[u8], &str, &str); 8] = [
+        ("empty", b"", "is empty", &declare),
+        ("a newline only", b"\n", "is empty", &declare),
         (
             "unknown storage",
             b"3.4.23/etcd4",
-            vec![&path, "\"etcd4\" is not a storage format", &declare],
+            "\"etcd4\" is not a storage format",
+            &declare,
         ),
         (
             "no storage",
             b"3.4.23",
-            vec![&path, "is not of the form <version>/<storage>", &declare],
+            "is not of the form <version>/<storage>",
+            &declare,
         ),
         (
             "a v prefix",
             b"v3.4.23/etcd3",
-            vec![&path, "is not a version of the form", &declare],
+            "is not a version of the form",
+            &declare,
         ),
         (
             "etcd3 on a 2.x release",
             b"2.3.7/etcd3",
-            vec![&path, "has no etcd3 storage", &declare],
+            "has no etcd3 storage",
+            &declare,
         ),
         (
             "a future minor",
             b"3.7.0/etcd3",
-            vec![
-                &path,
-                "newer than anything this image bundles (newest: 3.5.16)",
-                "bundles etcd 3.7.x",
-            ],
+            "newer than anything this image bundles (newest: 3.5.16)",
+            "bundles etcd 3.7.x",
         ),
         (
             "a future major",
             b"4.0.0/etcd3",
-            vec![
-                &path,
-                "newer than any release etcd-migrate knows",
-                "bundles etcd 4.0.x",
-            ],
+            "newer than any release etcd-migrate knows",
+            "bundles etcd 4.0.x",
         ),
     ];
-    for (name, content, expected) in &cases {
+    for (name, content, wrong, remedy) in cases {
         std::fs::write(data.join("version.txt"), content).expect("write version.txt");
         let before = fingerprint(data);
         let run = Migration::new("3.5.16", data, &fixture.member)
             .bundled(BUNDLE)
             .run();
-        assert_refused_untouched(&run, data, &before, expected);
+        run.assert_refused_untouched(data, &before, &[&path, wrong, remedy]);
         println!(
             "version.txt {name} ({:?}): exit {:?}, {}",
             String::from_utf8_lossy(content),
             run.code(),
-            run.our_lines().last().unwrap_or(&"")
+            run.last_line()
         );
     }
     println!("{} version.txt cases refused untouched", cases.len());
@@ -403,8 +254,7 @@ fn targets_below_the_data_without_a_rollback_path_are_refused_untouched() {
     let run = Migration::new("2.3.7", &v2_data, &member)
         .bundled("2.3.7,3.3.25")
         .run();
-    assert_refused_untouched(
-        &run,
+    run.assert_refused_untouched(
         &v2_data,
         &before,
         &[
@@ -420,8 +270,7 @@ fn targets_below_the_data_without_a_rollback_path_are_refused_untouched() {
     let run = Migration::new("3.2.32", &fixture.data_dir, &fixture.member)
         .bundled("3.2.32,3.4.23")
         .run();
-    assert_refused_untouched(
-        &run,
+    run.assert_refused_untouched(
         &fixture.data_dir,
         &before,
         &[
@@ -508,13 +357,9 @@ fn bundled_binaries_that_cannot_run_are_refused_untouched() {
             .bundled(BUNDLE)
             .run();
         let named = bin.display().to_string();
-        assert_refused_untouched(&run, data, &before, expected);
+        run.assert_refused_untouched(data, &before, expected);
         run.assert_stderr_has(&named);
-        println!(
-            "binary {name}: exit {:?}, {}",
-            run.code(),
-            run.our_lines().last().unwrap_or(&"")
-        );
+        println!("binary {name}: exit {:?}, {}", run.code(), run.last_line());
     }
     println!("{} binary cases refused untouched", cases.len());
 }
@@ -527,8 +372,7 @@ fn a_file_in_place_of_the_data_dir_is_refused_untouched() {
     // The tree holding the file (a file cannot be a fingerprint's root).
     let before = fingerprint(tmp.path());
     let run = Migration::new("3.5.16", &file, &Member::new("file-data-dir")).run();
-    assert_refused_untouched(
-        &run,
+    run.assert_refused_untouched(
         tmp.path(),
         &before,
         &[
@@ -575,19 +419,18 @@ fn a_data_dir_another_user_owns_is_refused_untouched() {
         assert!(status.success(), "install {}", copy.display());
         program = copy;
     }
-    let mut command = Command::new("setpriv");
-    command
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .arg(format!("--reuid={OTHER_UID}"))
-        .arg(format!("--regid={OTHER_UID}"))
-        .arg("--clear-groups")
-        .arg(&program)
-        .args(migration.command().get_args());
+    let as_other = migration.launched_by(
+        [
+            "setpriv".to_string(),
+            format!("--reuid={OTHER_UID}"),
+            format!("--regid={OTHER_UID}"),
+            "--clear-groups".to_string(),
+        ],
+        &program,
+    );
     let before = fingerprint(data);
-    let run = run_command(command);
-    assert_refused_untouched(
-        &run,
+    let run = as_other.run();
+    run.assert_refused_untouched(
         data,
         &before,
         &[
@@ -608,8 +451,7 @@ fn a_read_only_data_dir_is_refused_before_any_etcd_starts() {
     let before = fingerprint(&fixture.data_dir);
     let migration = Migration::new("3.5.16", &read_only.path, &fixture.member).bundled(BUNDLE);
     let run = migration.run();
-    assert_refused_untouched(
-        &run,
+    run.assert_refused_untouched(
         &fixture.data_dir,
         &before,
         &[
@@ -624,8 +466,7 @@ fn a_read_only_data_dir_is_refused_before_any_etcd_starts() {
     // mount it would be created in.
     let missing = read_only.path.join("new");
     let run = Migration::new("3.5.16", &missing, &fixture.member).run();
-    assert_refused_untouched(
-        &run,
+    run.assert_refused_untouched(
         &fixture.data_dir,
         &before,
         &[
@@ -667,8 +508,7 @@ fn ports_that_are_taken_are_refused_before_anything_is_touched() {
 
     let client = hold(migration.port);
     let run = migration.run();
-    assert_refused_untouched(
-        &run,
+    run.assert_refused_untouched(
         data,
         &before,
         &[
@@ -680,16 +520,12 @@ fn ports_that_are_taken_are_refused_before_anything_is_touched() {
             "give the steps a free loopback port with --port",
         ],
     );
-    println!(
-        "client port taken: {}",
-        run.our_lines().last().unwrap_or(&"")
-    );
+    println!("client port taken: {}", run.last_line());
     drop(client);
 
     let peer = hold(migration.peer_port);
     let run = migration.run();
-    assert_refused_untouched(
-        &run,
+    run.assert_refused_untouched(
         data,
         &before,
         &[
@@ -702,7 +538,7 @@ fn ports_that_are_taken_are_refused_before_anything_is_touched() {
             "LISTEN_PEER_URLS",
         ],
     );
-    println!("peer port taken: {}", run.our_lines().last().unwrap_or(&""));
+    println!("peer port taken: {}", run.last_line());
     drop(peer);
 
     // The second of two peer URLs, from the environment.
@@ -713,8 +549,7 @@ fn ports_that_are_taken_are_refused_before_anything_is_touched() {
         migration.peer_port
     );
     let run = migration.clone().env("LISTEN_PEER_URLS", &urls).run();
-    assert_refused_untouched(
-        &run,
+    run.assert_refused_untouched(
         data,
         &before,
         &[
@@ -722,10 +557,7 @@ fn ports_that_are_taken_are_refused_before_anything_is_touched() {
             "$LISTEN_PEER_URLS",
         ],
     );
-    println!(
-        "second LISTEN_PEER_URLS port taken: {}",
-        run.our_lines().last().unwrap_or(&"")
-    );
+    println!("second LISTEN_PEER_URLS port taken: {}", run.last_line());
     drop(second);
 
     // A run with no step to take does not probe ports (and stays fast).
@@ -753,6 +585,9 @@ const BEFORE_SPAWN: &str = "etcd-before-spawn";
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_port_taken_after_the_check_fails_the_step_with_etcds_words() {
+    use crate::harness::migrator::{field, is_ours};
+    use crate::harness::MIGRATE_TIMEOUT;
+
     let tmp = temp_dir("port-race");
     let fixture = fixture_at(tmp.path(), "3.4.23", "port-race");
     let data = &fixture.data_dir;
@@ -766,8 +601,7 @@ fn a_port_taken_after_the_check_fails_the_step_with_etcds_words() {
         .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1")
         .spawn();
     running.wait_for_line(BEFORE_SPAWN, MIGRATE_TIMEOUT, |line| {
-        line.starts_with("[etcd-migrate] ")
-            && line.contains(&format!(" failpoint name={BEFORE_SPAWN}"))
+        is_ours(line, "failpoint") && field(line, "name") == Some(BEFORE_SPAWN)
     });
     let holder = TcpListener::bind(("127.0.0.1", migration.port))
         .unwrap_or_else(|err| panic!("take port {}: {err}", migration.port));
@@ -1235,7 +1069,7 @@ fn unknown_flags_are_refused_untouched() {
         }
         let before = fingerprint(data);
         let run = migration.run();
-        assert_refused_untouched(&run, data, &before, expected);
+        run.assert_refused_untouched(data, &before, expected);
         println!(
             "flag {name} {args:?}: exit {:?}, {}",
             run.code(),

@@ -17,21 +17,21 @@ use std::collections::BTreeSet;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
-use crate::harness::etcd::{die_with_parent, kill_and_reap, read_back, EtcdProcess};
+use crate::harness::etcd::{die_with_parent, kill_and_reap, read_back, reap_within};
 use crate::harness::fixture::{self, FixtureSpec, LEASE_TTL_SECS};
 use crate::harness::keyspace::{Keyspace, HEALTH_KEY};
 use crate::harness::migrator::{Migration, Mode, Outcome};
-use crate::harness::v2::{self, V2Fixture, V2Keyspace, V2_HEALTH_KEY_IN_V3};
+use crate::harness::v2::{self, V2Fixture, V2_HEALTH_KEY_IN_V3};
 use crate::harness::{
-    block_on, dir_names, free_port, read_version_txt, require_suite_binaries, temp_dir,
-    wait_for_no_process_on, Member, MIGRATE_TIMEOUT,
+    copy_dir, dir_names, pids, proc_stat, read_version_txt, require_suite_binaries, temp_dir,
+    wait_for_no_process_on, Member, MIGRATE_TIMEOUT, VERSION_TEMP, WORK_DIR,
 };
 
 /// The releases every scenario may use.
@@ -43,10 +43,6 @@ const ORPHANS_GONE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Leases granted 3,600 s before must show more than this left.
 const MIN_REMAINING_TTL: i64 = 3000;
-
-/// Scratch dir of the rebuilding steps, and the temp file of version.txt.
-const WORK_DIR: &str = ".etcd-migrate.work";
-const VERSION_TEMP: &str = ".version.txt.tmp";
 
 /// A backup being written (published by renaming it without the prefix).
 const BACKUP_TEMP_PREFIX: &str = ".tmp-";
@@ -186,18 +182,7 @@ impl Scenario {
         let dir = self.root.path().join(format!("run-{n}"));
         std::fs::create_dir(&dir).unwrap_or_else(|err| panic!("mkdir {}: {err}", dir.display()));
         let data = dir.join("data");
-        let status = Command::new("cp")
-            .arg("-a")
-            .arg(&self.fixture)
-            .arg(&data)
-            .status()
-            .unwrap_or_else(|err| panic!("run cp: {err}"));
-        assert!(
-            status.success(),
-            "cp -a {} {}: {status}",
-            self.fixture.display(),
-            data.display()
-        );
+        copy_dir(&self.fixture, &data);
         let (version, storage) = self
             .kind
             .target()
@@ -304,29 +289,10 @@ impl Scenario {
                 );
             }
             (Original::V2(written), Kind::Storage) => {
-                let mut etcd = EtcdProcess::start_with(
-                    "3.5.16",
-                    member,
-                    data,
-                    free_port(),
-                    logs,
-                    &["--enable-v2=true"],
-                );
-                let (v3, read_at, v2_after) = block_on(async {
-                    etcd.wait_ready().await;
-                    let v3 = Keyspace::read(&etcd.endpoint()).await;
-                    let read_at = Instant::now();
-                    (v3, read_at, V2Keyspace::read(&etcd.endpoint()).await)
-                });
-                etcd.stop();
+                let (v3, read_at, v2_after) = v2::read_back_migrated("3.5.16", member, data, logs);
                 assert_eq!(v3.health_value().as_deref(), Some("3.5.16"));
                 v2::assert_migrated(&v3, written, read_at, &BTreeSet::new(), false);
-                assert!(
-                    v2_after.leaves.is_empty() && v2_after.dirs.is_empty(),
-                    "the v2 store still holds {} leaves and {} dirs",
-                    v2_after.leaves.len(),
-                    v2_after.dirs.len()
-                );
+                v2_after.assert_empty();
                 assert!(
                     !v3.entries.contains_key(V2_HEALTH_KEY_IN_V3.as_bytes()),
                     "the v2 health key {V2_HEALTH_KEY_IN_V3} was carried into v3"
@@ -409,24 +375,17 @@ impl Launched {
 
     /// Waits up to `timeout` for the exit; kills it and panics after that.
     fn wait(mut self, timeout: Duration) -> Outcome {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(status) = self.try_status() {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                if let Some(child) = self.child.as_mut() {
-                    kill_and_reap(child);
-                }
-                panic!(
-                    "etcd-migrate (pid {}) did not finish within {timeout:?}; stderr:\n{}",
-                    self.pid(),
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(crate::harness::POLL_INTERVAL);
+        let pid = self.pid();
+        let Some(mut child) = self.child.take() else {
+            panic!("etcd-migrate (pid {pid}) was already reaped");
         };
-        self.child = None;
+        let Some(status) = reap_within(&mut child, timeout) else {
+            kill_and_reap(&mut child);
+            panic!(
+                "etcd-migrate (pid {pid}) did not finish within {timeout:?}; stderr:\n{}",
+                self.stderr()
+            );
+        };
         Outcome {
             status,
             stdout: std::fs::read_to_string(&self.out).unwrap_or_default(),
@@ -505,34 +464,13 @@ impl SplitMix {
     }
 }
 
-/// Live pids whose parent is in `parents`, from /proc.
+/// Pids (zombies included) whose parent is in `parents`, from /proc.
 fn children_of(parents: &BTreeSet<i32>) -> BTreeSet<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return BTreeSet::new();
-    };
-    let mut found = BTreeSet::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        // Gone since the listing: skip it.
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // After the parenthesised command name: state, then the ppid.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|ppid| ppid.parse::<i32>().ok());
-        if ppid.is_some_and(|ppid| parents.contains(&ppid)) {
-            found.insert(pid);
-        }
-    }
-    found
+    pids()
+        .into_iter()
+        // Gone since the listing: no stat, skipped.
+        .filter(|&pid| proc_stat(pid).is_some_and(|stat| parents.contains(&stat.ppid)))
+        .collect()
 }
 
 /// SIGKILLs `root` and every descendant at once, as a container kill
@@ -662,17 +600,11 @@ mod points {
     use super::*;
     use std::collections::BTreeMap;
 
-    use crate::harness::wait_until;
+    use crate::harness::migrator::{field, is_ours};
+    use crate::harness::{free_port, wait_until};
 
     /// Makes etcd-migrate log every failpoint pass.
     const TRACE: (&str, &str) = ("ETCD_MIGRATE_FAILPOINT_TRACE", "1");
-
-    /// The value of `key=` in one of our log lines.
-    fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-        line.split_whitespace()
-            .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
-            .map(|value| value.trim_matches('"'))
-    }
 
     /// Every failpoint pass a traced run logged, in order, as (name, k): the
     /// `k`th pass of `name`.
@@ -768,29 +700,6 @@ mod points {
         /// Runs killed at a failpoint, reruns included.
         kills: usize,
         seconds: f64,
-    }
-
-    /// The etcd arguments of exec mode: the target serves the member on a
-    /// user port.
-    fn exec_args(member: &Member) -> Vec<String> {
-        let user_url = format!("http://127.0.0.1:{}", free_port());
-        [
-            "--name",
-            &member.name,
-            "--listen-client-urls",
-            &user_url,
-            "--advertise-client-urls",
-            &user_url,
-            "--listen-peer-urls",
-            &member.peer_url(),
-            "--initial-advertise-peer-urls",
-            &member.peer_url(),
-            "--initial-cluster",
-            &member.initial_cluster(),
-        ]
-        .iter()
-        .map(|arg| arg.to_string())
-        .collect()
     }
 
     /// Kills the scenario at every pass of every failpoint a clean run
@@ -903,7 +812,8 @@ mod points {
         scenario: &Scenario,
         no_exec: &[(String, usize)],
     ) -> (BTreeSet<String>, usize) {
-        let args = exec_args(&scenario.member);
+        let user_url = format!("http://127.0.0.1:{}", free_port());
+        let args = scenario.member.exec_args(&user_url);
         let run = scenario.fresh_run();
         let mut launched = run.launch(Mode::Exec(args.clone()), &[TRACE], false);
         let pid = launched.pid();
@@ -998,10 +908,7 @@ mod points {
                 );
             }
             let stderr = launched.stderr();
-            let line = stderr.lines().find(|line| {
-                line.starts_with(crate::harness::migrator::OUR_PREFIX)
-                    && line.contains(" etcd started ")
-            })?;
+            let line = stderr.lines().find(|line| is_ours(line, "etcd started"))?;
             Some(line.to_string())
         });
         let etcd: i32 = field(&started, "pid")

@@ -6,17 +6,17 @@
 //! left. One more run is stopped with SIGTERM during a rollback.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use tempfile::TempDir;
 
-use crate::harness::etcd::{read_back, EtcdProcess};
+use crate::harness::etcd::read_back;
 use crate::harness::fixture::{self, Fixture, FixtureSpec, LEASE_TTL_SECS};
-use crate::harness::keyspace::Keyspace;
-use crate::harness::migrator::{Migration, Outcome, OUR_PREFIX};
-use crate::harness::v2::{self, assert_v2_copy, read_back_v2, V2Fixture, V2Keyspace};
+use crate::harness::migrator::{is_ours, Migration, Outcome};
+use crate::harness::v2::{self, assert_v2_copy, read_back_v2, V2Fixture};
 use crate::harness::{
-    block_on, free_port, read_version_txt, temp_dir, wait_for_no_process_on, Member, STOP_GRACE,
+    read_version_txt, temp_dir, wait_for_no_process_on, Member, STOP_GRACE, VERSION_TEMP, WORK_DIR,
 };
 
 /// How long a run may take to reach the line it is stopped at.
@@ -25,15 +25,12 @@ const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the killed run's etcd and tools may outlive it.
 const ORPHANS_GONE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Scratch dir of the rebuilding steps, and the journal of their swap.
-const WORK_DIR: &str = ".etcd-migrate.work";
+/// The journal of a rebuilding step's swap, in its scratch dir.
 const SWAP_JOURNAL: &str = "swap-journal";
 
 /// Whether `line` is our `message` line and contains every one of `parts`.
 fn ours(line: &str, message: &str, parts: &[&str]) -> bool {
-    line.starts_with(OUR_PREFIX)
-        && line.contains(&format!(" {message} "))
-        && parts.iter().all(|part| line.contains(part))
+    is_ours(line, message) && parts.iter().all(|part| line.contains(part))
 }
 
 /// Runs `migration`, sends `signal` right after the `nth` stderr line that
@@ -130,15 +127,7 @@ fn v2_fixture(tmp: &Path, member: &Member) -> V2Fixture {
 /// fixture and an empty v2 store. Leases of an attempt that was killed
 /// before its keys were verified may remain (they expire on their own).
 fn assert_storage_converged(tmp: &Path, member: &Member, fixture: &V2Fixture) {
-    let data = tmp.join("data");
-    let mut etcd = EtcdProcess::start("3.3.25", member, &data, free_port(), tmp);
-    let (v3, read_at, v2_after) = block_on(async {
-        etcd.wait_ready().await;
-        let v3 = Keyspace::read(&etcd.endpoint()).await;
-        let read_at = Instant::now();
-        (v3, read_at, V2Keyspace::read(&etcd.endpoint()).await)
-    });
-    etcd.stop();
+    let (v3, read_at, v2_after) = v2::read_back_migrated("3.3.25", member, &tmp.join("data"), tmp);
     v2::assert_migrated(&v3, fixture, read_at, &Default::default(), true);
     let orphans = v3.leases.values().filter(|l| l.keys.is_empty()).count();
     eprintln!(
@@ -146,12 +135,7 @@ fn assert_storage_converged(tmp: &Path, member: &Member, fixture: &V2Fixture) {
         v3.entries.len(),
         v3.leases.len()
     );
-    assert!(
-        v2_after.leaves.is_empty() && v2_after.dirs.is_empty(),
-        "the v2 store still holds {} leaves and {} dirs",
-        v2_after.leaves.len(),
-        v2_after.dirs.len()
-    );
+    v2_after.assert_empty();
 }
 
 fn storage_migration_killed_after(tag: &str, what: &str, matches: impl Fn(&str) -> bool) {
@@ -190,89 +174,123 @@ fn storage_migration_killed_after_leases_attached_converges() {
     });
 }
 
-// ---- minor rollback ----
+// ---- minor rollback and rollback to etcd2 ----
 
-fn assert_rollback_converged(tmp: &Path, member: &Member, fixture: &Fixture, version: &str) {
-    let after = read_back(version, member, &fixture.data_dir, tmp);
-    after.assert_kept(&fixture.keyspace, Some(version), 3000);
-    after.assert_revisions_kept(&fixture.keyspace);
+/// One rollback test: its temp dir, a small fixture written by real etcd
+/// in `<tmp>/data`, and the migration that rolls it back.
+struct Rollback {
+    tmp: TempDir,
+    member: Member,
+    fixture: Fixture,
+    migration: Migration,
+}
+
+impl Rollback {
+    /// A fixture written by `from` (some keys rewritten, so revisions
+    /// matter), rolled back one minor to `to`.
+    fn minor(tag: &str, from: &'static str, to: &str) -> Self {
+        Self::build(
+            tag,
+            FixtureSpec::small(from).with_rewrites(5),
+            |data, member| Migration::new(to, data, member).bundled(&format!("{to},{from}")),
+        )
+    }
+
+    /// A 3.3.25 fixture of text values, rolled back to etcd2.
+    fn to_etcd2(tag: &str) -> Self {
+        Self::build(
+            tag,
+            FixtureSpec::small("3.3.25").text_only(),
+            |data, member| {
+                Migration::new("3.3.25", data, member)
+                    .bundled("3.3.25")
+                    .arg("--target-storage")
+                    .arg("etcd2")
+            },
+        )
+    }
+
+    fn build(
+        tag: &str,
+        spec: FixtureSpec,
+        migration: impl FnOnce(&Path, &Member) -> Migration,
+    ) -> Self {
+        let tmp = temp_dir(tag);
+        let member = Member::new(tag);
+        let fixture = fixture::build(spec, &tmp.path().join("data"), &member, tmp.path());
+        let migration = migration(&fixture.data_dir, &member);
+        Rollback {
+            tmp,
+            member,
+            fixture,
+            migration,
+        }
+    }
+
+    fn data(&self) -> &Path {
+        &self.fixture.data_dir
+    }
+
+    /// `version` serves the fixture's keys, values, leases and revisions.
+    fn assert_rolled_back_to(&self, version: &str) {
+        let after = read_back(version, &self.member, self.data(), self.tmp.path());
+        after.assert_kept(&self.fixture.keyspace, Some(version), 3000);
+        after.assert_revisions_kept(&self.fixture.keyspace);
+    }
+
+    /// The v2 store in `data` (the fixture's data dir, or a copy of it) is
+    /// the copy of the fixture's keys.
+    fn assert_v2_copy_in(&self, data: &Path) {
+        let v2 = read_back_v2("3.3.25", &self.member, data, self.tmp.path());
+        assert_v2_copy(&v2, &self.fixture.keyspace, LEASE_TTL_SECS);
+    }
 }
 
 #[test]
 fn minor_rollback_killed_after_the_restore_converges() {
-    let tmp = temp_dir("kill-restore");
-    let member = Member::new("kill-restore");
-    let data = tmp.path().join("data");
-    let fixture = fixture::build(
-        FixtureSpec::small("3.5.16").with_rewrites(5),
-        &data,
-        &member,
-        tmp.path(),
-    );
-    let migration = Migration::new("3.4.23", &data, &member).bundled("3.4.23,3.5.16");
-
+    let case = Rollback::minor("kill-restore", "3.5.16", "3.4.23");
     // The restored copy is in the scratch dir, not yet proven or swapped.
     interrupt(
-        &migration,
+        &case.migration,
         Signal::SIGKILL,
         "snapshot restored",
         1,
         |line| ours(line, "tool finished", &["args=\"snapshot restore "]),
     );
-    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
-    rerun_converges(&migration, "3.4.23/etcd3");
-    assert_rollback_converged(tmp.path(), &member, &fixture, "3.4.23");
+    assert_eq!(read_version_txt(case.data()), "3.5.16/etcd3");
+    rerun_converges(&case.migration, "3.4.23/etcd3");
+    case.assert_rolled_back_to("3.4.23");
 }
 
 #[test]
 fn minor_rollback_killed_around_the_swap_converges() {
-    let tmp = temp_dir("kill-swap");
-    let member = Member::new("kill-swap");
-    let data = tmp.path().join("data");
-    let fixture = fixture::build(
-        FixtureSpec::small("3.4.23").with_rewrites(5),
-        &data,
-        &member,
-        tmp.path(),
-    );
-    let migration = Migration::new("3.3.25", &data, &member).bundled("3.3.25,3.4.23");
-
+    let case = Rollback::minor("kill-swap", "3.4.23", "3.3.25");
     // The second stop of the step is 3.3.25 proving the restored copy;
     // the journal, the exchange and version.txt come next.
     interrupt(
-        &migration,
+        &case.migration,
         Signal::SIGKILL,
         "restored copy proven",
         2,
         |line| ours(line, "etcd healthy and stopped", &["step=1/1 "]),
     );
-    rerun_converges(&migration, "3.3.25/etcd3");
-    assert_rollback_converged(tmp.path(), &member, &fixture, "3.3.25");
+    rerun_converges(&case.migration, "3.3.25/etcd3");
+    case.assert_rolled_back_to("3.3.25");
 }
 
 #[test]
 fn minor_rollback_stopped_by_sigterm_exits_143_and_the_rerun_converges() {
-    let tmp = temp_dir("term-rollback");
-    let member = Member::new("term-rollback");
-    let data = tmp.path().join("data");
-    let fixture = fixture::build(
-        FixtureSpec::small("3.4.23").with_rewrites(5),
-        &data,
-        &member,
-        tmp.path(),
-    );
-    let migration = Migration::new("3.3.25", &data, &member).bundled("3.3.25,3.4.23");
-
+    let case = Rollback::minor("term-rollback", "3.4.23", "3.3.25");
     // Next comes 3.3.25 serving the restored copy: the signal lands while
     // the step waits for its first write.
     let (stopped, sent) = interrupt(
-        &migration,
+        &case.migration,
         Signal::SIGTERM,
         "snapshot restored",
         1,
         |line| ours(line, "tool finished", &["args=\"snapshot restore "]),
     );
-    let recorded = read_version_txt(&data);
+    let recorded = read_version_txt(case.data());
     if !sent {
         // The run had exited before the signal was sent (a loaded
         // machine): it must then have completed the step.
@@ -293,35 +311,19 @@ fn minor_rollback_stopped_by_sigterm_exits_143_and_the_rerun_converges() {
             stopped.assert_stderr_has("stopped by SIGTERM");
         }
     }
-    rerun_converges(&migration, "3.3.25/etcd3");
-    assert_rollback_converged(tmp.path(), &member, &fixture, "3.3.25");
+    rerun_converges(&case.migration, "3.3.25/etcd3");
+    case.assert_rolled_back_to("3.3.25");
 }
 
-// ---- rollback to etcd2 ----
-
 fn rollback_to_etcd2_killed_after(tag: &str, what: &str, matches: impl Fn(&str) -> bool) {
-    let tmp = temp_dir(tag);
-    let member = Member::new(tag);
-    let data = tmp.path().join("data");
-    let fixture = fixture::build(
-        FixtureSpec::small("3.3.25").text_only(),
-        &data,
-        &member,
-        tmp.path(),
-    );
-    let migration = Migration::new("3.3.25", &data, &member)
-        .bundled("3.3.25")
-        .arg("--target-storage")
-        .arg("etcd2");
-
-    interrupt(&migration, Signal::SIGKILL, what, 1, matches);
+    let case = Rollback::to_etcd2(tag);
+    interrupt(&case.migration, Signal::SIGKILL, what, 1, matches);
     assert!(
-        ["3.3.25/etcd3", "3.3.25/etcd2"].contains(&read_version_txt(&data).as_str()),
+        ["3.3.25/etcd3", "3.3.25/etcd2"].contains(&read_version_txt(case.data()).as_str()),
         "version.txt names a pair the data was at"
     );
-    rerun_converges(&migration, "3.3.25/etcd2");
-    let v2 = read_back_v2("3.3.25", &member, &data, tmp.path());
-    assert_v2_copy(&v2, &fixture.keyspace, LEASE_TTL_SECS);
+    rerun_converges(&case.migration, "3.3.25/etcd2");
+    case.assert_v2_copy_in(case.data());
 }
 
 #[test]
@@ -342,14 +344,12 @@ fn rollback_to_etcd2_killed_after_the_v2_check_converges() {
 
 // ---- swapped (or converted) but not recorded ----
 
-/// The temp file `version.txt` is written through; a directory in its
-/// place makes the record after a step's swap fail, deterministically
-/// leaving what a crash between the swap and the record leaves.
-const VERSION_TEMP: &str = ".version.txt.tmp";
-
 /// Runs `migration` with the record of its (only) step made to fail, and
 /// asserts it failed there: exit 3, the old pair still recorded. Returns
-/// whether a swap journal was left. Then removes the obstacle.
+/// whether a swap journal was left. Then removes the obstacle. (A
+/// directory where [`VERSION_TEMP`] goes makes the record after a step's
+/// swap fail, deterministically leaving what a crash between the swap and
+/// the record leaves.)
 fn fail_the_record(migration: &Migration, old: &str) -> bool {
     let data = &migration.data_dir;
     std::fs::create_dir(data.join(VERSION_TEMP)).expect("mkdir the obstacle");
@@ -363,24 +363,10 @@ fn fail_the_record(migration: &Migration, old: &str) -> bool {
     journal
 }
 
-#[test]
-fn minor_rollback_swapped_but_not_recorded_is_finished_by_the_rerun() {
-    let tmp = temp_dir("unrecorded-rollback");
-    let member = Member::new("unrecorded-rollback");
-    let data = tmp.path().join("data");
-    let fixture = fixture::build(
-        FixtureSpec::small("3.4.23").with_rewrites(5),
-        &data,
-        &member,
-        tmp.path(),
-    );
-    let migration = Migration::new("3.3.25", &data, &member).bundled("3.3.25,3.4.23");
-    assert!(
-        fail_the_record(&migration, "3.4.23/etcd3"),
-        "the swap journal stays until the step is recorded"
-    );
-
-    let rerun = rerun_converges(&migration, "3.3.25/etcd3");
+/// Reruns `migration` to `expected` (see [`rerun_converges`]) and asserts
+/// it finished the step left between its swap and its record, once.
+fn rerun_finishes_the_swap(migration: &Migration, expected: &str) -> Outcome {
+    let rerun = rerun_converges(migration, expected);
     assert_eq!(
         rerun
             .lines_with("finished a step interrupted after its swap")
@@ -389,44 +375,35 @@ fn minor_rollback_swapped_but_not_recorded_is_finished_by_the_rerun() {
         "{}",
         rerun.explain()
     );
+    rerun
+}
+
+#[test]
+fn minor_rollback_swapped_but_not_recorded_is_finished_by_the_rerun() {
+    let case = Rollback::minor("unrecorded-rollback", "3.4.23", "3.3.25");
+    assert!(
+        fail_the_record(&case.migration, "3.4.23/etcd3"),
+        "the swap journal stays until the step is recorded"
+    );
+
+    let rerun = rerun_finishes_the_swap(&case.migration, "3.3.25/etcd3");
     assert!(
         rerun.step_kinds().is_empty(),
         "nothing is redone\n{}",
         rerun.explain()
     );
-    assert_rollback_converged(tmp.path(), &member, &fixture, "3.3.25");
+    case.assert_rolled_back_to("3.3.25");
 }
 
 #[test]
 fn rollback_to_etcd2_swapped_but_not_recorded_is_finished_by_the_rerun() {
-    let tmp = temp_dir("unrecorded-etcd2");
-    let member = Member::new("unrecorded-etcd2");
-    let data = tmp.path().join("data");
-    let fixture = fixture::build(
-        FixtureSpec::small("3.3.25").text_only(),
-        &data,
-        &member,
-        tmp.path(),
-    );
-    let migration = Migration::new("3.3.25", &data, &member)
-        .bundled("3.3.25")
-        .arg("--target-storage")
-        .arg("etcd2");
-    assert!(fail_the_record(&migration, "3.3.25/etcd3"));
+    let case = Rollback::to_etcd2("unrecorded-etcd2");
+    assert!(fail_the_record(&case.migration, "3.3.25/etcd3"));
 
     // Without the journal the rerun would read the rebuilt v2 store
     // through the v3 API, see no key, and rebuild an empty store.
-    let rerun = rerun_converges(&migration, "3.3.25/etcd2");
-    assert_eq!(
-        rerun
-            .lines_with("finished a step interrupted after its swap")
-            .len(),
-        1,
-        "{}",
-        rerun.explain()
-    );
-    let v2 = read_back_v2("3.3.25", &member, &data, tmp.path());
-    assert_v2_copy(&v2, &fixture.keyspace, LEASE_TTL_SECS);
+    rerun_finishes_the_swap(&case.migration, "3.3.25/etcd2");
+    case.assert_v2_copy_in(case.data());
 }
 
 #[test]
@@ -441,62 +418,27 @@ fn storage_migration_converted_but_not_recorded_converges() {
     let migration = Migration::new("3.3.25", &fixture.data_dir, &member).bundled("3.3.25");
     fail_the_record(&migration, "3.3.25/etcd2");
 
-    let rerun = rerun_converges(&migration, "3.3.25/etcd3");
-    assert_eq!(
-        rerun
-            .lines_with("finished a step interrupted after its swap")
-            .len(),
-        1,
-        "{}",
-        rerun.explain()
-    );
+    let rerun = rerun_finishes_the_swap(&migration, "3.3.25/etcd3");
     assert!(rerun.step_kinds().is_empty(), "{}", rerun.explain());
     assert_storage_converged(tmp.path(), &member, &fixture);
 }
 
 // ---- a data dir copied after a crash ----
 
-/// `cp -a` of `from` to `to`: the same content under new inodes, as a
-/// volume move or an operator's copy makes.
-#[cfg(feature = "failpoints")]
-fn copy_dir(from: &Path, to: &Path) {
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .expect("run cp");
-    assert!(
-        status.success(),
-        "cp -a {} {}",
-        from.display(),
-        to.display()
-    );
-}
-
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_data_dir_copied_after_a_crash_at_the_swap_is_finished_not_wiped() {
     use std::os::unix::process::ExitStatusExt;
+
+    use crate::harness::copy_dir;
     // Regression: the swap journal named the swapped-in member dir by
     // inode. Copied after a crash between the swap and the record, the data
     // dir had new inodes, so the rerun "discarded" the step, removed the
     // scratch dir (which held the data from before the step) and read the
     // rebuilt v2 store through the v3 API: 0 keys, recorded as etcd2.
-    let tmp = temp_dir("copied-after-swap");
-    let member = Member::new("copied-after-swap");
-    let data = tmp.path().join("data");
-    let fixture = fixture::build(
-        FixtureSpec::small("3.3.25").text_only(),
-        &data,
-        &member,
-        tmp.path(),
-    );
-    let migration = Migration::new("3.3.25", &data, &member)
-        .bundled("3.3.25")
-        .arg("--target-storage")
-        .arg("etcd2");
-    let killed = migration
+    let case = Rollback::to_etcd2("copied-after-swap");
+    let killed = case
+        .migration
         .clone()
         .env("FAILPOINTS", "swap-after-exchange=return")
         .run();
@@ -506,21 +448,12 @@ fn a_data_dir_copied_after_a_crash_at_the_swap_is_finished_not_wiped() {
         "{}",
         killed.explain()
     );
-    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+    assert_eq!(read_version_txt(case.data()), "3.3.25/etcd3");
 
-    let copy = tmp.path().join("copy");
-    copy_dir(&data, &copy);
-    let mut on_copy = migration.clone();
+    let copy = case.tmp.path().join("copy");
+    copy_dir(case.data(), &copy);
+    let mut on_copy = case.migration.clone();
     on_copy.data_dir = copy.clone();
-    let rerun = rerun_converges(&on_copy, "3.3.25/etcd2");
-    assert_eq!(
-        rerun
-            .lines_with("finished a step interrupted after its swap")
-            .len(),
-        1,
-        "{}",
-        rerun.explain()
-    );
-    let v2 = read_back_v2("3.3.25", &member, &copy, tmp.path());
-    assert_v2_copy(&v2, &fixture.keyspace, LEASE_TTL_SECS);
+    rerun_finishes_the_swap(&on_copy, "3.3.25/etcd2");
+    case.assert_v2_copy_in(&copy);
 }

@@ -8,7 +8,7 @@ use crate::harness::fixture::{self, FixtureSpec, LEASE_TTL_SECS};
 use crate::harness::keyspace::HEALTH_KEY;
 use crate::harness::migrator::Migration;
 use crate::harness::v2::{assert_v2_copy, read_back_v2};
-use crate::harness::{dir_names, mode, read_version_txt, temp_dir, Member};
+use crate::harness::{dir_names, mode, read_version_txt, temp_dir, Member, WORK_DIR};
 
 /// Leases granted 3,600 s shortly before must show more than this left.
 const MIN_REMAINING_TTL: i64 = 3000;
@@ -59,7 +59,7 @@ fn rollback_3_5_to_3_3_in_one_run_keeps_keys_revisions_and_leases() {
     }
     assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
     assert_eq!(mode(&data), 0o700, "the data dir keeps its mode");
-    assert!(!data.join(".etcd-migrate.work").exists());
+    assert!(!data.join(WORK_DIR).exists());
 
     let after = read_back("3.3.25", &member, &data, tmp.path());
     after.assert_kept(&fixture.keyspace, Some("3.3.25"), MIN_REMAINING_TTL);
@@ -96,7 +96,7 @@ fn rollback_3_3_etcd3_to_etcd2_keeps_keys_and_ttls() {
     assert_eq!(run.step_kinds(), ["rollback-to-etcd2"], "{}", run.explain());
     assert_eq!(read_version_txt(&data), "3.3.25/etcd2");
     assert_eq!(mode(&data), 0o700);
-    assert!(!data.join(".etcd-migrate.work").exists());
+    assert!(!data.join(WORK_DIR).exists());
 
     let v2 = read_back_v2("3.3.25", &member, &data, tmp.path());
     assert_v2_copy(&v2, &fixture.keyspace, LEASE_TTL_SECS);
@@ -139,7 +139,7 @@ fn rollback_to_etcd2_refuses_a_binary_value_and_keeps_the_data() {
     );
     let now: Vec<String> = dir_names(&data)
         .into_iter()
-        .filter(|name| name != ".etcd-migrate.work")
+        .filter(|name| name != WORK_DIR)
         .collect();
     assert_eq!(now, before, "nothing but the scratch dir was added");
 
@@ -154,6 +154,6 @@ fn rollback_to_etcd2_refuses_a_binary_value_and_keeps_the_data() {
         .bundled("3.3.25")
         .run();
     rerun.assert_code(0);
-    assert!(!data.join(".etcd-migrate.work").exists());
+    assert!(!data.join(WORK_DIR).exists());
     assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
 }

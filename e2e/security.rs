@@ -7,19 +7,17 @@
 #![cfg(feature = "failpoints")]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Instant;
 
-use crate::harness::etcd::{die_with_parent, kill_and_reap, reap_within};
 use crate::harness::fixture::{self, FixtureSpec};
-use crate::harness::migrator::{Migration, OUR_PREFIX};
+use crate::harness::migrator::{field, is_ours, Migration};
 use crate::harness::v2;
-use crate::harness::{mode, read_version_txt, temp_dir, Member, MIGRATE_TIMEOUT};
+use crate::harness::{
+    mode, pids, proc_stat, read_version_txt, temp_dir, Member, MIGRATE_TIMEOUT, WORK_DIR,
+};
 
 /// The failpoint that holds each step's etcd open: it is passed right
 /// after the etcd accepted its first write, before it is used or stopped.
@@ -28,9 +26,6 @@ const HOLD_AT: &str = "step-after-health-write";
 /// How long each etcd is held. The checks of one hold take a few ms; the
 /// margin is for a loaded machine.
 const HOLD_MS: u64 = 2000;
-
-/// The scratch dir of the rebuilding steps.
-const WORK_DIR: &str = ".etcd-migrate.work";
 
 /// Permission bits for group and other.
 const GROUP_OTHER: u32 = 0o077;
@@ -127,31 +122,11 @@ fn listeners(pid: i32) -> Vec<Listener> {
 
 /// The live children of `parent`.
 fn children_of(parent: i32) -> Vec<i32> {
-    let mut children = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return children;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
-            continue;
-        };
-        // The process may be gone by now: skip what cannot be read.
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
-        let mut rest = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace())
-            .into_iter()
-            .flatten();
-        let state = rest.next();
-        let ppid = rest.next().and_then(|p| p.parse::<i32>().ok());
-        if ppid == Some(parent) && !matches!(state, Some("Z" | "X")) {
-            children.push(pid);
-        }
-    }
-    children
+    pids()
+        .into_iter()
+        // Gone since the listing: no stat, skipped.
+        .filter(|&pid| proc_stat(pid).is_some_and(|stat| stat.ppid == parent && stat.is_live()))
+        .collect()
 }
 
 /// Where the run's etcds may listen: `127.0.0.1`/`::1` on the client port,
@@ -191,17 +166,6 @@ struct StartedEtcd {
     pid: i32,
     client_port: u16,
     data_dir: PathBuf,
-}
-
-/// The value of `key=` in one of our text log lines.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
-}
-
-/// Whether `line` is our `message` line.
-fn is_ours(line: &str, message: &str) -> bool {
-    line.starts_with(OUR_PREFIX) && line.contains(&format!(" {message} "))
 }
 
 fn parse_started(line: &str) -> StartedEtcd {
@@ -349,53 +313,25 @@ fn assert_scratch_private(data: &Path) {
 /// the scratch dir. Asserts exit 0 and returns the data dirs the held
 /// etcds served, in order.
 fn run_holding_each_etcd(migration: &Migration, allowed: &Allowed) -> Vec<PathBuf> {
-    // The harness's runner clears the environment with no way to add to
-    // it, so FAILPOINTS needs a command of our own.
-    let mut command = migration.command();
-    command
+    let mut running = migration
+        .clone()
         .env("FAILPOINTS", format!("{HOLD_AT}=sleep({HOLD_MS})"))
         .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    die_with_parent(&mut command);
-    let mut child = KilledOnDrop(
-        command
-            .spawn()
-            .unwrap_or_else(|err| panic!("spawn etcd-migrate: {err}")),
-    );
-    let migrator = child.0.id() as i32;
-    let stderr = child.0.stderr.take().expect("stderr is piped");
-    let (sender, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-
+        .spawn();
+    let migrator = running.pid();
     let deadline = Instant::now() + MIGRATE_TIMEOUT;
-    let mut log = String::new();
     let mut started: Option<StartedEtcd> = None;
     let mut served = Vec::new();
-    loop {
-        let line = match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => line,
-            Err(RecvTimeoutError::Disconnected) => break,
-            Err(RecvTimeoutError::Timeout) => {
-                panic!("etcd-migrate (pid {migrator}) ran past {MIGRATE_TIMEOUT:?}; stderr:\n{log}")
-            }
-        };
-        log.push_str(&line);
-        log.push('\n');
+    while let Some(line) = running.next_line("the run to end", deadline) {
         if is_ours(&line, "etcd started") {
             started = Some(parse_started(&line));
         } else if is_ours(&line, "failpoint") && field(&line, "name") == Some(HOLD_AT) {
-            let etcd = started
-                .take()
-                .unwrap_or_else(|| panic!("{HOLD_AT} passed with no etcd started; stderr:\n{log}"));
+            let etcd = started.take().unwrap_or_else(|| {
+                panic!(
+                    "{HOLD_AT} passed with no etcd started (etcd-migrate pid {migrator}); stderr:\n{}",
+                    running.stderr()
+                )
+            });
             check_sockets(migrator, &etcd, allowed);
             if migration.data_dir.join(WORK_DIR).exists() {
                 assert_scratch_private(&migration.data_dir);
@@ -403,27 +339,10 @@ fn run_holding_each_etcd(migration: &Migration, allowed: &Allowed) -> Vec<PathBu
             served.push(etcd.data_dir);
         }
     }
-    let status = reap_within(
-        &mut child.0,
-        deadline.saturating_duration_since(Instant::now()),
-    )
-    .unwrap_or_else(|| {
-        panic!("etcd-migrate (pid {migrator}) closed stderr but did not exit; stderr:\n{log}")
-    });
-    assert!(
-        status.success(),
-        "etcd-migrate ended with {status}; stderr:\n{log}"
-    );
+    running
+        .wait(deadline.saturating_duration_since(Instant::now()))
+        .assert_code(0);
     served
-}
-
-/// A child killed and reaped if the test fails first.
-struct KilledOnDrop(Child);
-
-impl Drop for KilledOnDrop {
-    fn drop(&mut self) {
-        kill_and_reap(&mut self.0);
-    }
 }
 
 /// After the run: the data dir is 0700, and every path in it that the run

@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 use crate::harness::etcd::{read_back, EtcdProcess};
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::Migration;
-use crate::harness::v2::{self, V2Key, V2Keyspace, EXPIRY_MARGIN, V2_HEALTH_KEY_IN_V3};
-use crate::harness::{block_on, free_port, mode, read_version_txt, temp_dir, wait_until, Member};
+use crate::harness::v2::{self, V2Key, EXPIRY_MARGIN, V2_HEALTH_KEY_IN_V3};
+use crate::harness::{
+    block_on, dir_names, free_port, mode, read_version_txt, temp_dir, wait_until, Member, WORK_DIR,
+};
 
 /// The key written last with a 2 s TTL, expired before the migration.
 const SHORT_LIVED: &str = "/registry/events/ns-0/short-lived";
@@ -65,22 +67,13 @@ fn storage_migration_3_3_etcd2_to_3_5_etcd3_keeps_values_and_ttls() {
     assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
     assert_eq!(mode(&data), 0o700);
     assert!(
-        !data.join(".etcd-migrate.work").exists(),
+        !data.join(WORK_DIR).exists(),
         "the scratch dir is removed once the step is recorded"
     );
 
     // The backup holds the etcd2 data as it was before the first step.
     let backup_root = tmp.path().join("data.backup");
-    let backups: Vec<String> = std::fs::read_dir(&backup_root)
-        .unwrap_or_else(|err| panic!("list {}: {err}", backup_root.display()))
-        .map(|entry| {
-            entry
-                .expect("dir entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
+    let backups = dir_names(&backup_root);
     assert!(
         backups.len() == 1 && backups[0].ends_with("Z-3.3.25-etcd2"),
         "one backup of 3.3.25/etcd2 expected in {}: {backups:?}",
@@ -91,22 +84,7 @@ fn storage_migration_3_3_etcd2_to_3_5_etcd3_keeps_values_and_ttls() {
     assert_eq!(mode(&backup), 0o700);
 
     // One 3.5.16 with the v2 API on reads both stores.
-    let mut etcd = EtcdProcess::start_with(
-        "3.5.16",
-        &member,
-        &data,
-        free_port(),
-        tmp.path(),
-        &["--enable-v2=true"],
-    );
-    let (v3, read_at, v2_after) = block_on(async {
-        etcd.wait_ready().await;
-        let v3 = Keyspace::read(&etcd.endpoint()).await;
-        let read_at = Instant::now();
-        let v2_after = V2Keyspace::read(&etcd.endpoint()).await;
-        (v3, read_at, v2_after)
-    });
-    etcd.stop();
+    let (v3, read_at, v2_after) = v2::read_back_migrated("3.5.16", &member, &data, tmp.path());
 
     assert_eq!(v3.health_value().as_deref(), Some("3.5.16"));
     let gone: BTreeSet<String> = [SHORT_LIVED.to_string()].into();
@@ -116,13 +94,7 @@ fn storage_migration_3_3_etcd2_to_3_5_etcd3_keeps_values_and_ttls() {
         v3.entries.len(),
         v3.leases.len()
     );
-    assert!(
-        v2_after.leaves.is_empty() && v2_after.dirs.is_empty(),
-        "the v2 store must hold no migrated keys (3.6 refuses custom v2 content); it holds {} leaves and {} dirs, e.g. {:?}",
-        v2_after.leaves.len(),
-        v2_after.dirs.len(),
-        v2_after.leaves.keys().chain(v2_after.dirs.iter()).take(5).collect::<Vec<_>>()
-    );
+    v2_after.assert_empty();
     // Last, so every check above has run: the migration's own v2 health
     // key must not end up in the user's v3 keyspace (`etcdctl migrate`
     // copies it; the v3 health key is `etcd_version`, without a slash).

@@ -101,26 +101,9 @@ fn exec_mode_serves_the_target_on_the_users_port_as_the_same_pid() {
     let fixture = fixture::build(FixtureSpec::full("3.3.25"), &data, &member, tmp.path());
 
     let user_url = format!("http://127.0.0.1:{}", free_port());
-    let etcd_args: Vec<String> = [
-        "--name",
-        &member.name,
-        "--listen-client-urls",
-        &user_url,
-        "--advertise-client-urls",
-        &user_url,
-        "--listen-peer-urls",
-        &member.peer_url(),
-        "--initial-advertise-peer-urls",
-        &member.peer_url(),
-        "--initial-cluster",
-        &member.initial_cluster(),
-    ]
-    .iter()
-    .map(|arg| arg.to_string())
-    .collect();
     let mut running = Migration::new("3.5.16", &data, &member)
         .bundled("3.3.25,3.4.23,3.5.16")
-        .mode(Mode::Exec(etcd_args))
+        .mode(Mode::Exec(member.exec_args(&user_url)))
         .spawn();
     let pid = running.pid();
 

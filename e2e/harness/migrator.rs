@@ -1,8 +1,10 @@
 //! This module owns running the `etcd-migrate` binary under test: its
-//! command line built from a member and a data dir, a clean environment,
-//! stdout and stderr collected (stderr also line by line as it comes, for
-//! tests that act in the middle of a run), a deadline on every run, and a
-//! guard that kills it if the test fails first.
+//! command line built from a member and a data dir (optionally started
+//! through a launcher such as `setpriv`, to run as another user), a clean
+//! environment, stdout and stderr collected (stderr also line by line as
+//! it comes, for tests that act in the middle of a run), a deadline on
+//! every run, a guard that kills it if the test fails first, and reading
+//! its own log lines.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
@@ -15,12 +17,17 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::etcd::{die_with_parent, kill_and_reap};
-use super::{bin_dir, free_port, require_suite_binaries, Member, MIGRATE_TIMEOUT, POLL_INTERVAL};
+use super::etcd::{die_with_parent, kill_and_reap, reap_within};
+use super::tree::{fingerprint, Tree};
+use super::{bin_dir, free_port, require_suite_binaries, Member, MIGRATE_TIMEOUT};
 
 /// How long the output pipes may stay open after the process exited (a
 /// grandchild could hold them; none should).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The exit code of a bad configuration or precondition (nothing
+/// touched).
+pub const EXIT_PRECONDITION: i32 = 2;
 
 /// The prefix of every text log line etcd-migrate writes itself.
 pub const OUR_PREFIX: &str = "[etcd-migrate] ";
@@ -36,9 +43,30 @@ pub enum Mode {
     Exec(Vec<String>),
 }
 
+/// Whether `line` is one of our own text log lines with `message`
+/// (`[etcd-migrate] <ts> <level> <message> key=value …`, matched loosely:
+/// ` <message> ` anywhere after the prefix).
+pub fn is_ours(line: &str, message: &str) -> bool {
+    line.starts_with(OUR_PREFIX) && line.contains(&format!(" {message} "))
+}
+
+/// The value of `key=` in one of our text log lines, without the quotes
+/// a value with spaces gets.
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
+        .map(|value| value.trim_matches('"'))
+}
+
 /// One invocation of etcd-migrate.
 #[derive(Debug, Clone)]
 pub struct Migration {
+    /// The etcd-migrate binary: the one cargo built, unless a test needs a
+    /// copy another user can reach.
+    pub program: PathBuf,
+    /// A command etcd-migrate is started through, its program first (e.g.
+    /// `setpriv --reuid=65534 …`); empty to start it directly.
+    pub launcher: Vec<OsString>,
     /// `--target-version`.
     pub target: String,
     /// `--data-dir`.
@@ -67,6 +95,8 @@ impl Migration {
     pub fn new(target: &str, data_dir: &Path, member: &Member) -> Self {
         require_suite_binaries();
         Migration {
+            program: PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate")),
+            launcher: Vec::new(),
             target: target.to_string(),
             data_dir: data_dir.to_path_buf(),
             name: member.name.clone(),
@@ -89,6 +119,19 @@ impl Migration {
     /// Sets `--bin-dir`.
     pub fn bin_dir(mut self, dir: &Path) -> Self {
         self.bin_dir = dir.to_path_buf();
+        self
+    }
+
+    /// Starts etcd-migrate (`program`) through `launcher`, e.g.
+    /// `["setpriv", "--reuid=65534", …]`; the launcher gets the clean
+    /// environment and passes it on.
+    pub fn launched_by<S: Into<OsString>>(
+        mut self,
+        launcher: impl IntoIterator<Item = S>,
+        program: &Path,
+    ) -> Self {
+        self.launcher = launcher.into_iter().map(Into::into).collect();
+        self.program = program.to_path_buf();
         self
     }
 
@@ -116,7 +159,14 @@ impl Migration {
     /// runner's own `HOSTNAME`, `ETCD_*` or `INITIAL_CLUSTER` must not leak
     /// into the run.
     pub fn command(&self) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_etcd-migrate"));
+        let mut command = match self.launcher.split_first() {
+            Some((launcher, args)) => {
+                let mut command = Command::new(launcher);
+                command.args(args).arg(&self.program);
+                command
+            }
+            None => Command::new(&self.program),
+        };
         command
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -252,19 +302,32 @@ impl Running {
     ) -> String {
         let deadline = Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if matches(&line) => return line,
-                Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => panic!(
-                    "no stderr line with {what} within {timeout:?}; stderr so far:\n{}",
-                    self.stderr()
-                ),
-                Err(RecvTimeoutError::Disconnected) => panic!(
-                    "etcd-migrate closed stderr before a line with {what}; stderr:\n{}",
+            match self.next_line(&format!("a line with {what}"), deadline) {
+                Some(line) if matches(&line) => return line,
+                Some(_) => {}
+                None => panic!(
+                    "etcd-migrate (pid {}) closed stderr before a line with {what}; stderr:\n{}",
+                    self.pid,
                     self.stderr()
                 ),
             }
+        }
+    }
+
+    /// The next stderr line not yet consumed, or `None` once stderr has
+    /// closed (the run is ending); panics, naming `what` the test waits
+    /// for, if neither comes by `deadline`.
+    pub fn next_line(&mut self, what: &str, deadline: Instant) -> Option<String> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.lines.recv_timeout(left) {
+            Ok(line) => Some(line),
+            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Timeout) => panic!(
+                "waiting for {what}: no stderr line from etcd-migrate (pid {}) before the \
+                 deadline; stderr so far:\n{}",
+                self.pid,
+                self.stderr()
+            ),
         }
     }
 
@@ -303,23 +366,17 @@ impl Running {
 
     /// Waits up to `timeout` for the exit; kills it and panics after that.
     pub fn wait(mut self, timeout: Duration) -> Outcome {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(status) = self.try_status() {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                if let Some(child) = self.child.as_mut() {
-                    kill_and_reap(child);
-                }
-                panic!(
-                    "etcd-migrate did not finish within {timeout:?}; it was killed; stderr:\n{}",
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(POLL_INTERVAL);
+        let Some(mut child) = self.child.take() else {
+            panic!("etcd-migrate (pid {}) was already reaped", self.pid);
         };
-        self.child = None;
+        let Some(status) = reap_within(&mut child, timeout) else {
+            kill_and_reap(&mut child);
+            panic!(
+                "etcd-migrate (pid {}) did not finish within {timeout:?}; it was killed; stderr:\n{}",
+                self.pid,
+                self.stderr()
+            );
+        };
         // Let the pumps reach end-of-file so no trailing line is lost.
         let drained = Instant::now() + DRAIN_TIMEOUT;
         for _ in 0..2 {
@@ -392,6 +449,11 @@ impl Outcome {
             .collect()
     }
 
+    /// Our last log line (where the run ended, in its words), or `""`.
+    pub fn last_line(&self) -> &str {
+        self.our_lines().last().copied().unwrap_or_default()
+    }
+
     /// Our lines whose message is `message`
     /// (`[etcd-migrate] <ts> <level> <message> key=value …`).
     pub fn lines_with(&self, message: &str) -> Vec<&str> {
@@ -423,11 +485,8 @@ impl Outcome {
     pub fn step_kinds(&self) -> Vec<String> {
         self.lines_with("step start")
             .iter()
-            .filter_map(|line| {
-                line.split_whitespace()
-                    .find_map(|field| field.strip_prefix("kind="))
-                    .map(str::to_string)
-            })
+            .filter_map(|line| field(line, "kind"))
+            .map(str::to_string)
             .collect()
     }
 
@@ -437,6 +496,26 @@ impl Outcome {
             self.stderr.contains(text),
             "stderr should contain {text:?}\n{}",
             self.explain()
+        );
+        self
+    }
+
+    /// Asserts a refusal: exit 2 (bad configuration or precondition), each
+    /// of `expected` on stderr, no etcd started, and the tree at `root`
+    /// exactly as `before` was taken.
+    pub fn assert_refused_untouched(&self, root: &Path, before: &Tree, expected: &[&str]) -> &Self {
+        self.assert_code(EXIT_PRECONDITION);
+        for text in expected {
+            self.assert_stderr_has(text);
+        }
+        assert!(
+            self.lines_with("etcd started").is_empty(),
+            "a refused run starts no etcd\n{}",
+            self.explain()
+        );
+        before.assert_unchanged(
+            &fingerprint(root),
+            &format!("a refused run (its last line: {:?})", self.last_line()),
         );
         self
     }

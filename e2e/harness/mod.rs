@@ -1,11 +1,13 @@
 //! This module owns what every e2e test shares: where the real etcd
 //! binaries are, unique loopback ports, the member identity a fixture and
-//! the migrator must agree on, deadlines, and small file helpers.
+//! the migrator must agree on (and the exec'd target's arguments),
+//! deadlines, small file helpers, and the processes /proc lists.
 
 pub mod etcd;
 pub mod fixture;
 pub mod keyspace;
 pub mod migrator;
+pub mod mount;
 pub mod tree;
 pub mod v2;
 
@@ -28,6 +30,13 @@ pub const MIGRATE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a process gets between SIGTERM and SIGKILL (etcd stops in
 /// 3–50 ms, ETCD-NOTES).
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The scratch dir the rebuilding steps keep inside the data dir.
+pub const WORK_DIR: &str = ".etcd-migrate.work";
+
+/// The temp file `version.txt` is written to before it is renamed over
+/// the old one.
+pub const VERSION_TEMP: &str = ".version.txt.tmp";
 
 /// Poll interval of every wait loop.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -128,6 +137,28 @@ impl Member {
     pub fn initial_cluster(&self) -> String {
         format!("{}={}", self.name, self.peer_url())
     }
+
+    /// The etcd arguments of exec mode (after `--`): the target serves
+    /// this member on `user_url` for clients and on its peer URL.
+    pub fn exec_args(&self, user_url: &str) -> Vec<String> {
+        [
+            "--name",
+            &self.name,
+            "--listen-client-urls",
+            user_url,
+            "--advertise-client-urls",
+            user_url,
+            "--listen-peer-urls",
+            &self.peer_url(),
+            "--initial-advertise-peer-urls",
+            &self.peer_url(),
+            "--initial-cluster",
+            &self.initial_cluster(),
+        ]
+        .iter()
+        .map(|arg| arg.to_string())
+        .collect()
+    }
 }
 
 /// Runs `future` to completion on a fresh current-thread runtime.
@@ -220,17 +251,48 @@ pub fn symlink(target: &Path, link: &Path) {
         .unwrap_or_else(|err| panic!("symlink {} -> {}: {err}", link.display(), target.display()));
 }
 
+/// Every pid in /proc at the time of the listing (some may be gone by
+/// the time the caller reads them).
+pub fn pids() -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// What `/proc/<pid>/stat` says of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// The state letter (`R`, `S`, `Z`, …).
+    pub state: char,
+    /// The parent's pid.
+    pub ppid: i32,
+}
+
+impl ProcStat {
+    /// Whether the process still runs (neither a zombie nor dead).
+    pub fn is_live(&self) -> bool {
+        self.state != 'Z' && self.state != 'X'
+    }
+}
+
+/// The state and parent of `pid`, or `None` once it is gone.
+pub fn proc_stat(pid: i32) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid …`: the command name may itself hold spaces
+    // or parentheses, so the fields are counted from its last `)`.
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    Some(ProcStat { state, ppid })
+}
+
 /// Whether `pid` is still a live (not zombie) process.
 pub fn is_running(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name, which may
-        // itself hold spaces or parentheses.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
+    proc_stat(pid).is_some_and(|stat| stat.is_live())
 }
 
 /// Live processes (not zombies, not this one) whose command line mentions
@@ -238,18 +300,8 @@ pub fn is_running(pid: i32) -> bool {
 /// etcd-migrate left behind, if any. Each as (pid, command line).
 pub fn processes_mentioning(needle: &str) -> Vec<(i32, String)> {
     let own = std::process::id() as i32;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
     let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
+    for pid in pids() {
         if pid == own {
             continue;
         }
@@ -281,6 +333,23 @@ pub fn wait_for_no_process_on(dir: &Path, timeout: Duration) {
         );
         std::thread::sleep(POLL_INTERVAL);
     }
+}
+
+/// Copies `from` to `to` with `cp -a`: the same content under new inodes,
+/// as a volume move or an operator's copy makes.
+pub fn copy_dir(from: &Path, to: &Path) {
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap_or_else(|err| panic!("run cp: {err}"));
+    assert!(
+        status.success(),
+        "cp -a {} {}: {status}",
+        from.display(),
+        to.display()
+    );
 }
 
 /// The names of the entries of `dir`, sorted.

@@ -164,6 +164,18 @@ impl V2Keyspace {
         );
     }
 
+    /// Asserts the store holds nothing: a storage migration leaves no
+    /// migrated key in v2.
+    pub fn assert_empty(&self) {
+        assert!(
+            self.leaves.is_empty() && self.dirs.is_empty(),
+            "the v2 store must hold no migrated keys (3.6 refuses custom v2 content); it holds {} leaves and {} dirs, e.g. {:?}",
+            self.leaves.len(),
+            self.dirs.len(),
+            self.leaves.keys().chain(self.dirs.iter()).take(5).collect::<Vec<_>>()
+        );
+    }
+
     /// The leaves without the `/etcd_version` health key.
     pub fn without_health_key(&self) -> BTreeMap<String, V2Node> {
         let health = format!("/{}", String::from_utf8_lossy(HEALTH_KEY));
@@ -175,21 +187,48 @@ impl V2Keyspace {
     }
 }
 
-/// Starts `etcd-<version>` as `member` on `data_dir` with the v2 API on,
-/// reads the v2 store, and stops it.
-pub fn read_back_v2(version: &str, member: &Member, data_dir: &Path, log_dir: &Path) -> V2Keyspace {
+/// Starts `etcd-<version>` as `member` on `data_dir` with the v2 API on
+/// (a flag from 3.4 on; on by default before).
+fn start_with_v2(version: &str, member: &Member, data_dir: &Path, log_dir: &Path) -> EtcdProcess {
     let extra: &[&str] = if version.starts_with("3.3.") {
         &[]
     } else {
         &["--enable-v2=true"]
     };
-    let mut etcd = EtcdProcess::start_with(version, member, data_dir, free_port(), log_dir, extra);
+    EtcdProcess::start_with(version, member, data_dir, free_port(), log_dir, extra)
+}
+
+/// Starts `etcd-<version>` as `member` on `data_dir` with the v2 API on,
+/// reads the v2 store, and stops it.
+pub fn read_back_v2(version: &str, member: &Member, data_dir: &Path, log_dir: &Path) -> V2Keyspace {
+    let mut etcd = start_with_v2(version, member, data_dir, log_dir);
     let keyspace = block_on(async {
         etcd.wait_ready_v2().await;
         V2Keyspace::read(&etcd.endpoint()).await
     });
     etcd.stop();
     keyspace
+}
+
+/// Starts `etcd-<version>` as `member` on data a storage migration wrote,
+/// with the v2 API on; once it takes a v3 write, reads the v3 keyspace,
+/// then the v2 store, and stops it. Returns both and when the v3 read
+/// ended (the reference for [`assert_migrated`]'s remaining TTLs).
+pub fn read_back_migrated(
+    version: &str,
+    member: &Member,
+    data_dir: &Path,
+    log_dir: &Path,
+) -> (Keyspace, Instant, V2Keyspace) {
+    let mut etcd = start_with_v2(version, member, data_dir, log_dir);
+    let read = block_on(async {
+        etcd.wait_ready().await;
+        let v3 = Keyspace::read(&etcd.endpoint()).await;
+        let read_at = Instant::now();
+        (v3, read_at, V2Keyspace::read(&etcd.endpoint()).await)
+    });
+    etcd.stop();
+    read
 }
 
 /// A v2 key a fixture writes.
