@@ -56,17 +56,25 @@ fn error_text(run: &Outcome) -> String {
     run.stderr[start..].to_string()
 }
 
-/// Asserts the error message carries the last line the failed etcd
-/// printed (relayed as `[etcd-<version>] …`), so the operator sees etcd's
-/// own words without digging through the relay.
+/// Asserts the error message carries the last line the failed etcd (the
+/// one the error names, `etcd <version> (pid …)`) printed, relayed as
+/// `[etcd-<version>] …`, so the operator sees etcd's own words without
+/// digging through the relay.
 fn assert_error_carries_etcds_last_line(run: &Outcome) {
+    let error = error_text(run);
+    let version = error
+        .split("etcd ")
+        .skip(1)
+        .find_map(|rest| rest.split_once(" (pid ").map(|(version, _)| version))
+        .filter(|version| version.split('.').all(|n| n.parse::<u32>().is_ok()))
+        .unwrap_or_else(|| panic!("the error names no etcd pid: {error}\n{}", run.explain()));
+    let relay = format!("[etcd-{version}] ");
     let last = run
         .stderr
         .lines()
-        .filter(|line| line.starts_with("[etcd-") && !line.starts_with("[etcd-migrate]"))
-        .filter_map(|line| line.split_once("] ").map(|(_, rest)| rest.trim()))
+        .filter_map(|line| line.strip_prefix(relay.as_str()).map(str::trim))
         .rfind(|rest| !rest.is_empty())
-        .unwrap_or_else(|| panic!("etcd printed nothing\n{}", run.explain()));
+        .unwrap_or_else(|| panic!("etcd {version} printed nothing\n{}", run.explain()));
     assert!(
         error_text(run).contains(last),
         "the error should quote etcd's last line {last:?}\n{}",

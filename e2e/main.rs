@@ -18,8 +18,8 @@
 //! - `pid1`: orphans re-parented to etcd-migrate as PID 1 are reaped.
 //! - `crashes`: SIGKILL at every failpoint pass, of the entrypoint alone, and
 //!   of the whole tree at random moments; every rerun converges.
-//! - `fingerprint`: a key written behind our back fails the step (real etcd).
 //! - `security`: what a step's etcd listens on; modes of what a run creates.
+//! - `fingerprint`: a key written behind our back fails the step (real etcd).
 //! - `bad_input`: bad input and a bad environment (version.txt, binaries,
 //!   permissions, ports, corrupt data, full disks, alarms, flags).
 
