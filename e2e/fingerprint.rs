@@ -1,9 +1,10 @@
 //! The fingerprint check on real etcd: a key that appears behind our back
 //! (written into the data while a step's etcd serves it, between the read
 //! before a step and the read after it) fails the step. Nothing is recorded,
-//! a rebuilding step does not swap its copy in, and a clean rerun converges
-//! on the original keyspace. The window is held open with a failpoint
-//! `sleep` (build feature `failpoints`).
+//! a rebuilding step does not swap its copy in, and the data dir is put on
+//! hold: every later run refuses it (exit 2) until an operator removes the
+//! hold, after which a rerun converges. The window is held open with a
+//! failpoint `sleep` (build feature `failpoints`).
 
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use crate::harness::etcd::{connect, read_back};
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::keyspace::{Keyspace, HEALTH_KEY};
 use crate::harness::migrator::Migration;
+use crate::harness::tree::fingerprint as tree;
 use crate::harness::{block_on, read_version_txt, temp_dir, Member};
 
 /// How long the failpoint holds the run: ample for one put on loopback.
@@ -19,6 +21,35 @@ const HOLD_MS: u64 = 3000;
 
 /// How long a run may take to reach the failpoint.
 const REACH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The hold a fingerprint failure leaves in the data dir.
+const HOLD_FILE: &str = ".etcd-migrate.hold";
+
+/// Asserts the data dir is on hold: a run refuses it untouched (exit 2,
+/// naming the hold and what the failed run saw), then removes the hold as
+/// an operator would once the difference is understood.
+fn assert_held_then_release(migration: &Migration) {
+    let hold = migration.data_dir.join(HOLD_FILE);
+    let reason = std::fs::read_to_string(&hold)
+        .unwrap_or_else(|err| panic!("no hold at {}: {err}", hold.display()));
+    assert!(
+        reason.contains("is not the one before it") && reason.contains("before: v3 "),
+        "the hold says what the failed run saw: {reason}"
+    );
+    let before = tree(&migration.data_dir);
+    let refused = migration.run();
+    refused
+        .assert_code(2)
+        .assert_stderr_has(&hold.display().to_string())
+        .assert_stderr_has("remove");
+    assert!(
+        refused.lines_with("etcd started").is_empty(),
+        "{}",
+        refused.explain()
+    );
+    before.assert_unchanged(&tree(&migration.data_dir), "a run refused by the hold");
+    std::fs::remove_file(&hold).expect("remove the hold");
+}
 
 /// Puts `key` into the etcd a held run serves on `port`.
 fn put_behind_our_back(port: u16, key: &str) {
@@ -86,7 +117,10 @@ fn a_key_written_after_the_baseline_read_fails_the_upgrade_and_nothing_is_record
     assert!(run.lines_with("step done").is_empty(), "{}", run.explain());
     assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
 
-    // The next run reads the data as it now is (with the key) and walks it.
+    // The failed step ran 3.4.23 on the data, so without the hold the
+    // next run would read its baseline from the data as it now is and walk
+    // on. Once an operator has looked and removed the hold, it does.
+    assert_held_then_release(&migration);
     let rerun = migration.run();
     rerun.assert_code(0);
     assert_eq!(read_version_txt(&data), "3.4.23/etcd3");
@@ -142,7 +176,9 @@ fn a_rollback_whose_restored_copy_differs_is_not_swapped_in() {
         "the original member dir stays in place"
     );
 
-    // A clean rerun rolls back the original data: no trace of the key.
+    // Once released, a clean rerun rolls back the original data: no trace
+    // of the key.
+    assert_held_then_release(&migration);
     let rerun = migration.run();
     rerun.assert_code(0);
     assert_eq!(read_version_txt(&data), "3.3.25/etcd3");

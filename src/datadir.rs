@@ -22,6 +22,15 @@ pub const VERSION_FILE: &str = "version.txt";
 /// A crash can leave it behind; it is ignored and overwritten.
 pub const VERSION_TEMP_FILE: &str = ".version.txt.tmp";
 
+/// Written when a step's keyspace differed from the one before it (the
+/// fingerprint check): while it exists every run refuses the data dir.
+/// Without it, the next run would read its baseline from the data as the
+/// failed step left it and carry the difference on unnoticed.
+pub const HOLD_FILE: &str = ".etcd-migrate.hold";
+
+/// The temporary name the hold is written under before the rename.
+const HOLD_TEMP_FILE: &str = ".etcd-migrate.hold.tmp";
+
 /// Scratch space of steps that rebuild the data (restores, rollbacks). It
 /// lives inside the data dir so that swaps are renames within one
 /// filesystem, even when the data dir is a mount point.
@@ -130,6 +139,14 @@ pub enum DataDirError {
         /// The scratch dir.
         work: PathBuf,
     },
+    /// A step found the keyspace changed; the data waits for an operator.
+    #[error("{path} is there: a run stopped because a step's keyspace was not the one before it ({reason}); nothing runs on this data until someone has looked: compare it with its last backup (etcdctl get --prefix, or a snapshot), restore the backup if keys were lost, or, once the difference is understood and accepted, remove {path} and rerun")]
+    Held {
+        /// The hold file.
+        path: PathBuf,
+        /// What the failed run recorded in it.
+        reason: String,
+    },
     #[error("data dir {dir} is locked by another process (another etcd-migrate?); stop it before running this one")]
     Locked {
         /// The data dir.
@@ -174,6 +191,17 @@ pub fn inspect(dir: &Path) -> Result<DirState, DataDirError> {
         return Err(DataDirError::NotADirectory {
             path: dir.to_path_buf(),
         });
+    }
+    let hold = dir.join(HOLD_FILE);
+    match fs::read_to_string(&hold) {
+        Ok(reason) => {
+            return Err(DataDirError::Held {
+                path: hold,
+                reason: truncate(reason.trim(), 4000),
+            })
+        }
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        Err(err) => return Err(io_err("read", &hold)(err)),
     }
     let path = dir.join(VERSION_FILE);
     match fs::read(&path) {
@@ -356,9 +384,37 @@ pub fn remove_stale_version_temp(dir: &Path) -> Result<(), DataDirError> {
 /// point, it holds either the old pair or the new one, never a mix or
 /// nothing.
 pub fn write_version(dir: &Path, pair: VersionPair) -> Result<(), DataDirError> {
-    let temp = dir.join(VERSION_TEMP_FILE);
-    let target = dir.join(VERSION_FILE);
-    let written = write_temp(&temp, pair);
+    // No trailing newline: byte-for-byte the Kubernetes format.
+    replace_file(
+        dir,
+        VERSION_TEMP_FILE,
+        VERSION_FILE,
+        pair.to_string().as_bytes(),
+    )
+}
+
+/// Puts the hold on the data dir ([`HOLD_FILE`]), durably, with `reason`.
+pub fn write_hold(dir: &Path, reason: &str) -> Result<(), DataDirError> {
+    replace_file(
+        dir,
+        HOLD_TEMP_FILE,
+        HOLD_FILE,
+        format!("{reason}\n").as_bytes(),
+    )
+}
+
+/// Replaces `dir/name` with `content` atomically and durably, through the
+/// temp file `dir/temp_name`. (The failpoints are named after version.txt,
+/// the file this writes on every step; the hold goes the same way.)
+fn replace_file(
+    dir: &Path,
+    temp_name: &str,
+    name: &str,
+    content: &[u8],
+) -> Result<(), DataDirError> {
+    let temp = dir.join(temp_name);
+    let target = dir.join(name);
+    let written = write_temp(&temp, content);
     if let Err(err) = written {
         // Never leave a half-written temp file behind (a full disk fails
         // the write or the fsync): version.txt itself was not touched.
@@ -379,8 +435,8 @@ pub fn write_version(dir: &Path, pair: VersionPair) -> Result<(), DataDirError> 
     fsync_dir(dir)
 }
 
-/// Writes and fsyncs the temp file `write_version` renames into place.
-fn write_temp(temp: &Path, pair: VersionPair) -> Result<(), DataDirError> {
+/// Writes and fsyncs the temp file [`replace_file`] renames into place.
+fn write_temp(temp: &Path, content: &[u8]) -> Result<(), DataDirError> {
     let mut file = OpenOptions::new()
         .write(true)
         .create(true)
@@ -388,9 +444,7 @@ fn write_temp(temp: &Path, pair: VersionPair) -> Result<(), DataDirError> {
         .mode(0o600)
         .open(temp)
         .map_err(write_err("create", temp))?;
-    // No trailing newline: byte-for-byte the Kubernetes format.
-    file.write_all(pair.to_string().as_bytes())
-        .map_err(write_err("write", temp))?;
+    file.write_all(content).map_err(write_err("write", temp))?;
     crate::failpoint!("version-txt-after-temp-write");
     // Flush the content before the rename publishes it: without this a
     // power loss can leave version.txt renamed but empty (kubernetes#98989).
@@ -428,6 +482,27 @@ mod tests {
 
     fn pair(s: &str) -> VersionPair {
         s.parse().expect("test pair parses")
+    }
+
+    #[test]
+    fn a_hold_refuses_the_data_dir_until_it_is_removed() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        write_version(tmp.path(), "3.4.23/etcd3".parse().expect("pair")).expect("write");
+        write_hold(tmp.path(), "step 1/1 changed the keyspace").expect("hold");
+        let err = inspect(tmp.path()).expect_err("held");
+        let text = err.to_string();
+        assert!(matches!(err, DataDirError::Held { .. }), "{text}");
+        assert!(
+            text.contains(&tmp.path().join(HOLD_FILE).display().to_string())
+                && text.contains("step 1/1 changed the keyspace")
+                && text.contains("remove"),
+            "{text}"
+        );
+        fs::remove_file(tmp.path().join(HOLD_FILE)).expect("release");
+        assert_eq!(
+            inspect(tmp.path()).expect("released"),
+            DirState::Recorded("3.4.23/etcd3".parse().expect("pair"))
+        );
     }
 
     #[test]

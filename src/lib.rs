@@ -207,6 +207,11 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         );
     }
     let first_look = datadir::inspect(&config.data_dir);
+    // A hold stops everything, before any clean-up: what the failed run
+    // left (its scratch copy too) is what the operator will look at.
+    if let Err(held @ DataDirError::Held { .. }) = first_look {
+        return Err(Error::DataDir(held));
+    }
     // A scratch dir, or a version.txt temp file: a run died mid-step or
     // mid-record. Either sends us down the locked path that cleans up.
     let interrupted = config.data_dir.join(WORK_DIR).exists()
@@ -431,7 +436,11 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
             },
             termination: supervisor.termination(),
         };
-        runtime.block_on(executor.execute(&plan))?;
+        let executed = runtime.block_on(executor.execute(&plan));
+        if let Err(err @ ExecuteError::Step { .. }) = &executed {
+            hold_if_changed(&config.data_dir, err);
+        }
+        executed?;
     }
     if let Some(signal) = supervisor.terminated() {
         return Err(Error::Interrupted(signal));
@@ -478,6 +487,38 @@ fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
         )?;
     }
     Ok(())
+}
+
+/// Puts the hold on the data dir when a step failed its fingerprint check:
+/// the next run would otherwise read its baseline from the data as that
+/// step left it and go on without noticing. A failure to write the hold
+/// is logged; the step's own error is what the run reports.
+fn hold_if_changed(data_dir: &Path, err: &ExecuteError) {
+    let ExecuteError::Step { source, .. } = err else {
+        return;
+    };
+    if !matches!(**source, executor::StepError::Changed { .. }) {
+        return;
+    }
+    let when = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+    let reason = format!("{when}: {}", log::error_chain(err));
+    match datadir::write_hold(data_dir, &reason) {
+        Ok(()) => log::error(
+            "the data dir is on hold until someone has looked",
+            &[(
+                "hold",
+                data_dir
+                    .join(datadir::HOLD_FILE)
+                    .display()
+                    .to_string()
+                    .into(),
+            )],
+        ),
+        Err(hold_err) => log::error(
+            "cannot put the data dir on hold",
+            &[("error", hold_err.to_string().into())],
+        ),
+    }
 }
 
 /// Refuses data last run by a release newer than anything the image has:
