@@ -1,6 +1,7 @@
 //! Runs that stop in the middle: a stop signal during a step (the rerun
-//! must converge), and a step whose etcd dies (the completed steps stay
-//! recorded).
+//! must converge), a step whose etcd dies (the completed steps stay
+//! recorded), and a rerun that meets an etcd still stopping on the data
+//! (it waits for it, or refuses one that does not stop).
 
 use std::time::Duration;
 
@@ -125,5 +126,85 @@ fn step_failure_leaves_last_completed_step_recorded() {
         read_version_txt(&data),
         "3.4.23/etcd3",
         "the completed 3.4 step stays recorded"
+    );
+}
+
+/// Starts a stand-in for an etcd still on `data` (a shell under the name
+/// `etcd-3.4.23` whose command line names the data dir, as a step's etcd
+/// does) that lives `seconds`.
+fn lingering_etcd(
+    tmp: &std::path::Path,
+    data: &std::path::Path,
+    seconds: u32,
+) -> std::process::Child {
+    let fake = tmp.join("etcd-3.4.23");
+    std::fs::copy("/bin/sh", &fake).expect("copy sh");
+    std::process::Command::new(&fake)
+        .arg("-c")
+        // `; true` keeps the shell from exec'ing sleep in its place.
+        .arg(format!("sleep {seconds}; true"))
+        .arg("etcd")
+        .arg(format!("--data-dir={}", data.display()))
+        .spawn()
+        .expect("spawn the stand-in etcd")
+}
+
+#[test]
+fn a_rerun_waits_for_an_earlier_etcd_still_stopping_on_the_data() {
+    // A killed etcd-migrate's etcd gets SIGTERM from its parent-death
+    // signal and may take a moment to stop, holding the WAL lock and the
+    // ports: a restart must wait for it, not fail on a taken port.
+    let tmp = temp_dir("lingering");
+    let data = tmp.path().join("data");
+    let member = Member::new("lingering");
+    let fixture = fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
+    let mut stopping = lingering_etcd(tmp.path(), &data, 1);
+    let run = Migration::new("3.4.23", &data, &member)
+        .bundled("3.3.25,3.4.23")
+        .run();
+    let _ = stopping.wait();
+    run.assert_code(0);
+    assert_eq!(
+        run.lines_with("waiting for processes still on the data dir")
+            .len(),
+        1,
+        "{}",
+        run.explain()
+    );
+    assert_eq!(
+        run.lines_with("earlier processes on the data dir have ended")
+            .len(),
+        1
+    );
+    assert_eq!(read_version_txt(&data), "3.4.23/etcd3");
+    let after = read_back("3.4.23", &member, &data, tmp.path());
+    after.assert_kept(&fixture.keyspace, Some("3.4.23"), 3000);
+}
+
+#[test]
+fn an_etcd_that_stays_on_the_data_is_named_and_refused_untouched() {
+    let tmp = temp_dir("busy");
+    let data = tmp.path().join("data");
+    let member = Member::new("busy");
+    fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
+    let before = crate::harness::tree::fingerprint(&data);
+    let mut staying = lingering_etcd(tmp.path(), &data, 60);
+    let run = Migration::new("3.4.23", &data, &member)
+        .bundled("3.3.25,3.4.23")
+        .run();
+    let _ = staying.kill();
+    let _ = staying.wait();
+    run.assert_code(2)
+        .assert_stderr_has(&format!("still run on the data dir {}", data.display()))
+        .assert_stderr_has(&format!("pid {}", staying.id()))
+        .assert_stderr_has("stop it");
+    assert!(
+        run.lines_with("etcd started").is_empty(),
+        "{}",
+        run.explain()
+    );
+    before.assert_unchanged(
+        &crate::harness::tree::fingerprint(&data),
+        "a run refused by a busy data dir",
     );
 }

@@ -120,6 +120,20 @@ pub enum Error {
     /// A needed binary is absent or wrong.
     #[error(transparent)]
     Binary(#[from] BinError),
+    /// A process other than ours still runs on the data dir.
+    #[error("{count} process(es) still run on the data dir {data_dir} after {waited:?}, e.g. pid {pid}: {command}; stop it (an etcd already serving this data, or one left by an earlier run) and rerun")]
+    Busy {
+        /// The data dir.
+        data_dir: String,
+        /// How many.
+        count: usize,
+        /// One of them.
+        pid: i32,
+        /// Its command line.
+        command: String,
+        /// How long we waited.
+        waited: std::time::Duration,
+    },
     /// Steps are needed but the member is not alone in its cluster.
     #[error("INITIAL_CLUSTER {initial_cluster:?} lists {members} members, but etcd-migrate runs intermediate releases as an isolated single member, which cannot reach quorum in a multi-member cluster (and forcing a new cluster would split it); upgrade the cluster by rolling restarts, one minor at a time, with TARGET_VERSION set to the minor each member runs now")]
     MultiMember {
@@ -164,7 +178,8 @@ impl Error {
             | Error::PortUnavailable { .. }
             | Error::Space(_)
             | Error::Binary(_)
-            | Error::MultiMember { .. } => EXIT_PRECONDITION,
+            | Error::MultiMember { .. }
+            | Error::Busy { .. } => EXIT_PRECONDITION,
             Error::Execute(ExecuteError::Step { .. } | ExecuteError::Baseline { .. }) => {
                 EXIT_STEP_FAILED
             }
@@ -244,6 +259,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     let mut lock = None;
     if config.data_dir.is_dir() && config.mode != Mode::DryRun {
         lock = Some(datadir::lock(&config.data_dir)?);
+        wait_for_processes_on(&config.data_dir)?;
         if interrupted {
             datadir::remove_stale_version_temp(&config.data_dir)?;
             rebuild::recover_interrupted_swap(&config.data_dir)?;
@@ -487,6 +503,50 @@ fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
         )?;
     }
     Ok(())
+}
+
+/// Waits (up to the stop grace an etcd gets) for processes on the data dir
+/// to end: after a SIGKILL of an earlier etcd-migrate, its etcd and tools
+/// got SIGTERM from their parent-death signal and may still be stopping,
+/// holding the WAL lock and the ports. Anything still there after that is
+/// not ours to stop: refuse, naming it.
+fn wait_for_processes_on(data_dir: &Path) -> Result<(), Error> {
+    let started = Instant::now();
+    let deadline = started + supervisor::STOP_GRACE;
+    let mut logged = false;
+    loop {
+        let found = supervisor::processes_on(data_dir);
+        let Some((pid, command)) = found.first().cloned() else {
+            if logged {
+                log::info(
+                    "earlier processes on the data dir have ended",
+                    &[("ms", log::ms(started.elapsed()))],
+                );
+            }
+            return Ok(());
+        };
+        if Instant::now() >= deadline {
+            return Err(Error::Busy {
+                data_dir: data_dir.display().to_string(),
+                count: found.len(),
+                pid,
+                command,
+                waited: supervisor::STOP_GRACE,
+            });
+        }
+        if !logged {
+            log::warn(
+                "waiting for processes still on the data dir (an earlier run's etcd stopping?)",
+                &[
+                    ("count", found.len().into()),
+                    ("pid", pid.into()),
+                    ("command", command.into()),
+                ],
+            );
+            logged = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Puts the hold on the data dir when a step failed its fingerprint check:

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -388,5 +389,93 @@ impl Child {
                 program: self.program.clone(),
                 waited: started.elapsed(),
             })
+    }
+}
+/// etcd, etcdctl and etcdutl processes (by program name; not etcd-migrate)
+/// whose command line names `data_dir` or a path inside it
+/// (`--data-dir=<data>`, `--data-dir <data>/.etcd-migrate.work/v2`): those
+/// a killed etcd-migrate left stopping, or someone else's etcd on the same
+/// data. Wrappers that name the data dir too (`sh -c`, `unshare`, tini,
+/// the Kubernetes wrapper scripts) are not etcd. Each as (pid, command
+/// line). Processes that vanish while being read are skipped.
+pub fn processes_on(data_dir: &Path) -> Vec<(i32, String)> {
+    let dir = data_dir.to_string_lossy().trim_end_matches('/').to_string();
+    let inside = format!("{dir}/");
+    let names_it = |arg: &str| {
+        let path = arg.split_once('=').map_or(arg, |(_, value)| value);
+        path == dir || path.starts_with(&inside)
+    };
+    let own = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == own {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let program = args
+            .first()
+            .and_then(|a| a.rsplit('/').next())
+            .unwrap_or_default();
+        let is_etcd = program.starts_with("etcd") && !program.starts_with("etcd-migrate");
+        if is_etcd && args.iter().skip(1).any(|a| names_it(a)) {
+            found.push((pid, args.join(" ")));
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::processes_on;
+    use std::process::Command;
+
+    #[test]
+    fn processes_on_the_data_dir_are_etcds_naming_it_or_a_path_inside() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        // A shell under an etcd-like name stands in for a stopping etcd;
+        // `; true` keeps it from exec'ing sleep in its place.
+        let fake = tmp.path().join("etcd-3.4.23");
+        std::fs::copy("/bin/sh", &fake).expect("copy sh");
+        let scratch = format!("--data-dir={}/.etcd-migrate.work/v2", data.display());
+        let mut etcd = Command::new(&fake)
+            .args(["-c", "sleep 30; true", "etcd", &scratch])
+            .spawn()
+            .expect("spawn the stand-in");
+        // A wrapper naming the same dir is not etcd.
+        let mut wrapper = Command::new("/bin/sh")
+            .args(["-c", "sleep 30; true", "sh", &scratch])
+            .spawn()
+            .expect("spawn the wrapper");
+        let found = processes_on(&data);
+        let other = processes_on(&tmp.path().join("dat"));
+        let _ = etcd.kill();
+        let _ = wrapper.kill();
+        let _ = etcd.wait();
+        let _ = wrapper.wait();
+        let pids: Vec<i32> = found.iter().map(|(pid, _)| *pid).collect();
+        assert_eq!(pids, [etcd.id() as i32], "{found:?}");
+        assert!(found[0].1.contains(".etcd-migrate.work/v2"), "{found:?}");
+        assert!(
+            other.is_empty(),
+            "a prefix of the name is not the dir: {other:?}"
+        );
     }
 }
