@@ -450,18 +450,21 @@ mod tests {
     fn processes_on_the_data_dir_are_etcds_naming_it_or_a_path_inside() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let data = tmp.path().join("data");
-        // A shell under an etcd-like name stands in for a stopping etcd;
-        // `; true` keeps it from exec'ing sleep in its place.
+        // A shell under an etcd-like name stands in for a stopping etcd. It
+        // waits in the `read` builtin on a pipe nobody writes: no child of
+        // its own (a forked child would carry the same command line).
         let fake = tmp.path().join("etcd-3.4.23");
         std::fs::copy("/bin/sh", &fake).expect("copy sh");
         let scratch = format!("--data-dir={}/.etcd-migrate.work/v2", data.display());
         let mut etcd = Command::new(&fake)
-            .args(["-c", "sleep 30; true", "etcd", &scratch])
+            .args(["-c", "read line", "etcd", &scratch])
+            .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("spawn the stand-in");
         // A wrapper naming the same dir is not etcd.
         let mut wrapper = Command::new("/bin/sh")
-            .args(["-c", "sleep 30; true", "sh", &scratch])
+            .args(["-c", "read line", "sh", &scratch])
+            .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("spawn the wrapper");
         let found = processes_on(&data);
