@@ -1152,6 +1152,13 @@ mod tests {
         events: Vec<String>,
     }
 
+    /// The text of the error under `err`: the step's own failure.
+    fn source_text(err: &ExecuteError) -> String {
+        std::error::Error::source(err)
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    }
+
     /// The walk 3.3.25 → 3.4.23 → 3.5.16 with `behaviours` for the steps'
     /// releases in order (the baseline's 3.3.25 is healthy).
     fn walk(behaviours: &[Behaviour], signal: Option<Signal>, record_fails: bool) -> Outcome {
@@ -1284,9 +1291,7 @@ mod tests {
                     "the unhealthy etcd is stopped"
                 );
             }
-            let source = std::error::Error::source(&err)
-                .map(ToString::to_string)
-                .unwrap_or_default();
+            let source = source_text(&err);
             match behaviour {
                 Behaviour::NeverHealthy => assert!(
                     source.contains("did not accept a write within")
@@ -1313,9 +1318,7 @@ mod tests {
             err.to_string().contains("version.txt: 3.4.23/etcd3"),
             "{err}"
         );
-        let source = std::error::Error::source(&err)
-            .map(ToString::to_string)
-            .unwrap_or_default();
+        let source = source_text(&err);
         assert!(
             source.contains("etcd 3.5.16 serves after the step is not the one before it")
                 && source.contains("before: v3 2 keys")
@@ -1372,9 +1375,7 @@ mod tests {
     fn an_alarm_fails_the_step_at_once_with_the_remedy() {
         let outcome = walk(&[Behaviour::Alarmed], None, false);
         let err = outcome.result.expect_err("refused");
-        let source = std::error::Error::source(&err)
-            .map(ToString::to_string)
-            .unwrap_or_default();
+        let source = source_text(&err);
         assert!(
             source.contains("refuses writes: alarm NOSPACE")
                 && source.contains("compact, defrag, disarm"),
@@ -1429,9 +1430,7 @@ mod tests {
         let outcome = walk(&[Behaviour::Healthy], None, true);
         let err = outcome.result.expect_err("record fails");
         assert!(err.to_string().starts_with("step 1/2"), "{err}");
-        let source = std::error::Error::source(&err)
-            .map(ToString::to_string)
-            .unwrap_or_default();
+        let source = source_text(&err);
         assert!(
             source.contains("etcd 3.4.23 ran on the data but 3.4.23/etcd3 could not be recorded"),
             "{source}"
