@@ -178,7 +178,7 @@ fn the_logged_restore_command_brings_back_the_pre_rollback_data() {
         "the restored data dir differs from the pre-rollback one",
     );
     let after = read_back("3.4.23", &member, &data, tmp.path());
-    after.assert_kept(&fixture.keyspace, None, 3000);
+    after.assert_kept(&fixture.keyspace, 3000);
     after.assert_revisions_kept(&fixture.keyspace);
 }
 

@@ -623,7 +623,7 @@ fn a_port_taken_after_the_check_fails_the_step_with_etcds_words() {
     // etcd never got the port, so it never served: the data reads back
     // exactly as the fixture wrote it.
     let after = read_back("3.4.23", &fixture.member, data, tmp.path());
-    after.assert_kept(&fixture.keyspace, None, 3000);
+    after.assert_kept(&fixture.keyspace, 3000);
 }
 
 /// Flips one bit in the data of the middle record of the first WAL file
@@ -841,7 +841,7 @@ fn disk_full_during_a_step_records_nothing() {
     // With room again the data is served as the fixture left it.
     std::fs::remove_file(&filler).expect("remove the filler");
     let after = read_back("3.4.23", &fixture.member, data, tmp.path());
-    after.assert_kept(&fixture.keyspace, after.health_value().as_deref(), 3000);
+    after.assert_kept(&fixture.keyspace, 3000);
 }
 
 /// The quota of the NOSPACE fixture: small enough to fill in a few puts.
@@ -954,7 +954,7 @@ fn a_raised_nospace_alarm_fails_the_step_at_once_with_the_remedy() {
     // Nothing was written and nothing was disarmed behind the operator's
     // back: the keyspace is the fixture's and the alarm is still raised.
     let (after, alarms) = read_back_without_writing("3.4.23", &member, &data, tmp.path());
-    after.assert_kept(&before, None, 3000);
+    after.assert_kept(&before, 3000);
     assert!(
         alarms.iter().any(|alarm| alarm == "Nospace"),
         "the alarm is still raised: {alarms:?}"

@@ -20,6 +20,8 @@
 //!   of the whole tree at random moments; every rerun converges.
 //! - `security`: what a step's etcd listens on; modes of what a run creates.
 //! - `fingerprint`: a key written behind our back fails the step (real etcd).
+//! - `corners`: user keys named like the old health key, v2 keys inside
+//!   etcd3 data, v2 directories with a TTL.
 //! - `bad_input`: bad input and a bad environment (version.txt, binaries,
 //!   permissions, ports, corrupt data, full disks, alarms, flags).
 
@@ -27,6 +29,7 @@ mod harness;
 
 mod backups;
 mod bad_input;
+mod corners;
 mod crashes;
 mod failures;
 #[cfg(feature = "failpoints")]

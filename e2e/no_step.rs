@@ -86,5 +86,5 @@ fn patch_change_needs_no_step() {
 
     // And 3.5.16 serves 3.5.1's data as it is.
     let after = read_back("3.5.16", &member, &data, tmp.path());
-    after.assert_kept(&fixture.keyspace, None, 3000);
+    after.assert_kept(&fixture.keyspace, 3000);
 }

@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 
 use crate::harness::etcd::{connect, read_back};
 use crate::harness::fixture::{self, FixtureSpec};
-use crate::harness::keyspace::{Keyspace, HEALTH_KEY};
+use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::{Migration, Mode};
 use crate::harness::{
     block_on, etcd_binary, free_port, mode, read_version_txt, temp_dir, Member, POLL_INTERVAL,
@@ -67,12 +67,7 @@ fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
         let at = line.find("fingerprint=").expect("a fingerprint field");
         line[at..].split(" ms=").next().expect("field").to_string()
     };
-    let keys = fixture
-        .keyspace
-        .entries
-        .keys()
-        .filter(|k| k.as_slice() != HEALTH_KEY)
-        .count();
+    let keys = fixture.keyspace.entries.len();
     assert!(
         digest(baseline[0]).contains(&format!("v3 {keys} keys")),
         "the baseline counts the fixture's keys: {}",
@@ -88,7 +83,7 @@ fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
     assert_eq!(mode(&data), 0o700, "the data dir keeps etcd's mode");
 
     let after = read_back("3.5.16", &member, &data, tmp.path());
-    after.assert_kept(&fixture.keyspace, Some("3.5.16"), MIN_REMAINING_TTL);
+    after.assert_kept(&fixture.keyspace, MIN_REMAINING_TTL);
     assert!(after.leased_keys() >= 50, "leased keys kept their leases");
     assert_eq!(mode(&data), 0o700);
 }
@@ -151,7 +146,7 @@ fn exec_mode_serves_the_target_on_the_users_port_as_the_same_pid() {
     );
 
     let served = block_on(Keyspace::read(&user_url));
-    served.assert_kept(&fixture.keyspace, Some("3.5.16"), MIN_REMAINING_TTL);
+    served.assert_kept(&fixture.keyspace, MIN_REMAINING_TTL);
 
     running.signal(Signal::SIGTERM);
     let outcome = running.wait(STOP_GRACE);

@@ -17,12 +17,8 @@ pub const STEP_ELECTION_TIMEOUT_MS: u32 = 100;
 pub struct StepEtcd<'a> {
     /// The release that runs.
     pub version: Version,
-    /// The storage the data holds while it runs (decides whether the v2
-    /// API must be switched on).
+    /// The storage the data holds while it runs.
     pub storage: Storage,
-    /// Switch the v2 API on even for etcd3 data (to clean up the v2 store
-    /// after a storage migration).
-    pub force_v2: bool,
     /// Member name.
     pub name: &'a str,
     /// Data dir.
@@ -79,10 +75,11 @@ impl StepEtcd<'_> {
             args.push("--initial-cluster-state=new".to_string());
             args.push(format!("--initial-cluster-token={token}"));
         }
-        if (self.storage == Storage::Etcd2 || self.force_v2) && self.version.needs_enable_v2_flag()
-        {
-            // 3.4 and 3.5 serve the v2 API only when asked; the step proves
-            // etcd2 data through it.
+        if self.version.needs_enable_v2_flag() {
+            // 3.4 and 3.5 serve the v2 API only when asked. Every step
+            // asks: etcd2 data is proven through it, and etcd3 data can
+            // hold v2 keys too (flannel's config, old tooling), which are
+            // read, fingerprinted and carried like the v3 keys.
             args.push("--enable-v2=true".to_string());
         }
         args.extend(self.extra_args.iter().cloned());
@@ -99,7 +96,6 @@ mod tests {
         StepEtcd {
             version: version.parse().expect("version"),
             storage,
-            force_v2: false,
             new_cluster_token: None,
             name: "etcd-m1",
             data_dir: "/var/etcd/data",
@@ -133,7 +129,7 @@ mod tests {
             ("3.3.25", Storage::Etcd2, false),
             ("3.3.25", Storage::Etcd3, false),
             ("3.4.23", Storage::Etcd2, true),
-            ("3.4.23", Storage::Etcd3, false),
+            ("3.4.23", Storage::Etcd3, true),
             ("3.5.16", Storage::Etcd2, true),
             ("3.6.5", Storage::Etcd3, false),
         ];

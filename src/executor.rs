@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use crate::backup::{self, BackupMode, BackupPolicy};
 use crate::datadir::DataDirError;
 use crate::dialect::StepEtcd;
-use crate::keyspace::Fingerprint;
+use crate::keyspace::{Fingerprint, Ours};
 use crate::log;
 use crate::plan::{Binary, Plan, Step};
 use crate::supervisor::{ExitStatus, SupervisorError};
@@ -97,6 +97,10 @@ pub trait Health {
         endpoint: &str,
         storage: Storage,
     ) -> impl Future<Output = Result<Fingerprint, String>>;
+
+    /// What the health writes of this run put into the keyspace, for the
+    /// reads to leave out.
+    fn ours(&self) -> Ours;
 }
 
 /// Runs the offline tools of a release (`etcdctl`, `etcdutl`).
@@ -212,6 +216,19 @@ pub enum StepError {
         version: Version,
         /// Both fingerprints and what differs.
         detail: String,
+    },
+    /// The data's v2 store holds keys, and the step's release serves no v2
+    /// store (3.6 refuses to start on custom v2 content).
+    #[error("the data's v2 store holds {keys} keys (e.g. {sample:?}), and etcd {version} has no v2 store to hold them (it refuses to start on such data); nothing was run; move what they hold into the v3 keyspace (or delete them: ETCDCTL_API=2 etcdctl rm, with an etcd of {last} serving the data), check with `etcdutl check v2store`, then rerun")]
+    V2KeysUnsupported {
+        /// The release without a v2 store.
+        version: Version,
+        /// The release that served the data last.
+        last: Version,
+        /// How many v2 keys.
+        keys: usize,
+        /// Some of them.
+        sample: Vec<String>,
     },
     /// The backup before a destructive step failed.
     #[error("cannot back up the data dir before a step that rewrites it")]
@@ -378,7 +395,6 @@ pub(crate) struct Run<'p> {
     pub(crate) version: Version,
     pub(crate) storage: Storage,
     pub(crate) data_dir: &'p Path,
-    pub(crate) force_v2: bool,
     pub(crate) new_cluster: bool,
 }
 
@@ -412,6 +428,19 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                     during: None,
                     recorded,
                 });
+            }
+            if let Some(side) = before.as_ref().and_then(Fingerprint::v2_side) {
+                if side.keys > 0 && !step.runs().has_v2_api() {
+                    return Err(fail(
+                        recorded,
+                        StepError::V2KeysUnsupported {
+                            version: step.runs(),
+                            last: recorded.version,
+                            keys: side.keys,
+                            sample: side.sample().to_vec(),
+                        },
+                    ));
+                }
             }
             let wants_backup = match self.settings.backup.mode {
                 BackupMode::Always => true,
@@ -540,7 +569,6 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             version,
             storage: recorded.storage,
             data_dir: self.settings.data_dir,
-            force_v2: false,
             new_cluster: false,
         };
         let read = async {
@@ -652,7 +680,6 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                     version: pair.version,
                     storage: pair.storage,
                     data_dir: self.settings.data_dir,
-                    force_v2: false,
                     new_cluster: false,
                 };
                 let mut serving = self.start_serving(run, label).await?;
@@ -685,7 +712,6 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let spec = StepEtcd {
             version: run.version,
             storage: run.storage,
-            force_v2: run.force_v2,
             name: settings.name,
             data_dir: &data_dir,
             client_port: settings.client_port,
@@ -1127,6 +1153,10 @@ mod tests {
                 .map(|v| behaviour_of(&self.behaviours, v))
                 .unwrap_or(Behaviour::Healthy);
             async move { Ok(fake_keyspace(behaviour)) }
+        }
+
+        fn ours(&self) -> Ours {
+            Ours::default()
         }
     }
 

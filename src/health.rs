@@ -1,23 +1,37 @@
-//! This module owns the proof of health: one write of the key
-//! `etcd_version` = the release, through the API the data is served by (v2
-//! HTTP for etcd2 storage, v3 gRPC for etcd3). `/health` is not used: 3.5
-//! answers it while refusing every v3 call as "not capable" (ETCD-NOTES).
-//! Before a v3 write, the data's alarms are listed: a NOSPACE or CORRUPT
-//! alarm raised before the migration makes every write fail forever, so it
-//! is reported at once, with the remedy, instead of after the deadline.
+//! This module owns the proof of health: one write through the API the
+//! data is served by (v2 HTTP for etcd2 storage, v3 gRPC for etcd3), of a
+//! key that cannot be the user's, removed again at once. `/health` is not
+//! used: 3.5 answers it while refusing every v3 call as "not capable"
+//! (ETCD-NOTES). Before a v3 write, the data's alarms are listed: a NOSPACE
+//! or CORRUPT alarm raised before the migration makes every write fail
+//! forever, so it is reported at once, with the remedy, instead of after
+//! the deadline.
+//!
+//! The health key. The Kubernetes tool wrote `etcd_version` and left it
+//! there, overwriting a user key of that name. Ours is
+//! `/etcd-migrate-health-<run>-<attempt>`: `<run>` is 128 random bits drawn
+//! once per run, so no key the data held before the run can have that name;
+//! the write is create-only (it fails rather than overwrite); the key
+//! expires by itself (a 60 s v2 TTL, a 60 s v3 lease) should a crash come
+//! between the write and its removal; and it is removed right after the
+//! write. Keyspace reads leave out this run's keys and leases
+//! ([`Ours`]), so a removal that failed cannot fail a fingerprint.
 
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{AlarmAction, AlarmType};
+use etcd_client::{AlarmAction, AlarmType, Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use crate::executor::{Health, HealthError};
-use crate::keyspace::Fingerprint;
+use crate::keyspace::{self, Fingerprint, Ours};
 use crate::log::error_chain;
 use crate::version::Storage;
 
-/// The key every step writes, as the Kubernetes tool did.
-pub const HEALTH_KEY: &str = "etcd_version";
+/// Seconds a health key lives if it is never removed (a crash between the
+/// write and the removal): long enough for the write to be read back,
+/// short enough that a leftover is gone soon after the next start.
+pub const HEALTH_KEY_TTL_SECS: i64 = 60;
 
 /// How long one write attempt may take before the next is tried. A
 /// single-member write is a few ms; 2.x holds writes up to 500 ms before it
@@ -27,10 +41,16 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Writes through the real APIs.
 pub struct EtcdHealth {
     http: reqwest::Client,
+    /// This run's health keys and leases.
+    ours: RefCell<Ours>,
+    /// Attempts so far: each writes a key of its own, so a key left by a
+    /// failed removal never makes the next create-only write fail.
+    attempts: Cell<u64>,
 }
 
 impl EtcdHealth {
-    /// A prober with its own HTTP client (no proxy: steps are on loopback).
+    /// A prober with its own HTTP client (no proxy: steps are on loopback)
+    /// and this run's health key prefix.
     pub fn new() -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .no_proxy()
@@ -38,51 +58,99 @@ impl EtcdHealth {
             .timeout(ATTEMPT_TIMEOUT)
             .build()
             .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
-        Ok(EtcdHealth { http })
+        Ok(EtcdHealth {
+            http,
+            ours: RefCell::new(Ours::for_run(&crate::rebuild::fresh_mark())),
+            attempts: Cell::new(0),
+        })
     }
 
+    /// The key of the next attempt.
+    fn next_key(&self) -> String {
+        let attempt = self.attempts.get() + 1;
+        self.attempts.set(attempt);
+        self.ours.borrow().key(attempt)
+    }
+
+    /// v2: a create-only PUT with a TTL, then a DELETE.
     async fn write_v2(&self, endpoint: &str, value: &str) -> Result<(), String> {
-        let url = format!("{endpoint}/v2/keys/{HEALTH_KEY}");
+        let key = self.next_key();
+        let url = keyspace::v2_url(endpoint, key.as_bytes());
+        let put = format!("{url}?ttl={HEALTH_KEY_TTL_SECS}&prevExist=false");
         let response = self
             .http
-            .put(&url)
+            .put(&put)
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(format!("value={value}"))
+            .body(keyspace::form_encode(value.as_bytes()))
             .send()
             .await
-            .map_err(|err| format!("v2 PUT {url}: {}", error_chain(&err)))?;
+            .map_err(|err| format!("v2 PUT {put}: {}", error_chain(&err)))?;
         let status = response.status();
-        if status.is_success() {
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(format!("v2 PUT {put}: HTTP {status}: {}", body.trim()));
+        }
+        let response = self
+            .http
+            .delete(&url)
+            .send()
+            .await
+            .map_err(|err| format!("v2 DELETE {url}: {}", error_chain(&err)))?;
+        let status = response.status();
+        // 404: it expired already, which only a very slow step can see.
+        if status.is_success() || status.as_u16() == 404 {
             return Ok(());
         }
         let body = response.text().await.unwrap_or_default();
-        Err(format!("v2 PUT {url}: HTTP {status}: {}", body.trim()))
+        Err(format!("v2 DELETE {url}: HTTP {status}: {}", body.trim()))
     }
 
+    /// v3: the alarms, then a lease, a create-only put under it, and the
+    /// lease revoked (which deletes the key).
     async fn write_v3(&self, endpoint: &str, value: &str) -> Result<(), HealthError> {
         let options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(ATTEMPT_TIMEOUT)
             .with_timeout(ATTEMPT_TIMEOUT);
+        let not_yet = |what: &str, err: &etcd_client::Error| {
+            HealthError::NotYet(format!("v3 {what} {endpoint}: {}", error_chain(err)))
+        };
         let mut client = etcd_client::Client::connect([endpoint], Some(options))
             .await
-            .map_err(|err| {
-                HealthError::NotYet(format!("v3 connect {endpoint}: {}", error_chain(&err)))
-            })?;
+            .map_err(|err| not_yet("connect", &err))?;
         let alarms = client
             .alarm(AlarmAction::Get, AlarmType::None, None)
             .await
-            .map_err(|err| {
-                HealthError::NotYet(format!("v3 alarm list {endpoint}: {}", error_chain(&err)))
-            })?;
+            .map_err(|err| not_yet("alarm list", &err))?;
         let raised: Vec<AlarmType> = alarms.alarms().iter().map(|a| a.alarm()).collect();
         if let Some(refusal) = refusal_for(&raised) {
             return Err(refusal);
         }
-        client
-            .put(HEALTH_KEY, value, None)
+        let key = self.next_key();
+        let lease = client
+            .lease_grant(HEALTH_KEY_TTL_SECS, None)
             .await
+            .map_err(|err| not_yet("lease grant", &err))?
+            .id();
+        // Known as ours before the put, so no read can take it for the
+        // user's even if everything after fails.
+        self.ours.borrow_mut().leases.insert(lease);
+        let put = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let written = client.txn(put).await.map_err(|err| not_yet("put", &err))?;
+        let revoked = client.lease_revoke(lease).await;
+        if !written.succeeded() {
+            return Err(HealthError::NotYet(format!(
+                "v3 put {endpoint}: {key} exists already; the next attempt uses another key"
+            )));
+        }
+        revoked
             .map(|_| ())
-            .map_err(|err| HealthError::NotYet(format!("v3 put {endpoint}: {}", error_chain(&err))))
+            .map_err(|err| not_yet("lease revoke", &err))
     }
 }
 
@@ -93,7 +161,8 @@ impl Health for EtcdHealth {
         storage: Storage,
     ) -> impl Future<Output = Result<Fingerprint, String>> {
         let endpoint = endpoint.to_string();
-        async move { crate::keyspace::read_fingerprint(&endpoint, storage).await }
+        let ours = self.ours.borrow().clone();
+        async move { keyspace::read_fingerprint(&endpoint, storage, &ours).await }
     }
 
     fn write(
@@ -113,6 +182,10 @@ impl Health for EtcdHealth {
                 Storage::Etcd3 => self.write_v3(&endpoint, &value).await,
             }
         }
+    }
+
+    fn ours(&self) -> Ours {
+        self.ours.borrow().clone()
     }
 }
 

@@ -3,17 +3,66 @@
 //! writing keys back (v2 with a TTL, v3 under a lease), deleting the v2
 //! tree, and the fingerprint (key count, digests over every key, value and
 //! expiry binding, v3 leases) that proves two reads of the data hold the
-//! same keyspace.
+//! same keyspace. etcd3 data can also hold keys written through the v2 API
+//! (flannel's `/coreos.com/network/config`, old tooling): wherever the
+//! release serves the v2 API, they are read and fingerprinted too, as the
+//! data's v2 side store.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::health::HEALTH_KEY;
 use crate::version::Storage;
+
+/// How many key names a fingerprint keeps for messages (e.g. the v2 keys
+/// a release without the v2 API could not hold).
+const SAMPLE_KEYS: usize = 10;
+
+/// What this run wrote into the keyspace to prove each step healthy: keys
+/// with one prefix unique to the run, and the leases they were put under.
+/// Every read leaves them out, so they are never taken for the user's data
+/// (see `health` for why no user key can have that prefix).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ours {
+    /// The prefix of every health key of this run (as a v2 path); empty
+    /// (matching nothing) for a reader that wrote nothing.
+    key_prefix: String,
+    /// The v3 leases this run granted for its health keys.
+    pub leases: BTreeSet<i64>,
+}
+
+impl Ours {
+    /// The health keys of the run identified by `run` (random hex).
+    pub fn for_run(run: &str) -> Ours {
+        Ours {
+            key_prefix: format!("/etcd-migrate-health-{run}-"),
+            leases: BTreeSet::new(),
+        }
+    }
+
+    /// The prefix of this run's health keys.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// The health key of the given attempt.
+    pub fn key(&self, attempt: u64) -> String {
+        format!("{}{attempt}", self.key_prefix)
+    }
+
+    /// True for one of this run's health keys (v2 or v3 spelling).
+    pub fn holds_key(&self, key: &[u8]) -> bool {
+        !self.key_prefix.is_empty() && v2_path(key).starts_with(self.key_prefix.as_bytes())
+    }
+
+    /// True for one of this run's health leases.
+    pub fn holds_lease(&self, lease: i64) -> bool {
+        self.leases.contains(&lease)
+    }
+}
 
 /// Keys per v3 range request: K8s objects reach 1.5 MiB, so pages stay
 /// small and the decoding limit generous.
@@ -134,6 +183,11 @@ pub struct Fingerprint {
     expiring: BTreeMap<[u8; 32], Expiring>,
     /// When the read that made it ended.
     read_done: Instant,
+    /// The first keys read, for messages.
+    sample: Vec<String>,
+    /// etcd3 data: its v2 store, where the release serves the v2 API
+    /// (`None`: not read, e.g. 3.6 has no v2 API).
+    v2_side: Option<Box<Fingerprint>>,
 }
 
 impl fmt::Display for Fingerprint {
@@ -152,7 +206,11 @@ impl fmt::Display for Fingerprint {
             self.expiring.len(),
             self.digest.short(),
             self.content.short()
-        )
+        )?;
+        if let Some(side) = &self.v2_side {
+            write!(f, " + v2 store: {side}")?;
+        }
+        Ok(())
     }
 }
 
@@ -191,14 +249,34 @@ impl Fingerprint {
             content: Sum::default(),
             expiring: BTreeMap::new(),
             read_done: Instant::now(),
+            sample: Vec::new(),
+            v2_side: None,
         }
     }
 
-    /// Counts one entry of a read that began at `read_started` (our health
-    /// key is skipped).
+    /// The same, with the fingerprint of the data's v2 store beside it.
+    pub fn with_v2_side(mut self, side: Option<Fingerprint>) -> Self {
+        self.v2_side = side.map(Box::new);
+        self
+    }
+
+    /// The fingerprint of the v2 store that etcd3 data holds beside its v3
+    /// keyspace, if it was read.
+    pub fn v2_side(&self) -> Option<&Fingerprint> {
+        self.v2_side.as_deref()
+    }
+
+    /// Some of the keys read (the first ones), for messages.
+    pub fn sample(&self) -> &[String] {
+        &self.sample
+    }
+
+    /// Counts one entry of a read that began at `read_started` (the reader
+    /// has already left out what this run wrote).
     fn add(&mut self, entry: &Entry, read_started: Instant) {
-        if is_health_key(&entry.key) {
-            return;
+        if self.sample.len() < SAMPLE_KEYS {
+            self.sample
+                .push(String::from_utf8_lossy(&entry.key).into_owned());
         }
         let path = v2_path(&entry.key);
         let expires = entry.ttl.is_some() || entry.lease != 0;
@@ -253,6 +331,58 @@ impl Fingerprint {
     /// leases whose TTL could have run out by the time `later` was read.
     /// `Err` says what differs.
     pub fn check_kept_by(&self, later: &Fingerprint) -> Result<(), String> {
+        let mut differs = Vec::new();
+        if self.storage == later.storage {
+            differs.extend(self.store_differences(later));
+            if let Some(before) = &self.v2_side {
+                match &later.v2_side {
+                    Some(after) => differs.extend(
+                        before
+                            .store_differences(after)
+                            .into_iter()
+                            .map(|d| format!("v2 store: {d}")),
+                    ),
+                    None if before.keys > 0 => differs.push(format!(
+                        "the v2 store held {} keys (e.g. {:?}) and this release serves no v2 API, so they cannot be carried",
+                        before.keys, before.sample
+                    )),
+                    None => {}
+                }
+            }
+        } else if self.storage == Storage::Etcd3 {
+            // etcd3 -> etcd2: the v3 keys and the v2 side store together
+            // become the v2 store.
+            differs.extend(self.merged_with_v2_side().store_differences(later));
+        } else {
+            // etcd2 -> etcd3: the v2 keys become the v3 keyspace; the v2
+            // store is then emptied (or kept, with --keep-v2-keys) by design.
+            differs.extend(self.store_differences(later));
+        }
+        if differs.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "before: {self}; after: {later}; {}",
+                differs.join("; ")
+            ))
+        }
+    }
+
+    /// The v3 keyspace and the v2 side store as one set of entries (for a
+    /// comparison by content only).
+    fn merged_with_v2_side(&self) -> Fingerprint {
+        let mut merged = self.clone();
+        if let Some(side) = merged.v2_side.take() {
+            merged.keys += side.keys;
+            merged.content = merged.content.add(side.content);
+            merged.expiring.extend(side.expiring);
+            merged.sample.extend(side.sample);
+        }
+        merged
+    }
+
+    /// What differs between this store and the same store read `later`.
+    fn store_differences(&self, later: &Fingerprint) -> Vec<String> {
         // Expired since: their earliest end has passed and `later` no
         // longer lists them as expiring (if it holds them at all, a changed
         // binding shows in the digest).
@@ -303,21 +433,8 @@ impl Fingerprint {
         } else if later.content != content {
             differs.push("keys, values or expiry differ".to_string());
         }
-        if differs.is_empty() {
-            Ok(())
-        } else {
-            Err(format!(
-                "before: {self}; after: {later}; {}",
-                differs.join("; ")
-            ))
-        }
+        differs
     }
-}
-
-/// True for the key every step writes (`etcd_version` in v3,
-/// `/etcd_version` in v2): ours, not the user's data.
-pub fn is_health_key(key: &[u8]) -> bool {
-    v2_path(key) == format!("/{HEALTH_KEY}").as_bytes()
 }
 
 /// A key as a v2 path: with exactly one leading `/`.
@@ -340,9 +457,12 @@ fn http_client() -> Result<reqwest::Client, String> {
         .map_err(|err| format!("cannot build the HTTP client: {err}"))
 }
 
-/// Reads every leaf of the v2 store (recursive, with remaining TTLs).
-/// Hidden v2 nodes (`_`-prefixed) are not listed by etcd and not read.
-pub async fn read_v2(endpoint: &str) -> Result<Vec<Entry>, String> {
+/// Reads every leaf of the v2 store (recursive, with remaining TTLs),
+/// without this run's health keys; `None` when the etcd serves no v2 API
+/// (3.4/3.5 without `--enable-v2`, 3.6). A key inside a directory that has
+/// a TTL expires with it: it gets the shortest TTL on its path. Hidden v2
+/// nodes (`_`-prefixed) are not listed by etcd and not read here.
+pub async fn read_v2(endpoint: &str, ours: &Ours) -> Result<Option<Vec<Entry>>, String> {
     let url = format!("{endpoint}/v2/keys/?recursive=true&sorted=true");
     let response = http_client()?
         .get(&url)
@@ -354,32 +474,55 @@ pub async fn read_v2(endpoint: &str) -> Result<Vec<Entry>, String> {
         .text()
         .await
         .map_err(|err| format!("v2 GET {url}: {err}"))?;
+    let json: Result<Value, _> = serde_json::from_str(&body);
+    if status.as_u16() == 404 && json.is_err() {
+        // The root always exists; a 404 that is not a v2 error document
+        // is the HTTP mux saying the v2 API is not served at all.
+        return Ok(None);
+    }
     if !status.is_success() {
         return Err(format!("v2 GET {url}: HTTP {status}: {}", body.trim()));
     }
-    let json: Value =
-        serde_json::from_str(&body).map_err(|err| format!("v2 GET {url}: not JSON: {err}"))?;
+    let json = json.map_err(|err| format!("v2 GET {url}: not JSON: {err}"))?;
     let mut entries = Vec::new();
-    collect_v2(&json["node"], &mut entries);
-    Ok(entries)
+    collect_v2(&json["node"], None, &mut entries);
+    entries.retain(|entry| !ours.holds_key(&entry.key));
+    Ok(Some(entries))
 }
 
-fn collect_v2(node: &Value, out: &mut Vec<Entry>) {
+/// Reads the v2 store of etcd2 data, which the release must serve.
+async fn read_v2_store(endpoint: &str, ours: &Ours) -> Result<Vec<Entry>, String> {
+    read_v2(endpoint, ours).await?.ok_or_else(|| {
+        format!("{endpoint} serves no v2 API (404 on /v2/keys/), but the data is etcd2 storage")
+    })
+}
+
+/// The seconds a v2 node has left, if it expires. A node in its last
+/// second (or past expiry, before etcd's 500 ms sweep) is listed with its
+/// "expiration" but no "ttl" (0 is omitted from the JSON): it is expiring,
+/// not permanent.
+fn v2_ttl(node: &Value) -> Option<i64> {
+    match (node["ttl"].as_i64(), node.get("expiration")) {
+        (Some(ttl), _) => Some(ttl),
+        (None, Some(_)) => Some(0),
+        (None, None) => None,
+    }
+}
+
+/// Collects the leaves under `node`; `inherited` is the shortest TTL of
+/// the directories above it (a directory's expiry removes its children).
+fn collect_v2(node: &Value, inherited: Option<i64>, out: &mut Vec<Entry>) {
+    let ttl = match (inherited, v2_ttl(node)) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     if node["dir"].as_bool() == Some(true) {
         for child in node["nodes"].as_array().into_iter().flatten() {
-            collect_v2(child, out);
+            collect_v2(child, ttl, out);
         }
         return;
     }
     if let Some(key) = node["key"].as_str() {
-        // A key in its last second (or past expiry, before etcd's 500 ms
-        // sweep) is listed with its "expiration" but no "ttl" (0 is
-        // omitted from the JSON): it is expiring, not permanent.
-        let ttl = match (node["ttl"].as_i64(), node.get("expiration")) {
-            (Some(ttl), _) => Some(ttl),
-            (None, Some(_)) => Some(0),
-            (None, None) => None,
-        };
         out.push(Entry {
             key: key.as_bytes().to_vec(),
             value: node["value"]
@@ -394,7 +537,7 @@ fn collect_v2(node: &Value, out: &mut Vec<Entry>) {
 }
 
 /// Percent-encodes each segment of a v2 path for a URL.
-fn v2_url(endpoint: &str, key: &[u8]) -> String {
+pub(crate) fn v2_url(endpoint: &str, key: &[u8]) -> String {
     let mut url = format!("{endpoint}/v2/keys");
     for segment in key.split(|b| *b == b'/').filter(|s| !s.is_empty()) {
         url.push('/');
@@ -409,7 +552,7 @@ fn v2_url(endpoint: &str, key: &[u8]) -> String {
     url
 }
 
-fn form_encode(value: &[u8]) -> String {
+pub(crate) fn form_encode(value: &[u8]) -> String {
     let mut out = String::with_capacity(value.len() + 6);
     out.push_str("value=");
     for &b in value {
@@ -513,21 +656,14 @@ pub async fn v3_client(endpoint: &str) -> Result<etcd_client::Client, String> {
         .map_err(|err| format!("v3 connect {endpoint}: {err}"))
 }
 
-/// Reads every v3 key with the remaining TTL of its lease (if any), a page
-/// at a time. A key whose lease has just run out (etcd has not deleted it
-/// yet) comes with a TTL of 0.
-pub async fn read_v3(endpoint: &str) -> Result<Vec<Entry>, String> {
-    let client = v3_client(endpoint).await?;
-    let mut entries = Vec::new();
-    read_v3_with(&client, &mut |entry| entries.push(entry)).await?;
-    Ok(entries)
-}
-
-/// Reads every v3 key (as [`read_v3`]), handing each to `sink` as its page
-/// arrives, so a fingerprint never holds the keyspace in memory. Returns
-/// the seconds left on each lease a key is bound to.
+/// Reads every v3 key, a page at a time, handing each to `sink` with the
+/// remaining TTL of its lease (a key whose lease has just run out, not yet
+/// deleted by etcd, comes with 0), so a fingerprint never holds the
+/// keyspace in memory. This run's health keys are left out. Returns the
+/// seconds left on each lease a key is bound to.
 async fn read_v3_with(
     client: &etcd_client::Client,
+    ours: &Ours,
     sink: &mut dyn FnMut(Entry),
 ) -> Result<BTreeMap<i64, i64>, String> {
     let mut kv = client.kv_client().max_decoding_message_size(V3_MAX_MESSAGE);
@@ -549,6 +685,9 @@ async fn read_v3_with(
             revision = response.header().map(|h| h.revision()).unwrap_or(0);
         }
         for kv in response.kvs() {
+            if ours.holds_key(kv.key()) {
+                continue;
+            }
             let ttl = match kv.lease() {
                 0 => None,
                 lease => Some(match ttl_of_lease.get(&lease) {
@@ -587,11 +726,13 @@ async fn lease_ttl(client: &mut etcd_client::LeaseClient, lease: i64) -> Result<
     Ok(answer.ttl().max(0))
 }
 
-/// Every lease alive with its seconds left, or `None` where the API has no
-/// lease list (etcd 3.0 … 3.2 answer "unimplemented").
+/// Every lease alive with its seconds left (this run's health leases left
+/// out), or `None` where the API has no lease list (etcd 3.0 … 3.2 answer
+/// "unimplemented").
 async fn read_leases(
     client: &etcd_client::Client,
     known: &BTreeMap<i64, i64>,
+    ours: &Ours,
 ) -> Result<Option<BTreeMap<i64, i64>>, String> {
     let mut lease_client = client.lease_client();
     let listed = match lease_client.leases().await {
@@ -605,6 +746,9 @@ async fn read_leases(
     };
     let mut leases = BTreeMap::new();
     for lease in listed.leases() {
+        if ours.holds_lease(lease.id()) {
+            continue;
+        }
         let ttl = match known.get(&lease.id()) {
             Some(ttl) => *ttl,
             None => lease_ttl(&mut lease_client, lease.id()).await?,
@@ -614,44 +758,76 @@ async fn read_leases(
     Ok(Some(leases))
 }
 
-/// Reads the whole keyspace a step's etcd serves through `storage`'s API:
-/// every entry, and the fingerprint of the read.
-pub async fn read_all(
-    endpoint: &str,
-    storage: Storage,
-) -> Result<(Vec<Entry>, Fingerprint), String> {
+/// A whole read of the data a step's etcd serves.
+#[derive(Debug, Clone)]
+pub struct Read {
+    /// Every entry of the data's own storage.
+    pub entries: Vec<Entry>,
+    /// etcd3 data: the leaves of its v2 store (empty where none was read).
+    pub v2_side: Vec<Entry>,
+    /// The fingerprint of both.
+    pub fingerprint: Fingerprint,
+}
+
+/// Reads everything a step's etcd serves of data in `storage`: every
+/// entry, for etcd3 data the v2 side store too (where the release serves
+/// the v2 API), and the fingerprint of the read; this run's health keys
+/// and leases are left out.
+pub async fn read_all(endpoint: &str, storage: Storage, ours: &Ours) -> Result<Read, String> {
     let started = Instant::now();
     match storage {
         Storage::Etcd2 => {
-            let entries = read_v2(endpoint).await?;
+            let entries = read_v2_store(endpoint, ours).await?;
             let fingerprint = Fingerprint::new(storage, &entries, None, started);
-            Ok((entries, fingerprint))
+            Ok(Read {
+                entries,
+                v2_side: Vec::new(),
+                fingerprint,
+            })
         }
         Storage::Etcd3 => {
             let client = v3_client(endpoint).await?;
             let mut entries = Vec::new();
-            let known = read_v3_with(&client, &mut |entry| entries.push(entry)).await?;
-            let leases = read_leases(&client, &known).await?;
-            let fingerprint = Fingerprint::new(storage, &entries, leases.as_ref(), started);
-            Ok((entries, fingerprint))
+            let known = read_v3_with(&client, ours, &mut |entry| entries.push(entry)).await?;
+            let leases = read_leases(&client, &known, ours).await?;
+            let side = read_v2(endpoint, ours).await?;
+            let side_fingerprint = side
+                .as_ref()
+                .map(|side| Fingerprint::new(Storage::Etcd2, side, None, started));
+            let fingerprint = Fingerprint::new(storage, &entries, leases.as_ref(), started)
+                .with_v2_side(side_fingerprint);
+            Ok(Read {
+                entries,
+                v2_side: side.unwrap_or_default(),
+                fingerprint,
+            })
         }
     }
 }
 
-/// The fingerprint of the keyspace a step's etcd serves. A v3 keyspace is
+/// The fingerprint of the data a step's etcd serves. A v3 keyspace is
 /// hashed page by page and never held whole (a 2 GiB backend stays out of
 /// our memory); the v2 API has no paging, so a v2 store is read at once.
-pub async fn read_fingerprint(endpoint: &str, storage: Storage) -> Result<Fingerprint, String> {
+pub async fn read_fingerprint(
+    endpoint: &str,
+    storage: Storage,
+    ours: &Ours,
+) -> Result<Fingerprint, String> {
     match storage {
-        Storage::Etcd2 => Ok(read_all(endpoint, storage).await?.1),
+        Storage::Etcd2 => Ok(read_all(endpoint, storage, ours).await?.fingerprint),
         Storage::Etcd3 => {
             let started = Instant::now();
             let client = v3_client(endpoint).await?;
             let mut fingerprint = Fingerprint::empty(storage);
             let known =
-                read_v3_with(&client, &mut |entry| fingerprint.add(&entry, started)).await?;
-            let leases = read_leases(&client, &known).await?;
-            Ok(fingerprint.finish(leases.as_ref(), started))
+                read_v3_with(&client, ours, &mut |entry| fingerprint.add(&entry, started)).await?;
+            let leases = read_leases(&client, &known, ours).await?;
+            let side = read_v2(endpoint, ours)
+                .await?
+                .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
+            Ok(fingerprint
+                .finish(leases.as_ref(), started)
+                .with_v2_side(side))
         }
     }
 }
@@ -683,17 +859,9 @@ mod tests {
     }
 
     #[test]
-    fn fingerprint_ignores_order_the_health_key_and_the_leading_slash() {
-        let a = [
-            entry("/registry/a", "1"),
-            entry("/registry/b", "2"),
-            entry("/etcd_version", "3.3.25"),
-        ];
-        let b = [
-            entry("registry/b", "2"),
-            entry("registry/a", "1"),
-            entry("etcd_version", "3.5.16"),
-        ];
+    fn fingerprint_ignores_order_and_the_leading_slash() {
+        let a = [entry("/registry/a", "1"), entry("/registry/b", "2")];
+        let b = [entry("registry/b", "2"), entry("registry/a", "1")];
         let (fa, fb) = (
             Fingerprint::of(Storage::Etcd2, &a),
             Fingerprint::of(Storage::Etcd3, &b),
@@ -817,6 +985,108 @@ mod tests {
     }
 
     #[test]
+    fn a_user_key_named_like_the_old_health_key_is_data() {
+        let with = [entry("/registry/a", "1"), entry("etcd_version", "mine")];
+        let without = [entry("/registry/a", "1")];
+        assert!(!Fingerprint::of(Storage::Etcd3, &with)
+            .same_content(&Fingerprint::of(Storage::Etcd3, &without)));
+    }
+
+    #[test]
+    fn only_this_runs_health_keys_and_leases_are_ours() {
+        let mut ours = Ours::for_run("abc");
+        ours.leases.insert(7);
+        assert_eq!(ours.key(3), "/etcd-migrate-health-abc-3");
+        assert!(ours.holds_key(b"/etcd-migrate-health-abc-3"));
+        assert!(ours.holds_key(b"etcd-migrate-health-abc-12"), "v3 spelling");
+        assert!(
+            !ours.holds_key(b"/etcd-migrate-health-abd-3"),
+            "another run's"
+        );
+        assert!(!ours.holds_key(b"/etcd_version"));
+        assert!(ours.holds_lease(7) && !ours.holds_lease(8));
+        assert!(
+            !Ours::default().holds_key(b"/anything"),
+            "the empty prefix matches nothing"
+        );
+    }
+
+    fn v3_with_side(v3_entries: &[Entry], side: &[Entry]) -> Fingerprint {
+        Fingerprint::of(Storage::Etcd3, v3_entries)
+            .with_v2_side(Some(Fingerprint::of(Storage::Etcd2, side)))
+    }
+
+    #[test]
+    fn the_v2_side_store_of_etcd3_data_must_be_kept() {
+        let before = v3_with_side(
+            &[entry("a", "1")],
+            &[entry("/coreos.com/network/config", "x")],
+        );
+        before
+            .check_kept_by(&v3_with_side(
+                &[entry("a", "1")],
+                &[entry("/coreos.com/network/config", "x")],
+            ))
+            .expect("both stores kept");
+        let err = before
+            .check_kept_by(&v3_with_side(&[entry("a", "1")], &[]))
+            .expect_err("the v2 key was dropped");
+        assert!(err.contains("v2 store: 1 keys expected"), "{err}");
+        let err = before
+            .check_kept_by(&Fingerprint::of(Storage::Etcd3, &[entry("a", "1")]))
+            .expect_err("a release without the v2 API cannot carry it");
+        assert!(
+            err.contains("serves no v2 API") && err.contains("/coreos.com/network/config"),
+            "{err}"
+        );
+        // An empty v2 store read before and none read after is fine.
+        v3_with_side(&[entry("a", "1")], &[])
+            .check_kept_by(&Fingerprint::of(Storage::Etcd3, &[entry("a", "1")]))
+            .expect("nothing to carry");
+        // etcd3 -> etcd2: the v3 keys and the v2 keys become one v2 store.
+        let rebuilt = Fingerprint::of(
+            Storage::Etcd2,
+            &[entry("/a", "1"), entry("/coreos.com/network/config", "x")],
+        );
+        before
+            .check_kept_by(&rebuilt)
+            .expect("v3 + v2 side = the new v2 store");
+        let err = before
+            .check_kept_by(&Fingerprint::of(Storage::Etcd2, &[entry("/a", "1")]))
+            .expect_err("the v2 side key was lost in the rebuild");
+        assert!(err.contains("2 keys expected"), "{err}");
+    }
+
+    #[test]
+    fn a_v2_directory_ttl_is_inherited_by_its_children() {
+        let json: Value = serde_json::json!({"node": {"dir": true, "nodes": [
+            {"key": "/d", "dir": true, "ttl": 40, "expiration": "x", "nodes": [
+                {"key": "/d/a", "value": "1"},
+                {"key": "/d/b", "value": "2", "ttl": 90, "expiration": "x"},
+                {"key": "/d/c", "value": "3", "ttl": 10, "expiration": "x"},
+                {"key": "/d/e", "dir": true, "nodes": [{"key": "/d/e/f", "value": "4"}]}
+            ]},
+            {"key": "/p", "value": "5"}
+        ]}});
+        let mut out = Vec::new();
+        collect_v2(&json["node"], None, &mut out);
+        let ttls: Vec<(String, Option<i64>)> = out
+            .iter()
+            .map(|e| (String::from_utf8_lossy(&e.key).into_owned(), e.ttl))
+            .collect();
+        assert_eq!(
+            ttls,
+            [
+                ("/d/a".to_string(), Some(40)),
+                ("/d/b".to_string(), Some(40)),
+                ("/d/c".to_string(), Some(10)),
+                ("/d/e/f".to_string(), Some(40)),
+                ("/p".to_string(), None),
+            ]
+        );
+    }
+
+    #[test]
     fn digest_sums_add_and_take_out() {
         let x = Sum::of(&[b"x"]);
         let y = Sum::of(&[b"y"]);
@@ -851,7 +1121,7 @@ mod tests {
             {"key": "/dying", "value": "3", "expiration": "x"}
         ]}});
         let mut out = Vec::new();
-        collect_v2(&json["node"], &mut out);
+        collect_v2(&json["node"], None, &mut out);
         assert_eq!(out.len(), 3);
         assert_eq!(out[0].ttl, None);
         assert_eq!(out[1].ttl, Some(30));

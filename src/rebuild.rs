@@ -16,10 +16,9 @@ use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
 
 use crate::datadir::{self, DataDirError, WORK_DIR};
 use crate::executor::{
-    Executor, Failure, Health, Launcher, Progress, Run, StepError, Tools, TtlLeases,
+    Executor, Failure, Health, Launcher, Progress, Run, Serving, StepError, Tools, TtlLeases,
 };
-use crate::health::HEALTH_KEY;
-use crate::keyspace::{self, Entry, Fingerprint};
+use crate::keyspace::{self, Entry, Fingerprint, Ours};
 use crate::log;
 use crate::plan::Binary;
 use crate::version::{Storage, Version, VersionPair};
@@ -208,7 +207,7 @@ fn remove_swap_mark(data_dir: &Path) {
 
 /// A mark no other step has used: 128 bits from the kernel's generator
 /// (the time and pid if it cannot be read).
-fn fresh_mark() -> String {
+pub(crate) fn fresh_mark() -> String {
     let mut bytes = [0u8; 16];
     let read = File::open("/dev/urandom").and_then(|mut f| {
         use std::io::Read;
@@ -336,34 +335,61 @@ pub fn check_v2_compatible(entries: &[Entry]) -> Result<(), String> {
 }
 
 impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
-    /// Serves the data with `run`, reads its whole keyspace through the
-    /// API of its storage (without our health key), checks it against
-    /// `before` (what the last step left), and stops it. Returns the keys,
-    /// their fingerprint, and when they were read (TTLs count down from
-    /// then).
+    /// Serves the data with `run`, reads all of it through the API of its
+    /// storage (etcd3 data: its v2 side store too; this run's health keys
+    /// left out), checks it against `before` (what the last step left), and
+    /// stops it. Returns the read and when it was made (TTLs count down
+    /// from then).
     async fn read_source(
         &mut self,
         run: Run<'_>,
         label: &str,
         before: Option<&Fingerprint>,
-    ) -> Result<(Vec<Entry>, Fingerprint, Instant), Failure> {
+    ) -> Result<(keyspace::Read, Instant), Failure> {
         let mut serving = self.start_serving(run, label).await?;
         let endpoint = serving.endpoint.clone();
-        let (entries, source) = self
+        let ours = self.health.ours();
+        let read = self
             .while_serving(
                 &mut serving,
                 "read the keyspace",
-                keyspace::read_all(&endpoint, run.storage),
+                keyspace::read_all(&endpoint, run.storage, &ours),
             )
             .await?;
         let read_at = Instant::now();
-        self.check_kept(&mut serving, before, &source).await?;
+        self.check_kept(&mut serving, before, &read.fingerprint)
+            .await?;
         self.stop_serving(serving, label).await?;
-        let entries = entries
-            .into_iter()
-            .filter(|e| !keyspace::is_health_key(&e.key))
-            .collect();
-        Ok((entries, source, read_at))
+        Ok((read, read_at))
+    }
+
+    /// Writes the v2 side store read from the source (`side`, read at
+    /// `read_at`) into the copy `serving` serves, each key with what is
+    /// left of its TTL: a v3 snapshot does not carry the v2 store.
+    async fn carry_v2_side(
+        &self,
+        serving: &mut Serving<L::Etcd>,
+        side: &[Entry],
+        read_at: Instant,
+        label: &str,
+    ) -> Result<(), Failure> {
+        if side.is_empty() {
+            return Ok(());
+        }
+        let (to_write, expired) = still_alive(side, read_at.elapsed().as_secs() as i64);
+        report_expired(label, &expired);
+        let endpoint = serving.endpoint.clone();
+        self.while_serving(
+            serving,
+            "write the v2 store's keys into the restored copy",
+            keyspace::write_all_v2(&endpoint, &to_write),
+        )
+        .await?;
+        log::info(
+            "v2 store carried",
+            &[("step", label.into()), ("keys", to_write.len().into())],
+        );
+        Ok(())
     }
 
     /// 3.x → 3.(x-1): `serve` saves a snapshot, `to`'s restore tool writes
@@ -388,6 +414,22 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let source = self.read_fingerprint(&mut serving, Storage::Etcd3).await?;
         self.check_kept(&mut serving, before, &source).await?;
         let before = before.unwrap_or(&source);
+        // The v2 side store is not in the snapshot: read its keys now.
+        let v2_side = match source.v2_side() {
+            Some(side) if side.keys > 0 => {
+                let endpoint = serving.endpoint.clone();
+                let ours = self.health.ours();
+                self.while_serving(
+                    &mut serving,
+                    "read the v2 store",
+                    keyspace::read_v2(&endpoint, &ours),
+                )
+                .await?
+                .unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        let side_read_at = Instant::now();
         let save_args = strings(&[
             "snapshot",
             "save",
@@ -426,6 +468,8 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let mut serving = self
             .start_serving(run(to, Storage::Etcd3, &restored), label)
             .await?;
+        self.carry_v2_side(&mut serving, &v2_side, side_read_at, label)
+            .await?;
         let after = self.read_fingerprint(&mut serving, Storage::Etcd3).await?;
         self.check_kept(&mut serving, Some(before), &after).await?;
         self.stop_serving(serving, label).await?;
@@ -457,11 +501,13 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let rebuilt = work.join("v2");
         create_private_dir(&rebuilt)?;
 
-        let (entries, source, read_at) = self
+        let (read, read_at) = self
             .read_source(run(serve, Storage::Etcd3, &data_dir), label, before)
             .await?;
+        let source = read.fingerprint;
         let before = before.unwrap_or(&source);
-        check_v2_compatible(&entries)
+        check_v2_compatible(&read.entries)
+            .and_then(|()| check_v2_side_fits(&read.entries, &read.v2_side))
             .map_err(|detail| work_err("check that every v3 key fits the v2 store", detail))?;
         log::info(
             "v3 keyspace read",
@@ -476,29 +522,19 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .start_serving(run_new(to, Storage::Etcd2, &rebuilt), label)
             .await?;
         let endpoint = serving.endpoint.clone();
-        let elapsed = read_at.elapsed().as_secs() as i64;
-        let mut expired = Vec::new();
-        let to_write: Vec<Entry> = entries
+        // The v3 keys as v2 paths, and the keys the data's v2 store held
+        // already: together they are the new v2 store.
+        let all: Vec<Entry> = read
+            .entries
             .iter()
-            .filter_map(|e| match e.ttl {
-                Some(ttl) if ttl - elapsed <= 0 => {
-                    expired.push(String::from_utf8_lossy(&e.key).into_owned());
-                    None
-                }
-                Some(ttl) => Some(Entry {
-                    key: keyspace::v2_path(&e.key),
-                    value: e.value.clone(),
-                    ttl: Some(ttl - elapsed),
-                    lease: 0,
-                }),
-                None => Some(Entry {
-                    key: keyspace::v2_path(&e.key),
-                    value: e.value.clone(),
-                    ttl: None,
-                    lease: 0,
-                }),
+            .map(|e| Entry {
+                key: keyspace::v2_path(&e.key),
+                lease: 0,
+                ..e.clone()
             })
+            .chain(read.v2_side.iter().cloned())
             .collect();
+        let (to_write, expired) = still_alive(&all, read_at.elapsed().as_secs() as i64);
         report_expired(label, &expired);
         self.while_serving(
             &mut serving,
@@ -507,14 +543,20 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         )
         .await?;
         crate::failpoint!("etcd2-rollback-after-v2-write");
-        let (copied, after) = self
+        let ours = self.health.ours();
+        let copy = self
             .while_serving(
                 &mut serving,
                 "read the new v2 store back",
-                keyspace::read_all(&endpoint, Storage::Etcd2),
+                keyspace::read_all(&endpoint, Storage::Etcd2, &ours),
             )
             .await?;
-        let check = verify_copy(&to_write, &copied, read_at.elapsed().as_secs() as i64 + 2);
+        let after = copy.fingerprint;
+        let check = verify_copy(
+            &to_write,
+            &copy.entries,
+            read_at.elapsed().as_secs() as i64 + 2,
+        );
         if let Err(detail) = check {
             crate::executor::stop_serving_quietly(&mut serving).await;
             return Err(work_err("verify the v2 copy", detail));
@@ -562,9 +604,10 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let data_dir = self.settings.data_dir.to_path_buf();
         let work = fresh_work_dir(&data_dir)?;
         let converted = work.join("converted");
-        let (v2, source, read_at) = self
+        let (read, read_at) = self
             .read_source(run(at, Storage::Etcd2, &data_dir), label, before)
             .await?;
+        let (v2, source) = (read.entries, read.fingerprint);
         log::info(
             "v2 keyspace read",
             &[
@@ -588,7 +631,9 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .await?;
         crate::failpoint!("migration-after-etcdctl-migrate");
 
-        let mut serving = self.start_serving(run_v2_on(at, &converted), label).await?;
+        let mut serving = self
+            .start_serving(run(at, Storage::Etcd3, &converted), label)
+            .await?;
         let endpoint = serving.endpoint.clone();
         let plan = lease_plan(
             &v2,
@@ -598,10 +643,11 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         );
         report_expired(label, &plan.expired);
         let leased = plan.groups.values().map(Vec::len).sum::<usize>();
+        let ours = self.health.ours();
         self.while_serving(
             &mut serving,
             "attach leases to TTL keys",
-            apply_leases(&endpoint, &plan),
+            apply_leases(&endpoint, &plan, &ours),
         )
         .await?;
         log::info(
@@ -615,13 +661,14 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         );
         crate::failpoint!("migration-after-leases");
 
-        let (v3, after) = self
+        let converted_read = self
             .while_serving(
                 &mut serving,
                 "read the v3 keyspace",
-                keyspace::read_all(&endpoint, Storage::Etcd3),
+                keyspace::read_all(&endpoint, Storage::Etcd3, &ours),
             )
             .await?;
+        let (v3, after) = (converted_read.entries, converted_read.fingerprint);
         // What v3 must hold: the v2 keys, less the expired, with the
         // expiry the lease plan gave them.
         let expected: Vec<Entry> = flat_expiry(&v2, &plan)
@@ -675,7 +722,18 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             );
             crate::failpoint!("migration-after-v2-emptied");
         }
-        // The emptied v2 store is not in the v3 fingerprint: `after` stands.
+        // What the data's v2 store holds now (nothing, or the migrated
+        // keys with --keep-v2-keys) is what the next steps must keep.
+        let ours = self.health.ours();
+        let v2_left = self
+            .while_serving(
+                &mut serving,
+                "read what the v2 store holds now",
+                keyspace::read_v2(&endpoint, &ours),
+            )
+            .await?
+            .map(|left| Fingerprint::new(Storage::Etcd2, &left, None, Instant::now()));
+        let after = after.with_v2_side(v2_left);
         self.stop_serving(serving, label).await?;
         swap_member(
             &data_dir,
@@ -718,7 +776,6 @@ fn run(version: Version, storage: Storage, data_dir: &Path) -> Run<'_> {
         version,
         storage,
         data_dir,
-        force_v2: false,
         new_cluster: false,
     }
 }
@@ -730,12 +787,68 @@ fn run_new(version: Version, storage: Storage, data_dir: &Path) -> Run<'_> {
     }
 }
 
-/// etcd3 data served with the v2 API still on, to clean the v2 store.
-fn run_v2_on(version: Version, data_dir: &Path) -> Run<'_> {
-    Run {
-        force_v2: true,
-        ..run(version, Storage::Etcd3, data_dir)
+/// The entries whose TTL has not run out `elapsed` seconds after they
+/// were read, each with what is left of it, and the keys of those whose
+/// TTL has.
+fn still_alive(entries: &[Entry], elapsed: i64) -> (Vec<Entry>, Vec<String>) {
+    let mut expired = Vec::new();
+    let alive = entries
+        .iter()
+        .filter_map(|e| match e.ttl {
+            Some(ttl) if ttl - elapsed <= 0 => {
+                expired.push(String::from_utf8_lossy(&e.key).into_owned());
+                None
+            }
+            ttl => Some(Entry {
+                ttl: ttl.map(|ttl| ttl - elapsed),
+                ..e.clone()
+            }),
+        })
+        .collect();
+    (alive, expired)
+}
+
+/// The keys of the data's v2 store must not fall on the v2 paths of its
+/// v3 keys (one path, or one a directory of the other), since both go
+/// into one v2 store. Names both keys of a clash.
+pub fn check_v2_side_fits(v3: &[Entry], v2_side: &[Entry]) -> Result<(), String> {
+    if v2_side.is_empty() {
+        return Ok(());
     }
+    let v3_paths: BTreeMap<String, &[u8]> = v3
+        .iter()
+        .map(|e| {
+            (
+                String::from_utf8_lossy(&keyspace::v2_path(&e.key)).into_owned(),
+                e.key.as_slice(),
+            )
+        })
+        .collect();
+    for entry in v2_side {
+        let path = String::from_utf8_lossy(&entry.key).into_owned();
+        let clash = v3_paths.get(&path).map(|k| (path.clone(), *k)).or_else(|| {
+            // A v3 key under this path, or a v3 key that is a parent of it.
+            let below = format!("{path}/");
+            v3_paths
+                .range(below.clone()..)
+                .next()
+                .filter(|(p, _)| p.starts_with(&below))
+                .map(|(p, k)| (p.clone(), *k))
+                .or_else(|| {
+                    v3_paths
+                        .iter()
+                        .find(|(p, _)| path.starts_with(&format!("{p}/")))
+                        .map(|(p, k)| (p.clone(), *k))
+                })
+        });
+        if let Some((v3_path, v3_key)) = clash {
+            return Err(format!(
+                "the data holds the v2 key {path} and the v3 key {:?} (v2 path {v3_path}), which cannot both live in one v2 store; remove or rename one of them (etcdctl --api v2 / ETCDCTL_API=2 for the v2 key) and rerun",
+                String::from_utf8_lossy(v3_key)
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn report_expired(label: &str, expired: &[String]) {
@@ -791,15 +904,18 @@ pub fn lease_plan(v2: &[Entry], elapsed: i64, mode: TtlLeases, ttl_dir: &str) ->
 
 /// Grants one lease per group and re-puts its keys under it; deletes the
 /// expired keys that `etcdctl migrate` copied without a TTL.
-async fn apply_leases(endpoint: &str, plan: &LeasePlan) -> Result<(), String> {
+async fn apply_leases(endpoint: &str, plan: &LeasePlan, ours: &Ours) -> Result<(), String> {
     let mut client = keyspace::v3_client(endpoint).await?;
-    // Our own v2 health key (and the Kubernetes tool's) was copied as
-    // "/etcd_version"; the v3 health key is "etcd_version". Drop the copy.
-    let v2_health = format!("/{HEALTH_KEY}");
+    // A health key of this run whose removal failed is still in the v2
+    // store until its TTL runs out, and `etcdctl migrate` copied it
+    // without one: remove the copy.
     client
-        .delete(v2_health.as_bytes(), None)
+        .delete(
+            ours.key_prefix().as_bytes(),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
         .await
-        .map_err(|e| format!("delete {v2_health}: {e}"))?;
+        .map_err(|e| format!("delete {}*: {e}", ours.key_prefix()))?;
     for key in &plan.expired {
         client
             .delete(key.as_bytes(), None)
@@ -901,14 +1017,9 @@ fn verify_migration(
 /// The v2 copy must hold exactly the keys written, with TTLs no longer
 /// than written and no more than `tolerance` seconds shorter.
 fn verify_copy(written: &[Entry], copied: &[Entry], tolerance: i64) -> Result<(), String> {
-    let copied: Vec<Entry> = copied
-        .iter()
-        .filter(|e| !keyspace::is_health_key(&e.key))
-        .cloned()
-        .collect();
     let (want, got) = (
         Fingerprint::of(Storage::Etcd2, written),
-        Fingerprint::of(Storage::Etcd2, &copied),
+        Fingerprint::of(Storage::Etcd2, copied),
     );
     if !want.same_content(&got) {
         return Err(format!("wrote {want}, the v2 store holds {got}"));

@@ -9,8 +9,19 @@ use etcd_client::{GetOptions, LeaseTimeToLiveOptions};
 
 use super::etcd::connect;
 
-/// The key every migration step writes (`etcd_version` = the release).
-pub const HEALTH_KEY: &[u8] = b"etcd_version";
+/// How every health key of the migrator begins (as a v2 path; in v3
+/// without the slash): `/etcd-migrate-health-<run>-<attempt>`. It removes
+/// each right after writing it, so none may be left.
+pub const HEALTH_KEY_PREFIX: &str = "/etcd-migrate-health-";
+
+/// The lease (v3) or TTL (v2) a health key is written under.
+pub const HEALTH_LEASE_TTL_SECS: i64 = 60;
+
+/// True for a health key of the migrator (v2 or v3 spelling).
+pub fn is_health_key(key: &[u8]) -> bool {
+    let key = key.strip_prefix(b"/").unwrap_or(key);
+    key.starts_with(&HEALTH_KEY_PREFIX.as_bytes()[1..])
+}
 
 /// A key's value and the lease it is attached to (0: none).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,15 +137,12 @@ impl Keyspace {
         }
     }
 
-    /// Asserts every key of `before` but `etcd_version` still has the
-    /// create revision, mod revision and version it had.
+    /// Asserts every key of `before` still has the create revision, mod
+    /// revision and version it had.
     pub fn assert_revisions_kept(&self, before: &Keyspace) {
         let mut problems = String::new();
         let mut differing = 0;
         for (key, old) in &before.revisions {
-            if key.as_slice() == HEALTH_KEY {
-                continue;
-            }
             let new = self.revisions.get(key);
             if new != Some(old) {
                 differing += 1;
@@ -155,12 +163,12 @@ impl Keyspace {
         );
     }
 
-    /// How many keys but `etcd_version` were written more than once (mod
-    /// revision past the create revision).
+    /// How many keys were written more than once (mod revision past the
+    /// create revision).
     pub fn rewritten_keys(&self) -> usize {
         self.revisions
-            .iter()
-            .filter(|(key, r)| key.as_slice() != HEALTH_KEY && r.modified != r.create)
+            .values()
+            .filter(|r| r.modified != r.create)
             .count()
     }
 
@@ -172,31 +180,63 @@ impl Keyspace {
             .count()
     }
 
-    /// The value of `etcd_version`, if present.
-    pub fn health_value(&self) -> Option<String> {
-        self.entries
-            .get(HEALTH_KEY)
-            .map(|entry| String::from_utf8_lossy(&entry.value).into_owned())
+    /// Asserts the migrator left none of its health keys behind, except
+    /// one under its own 60 s lease, which a run killed between writing
+    /// and removing it leaves (it expires by itself).
+    pub fn assert_no_health_key(&self) {
+        let left: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(key, entry)| is_health_key(key) && !self.expires_soon(entry.lease))
+            .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "the migrator left its health keys in the keyspace: {left:?}"
+        );
+    }
+
+    /// True for a lease granted for at most a minute: a health key's.
+    fn expires_soon(&self, lease: i64) -> bool {
+        self.leases
+            .get(&lease)
+            .is_some_and(|l| l.granted_ttl <= HEALTH_LEASE_TTL_SECS)
+    }
+
+    /// The keyspace without the health keys a killed run may leave under
+    /// their own short lease, and without those leases.
+    fn without_leftover_health_keys(&self) -> Keyspace {
+        let mut clean = self.clone();
+        let leftovers: Vec<(Vec<u8>, i64)> = self
+            .entries
+            .iter()
+            .filter(|(key, entry)| is_health_key(key) && self.expires_soon(entry.lease))
+            .map(|(key, entry)| (key.clone(), entry.lease))
+            .collect();
+        for (key, lease) in leftovers {
+            clean.entries.remove(&key);
+            clean.revisions.remove(&key);
+            clean.leases.remove(&lease);
+        }
+        clean
     }
 
     /// Asserts that `self` (read after a migration) holds exactly the keys,
-    /// values and leases of `before` (read from the fixture), except the
-    /// `etcd_version` key the migrator writes, which must say `health` (the
-    /// release of the last step; `None`: no step ran, so no such key); and
-    /// that every lease still has more than `min_remaining_ttl` s left.
-    pub fn assert_kept(&self, before: &Keyspace, health: Option<&str>, min_remaining_ttl: i64) {
-        assert_eq!(
-            self.health_value().as_deref(),
-            health,
-            "etcd_version should hold the release of the last step that ran"
+    /// values and leases of `before` (read from the fixture), with none of
+    /// the migrator's health keys left, and that every lease still has more
+    /// than `min_remaining_ttl` s left.
+    pub fn assert_kept(&self, before: &Keyspace, min_remaining_ttl: i64) {
+        self.assert_no_health_key();
+        let (before, this) = (
+            &before.without_leftover_health_keys(),
+            &self.without_leftover_health_keys(),
         );
+        this.assert_same_as(before, min_remaining_ttl);
+    }
+
+    fn assert_same_as(&self, before: &Keyspace, min_remaining_ttl: i64) {
         let mut problems = String::new();
-        let keys: BTreeSet<&Vec<u8>> = before
-            .entries
-            .keys()
-            .chain(self.entries.keys())
-            .filter(|key| key.as_slice() != HEALTH_KEY)
-            .collect();
+        let keys: BTreeSet<&Vec<u8>> = before.entries.keys().chain(self.entries.keys()).collect();
         let mut differing = 0;
         for key in keys {
             let (old, new) = (before.entries.get(key), self.entries.get(key));
