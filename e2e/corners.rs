@@ -264,3 +264,53 @@ fn keys_in_a_v2_directory_with_a_ttl_expire_with_it_after_the_storage_migration(
         );
     }
 }
+
+/// Turns auth on in the data of `member` with etcdctl 3.3.25: a root user
+/// with a password, then `auth enable`.
+fn enable_auth(data: &Path, member: &Member, logs: &Path) {
+    let mut etcd = EtcdProcess::start("3.3.25", member, data, free_port(), logs);
+    block_on(etcd.wait_ready());
+    let etcdctl = crate::harness::binary("etcdctl-3.3.25");
+    for args in [
+        &["user", "add", "root:secret"][..],
+        &["--user", "root:secret", "auth", "enable"][..],
+    ] {
+        let out = std::process::Command::new(&etcdctl)
+            .env_clear()
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(etcd.endpoint())
+            .args(args)
+            .output()
+            .unwrap_or_else(|err| panic!("run {}: {err}", etcdctl.display()));
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    etcd.stop();
+}
+
+#[test]
+fn auth_enabled_data_is_refused_at_once_with_the_remedy() {
+    let tmp = temp_dir("auth");
+    let data = tmp.path().join("data");
+    let member = Member::new("auth");
+    fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
+    enable_auth(&data, &member, tmp.path());
+    let run = Migration::new("3.5.16", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .arg("--health-timeout")
+        .arg("600")
+        .run();
+    assert_ne!(run.code(), Some(0), "{}", run.explain());
+    run.assert_stderr_has("authentication enabled")
+        .assert_stderr_has("auth disable");
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3", "nothing recorded");
+    assert!(
+        run.lines_with("etcd started").len() <= 1,
+        "no step ran after the refusal:\n{}",
+        run.explain()
+    );
+}

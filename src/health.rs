@@ -112,7 +112,8 @@ impl EtcdHealth {
             .with_connect_timeout(ATTEMPT_TIMEOUT)
             .with_timeout(ATTEMPT_TIMEOUT);
         let not_yet = |what: &str, err: &etcd_client::Error| {
-            HealthError::NotYet(format!("v3 {what} {endpoint}: {}", error_chain(err)))
+            let text = format!("v3 {what} {endpoint}: {}", error_chain(err));
+            auth_refusal(&text).unwrap_or(HealthError::NotYet(text))
         };
         let mut client = etcd_client::Client::connect([endpoint], Some(options))
             .await
@@ -178,7 +179,7 @@ impl Health for EtcdHealth {
                 Storage::Etcd2 => self
                     .write_v2(&endpoint, &value)
                     .await
-                    .map_err(HealthError::NotYet),
+                    .map_err(|text| auth_refusal(&text).unwrap_or(HealthError::NotYet(text))),
                 Storage::Etcd3 => self.write_v3(&endpoint, &value).await,
             }
         }
@@ -187,6 +188,26 @@ impl Health for EtcdHealth {
     fn ours(&self) -> Ours {
         self.ours.borrow().clone()
     }
+}
+
+/// What etcd answers an unauthenticated write on data with auth enabled:
+/// v3 "user name is empty" (or "invalid auth token", "permission
+/// denied"), v2 HTTP 401 with error code 110.
+const AUTH_ANSWERS: [&str; 5] = [
+    "user name is empty",
+    "invalid auth token",
+    "permission denied",
+    "requires user authentication",
+    "HTTP 401",
+];
+
+/// The refusal for a write that failed because the data has auth enabled:
+/// no retry can succeed without credentials.
+fn auth_refusal(text: &str) -> Option<HealthError> {
+    AUTH_ANSWERS.iter().any(|answer| text.contains(answer)).then(|| HealthError::Refused {
+        reason: format!("the data has authentication enabled, and etcd-migrate writes without credentials ({text})"),
+        remedy: "disable auth for the migration: serve the data with its recorded release and run `etcdctl --user root auth disable` (v2: `etcdctl auth disable`), rerun etcd-migrate, then `etcdctl --user root auth enable` on the migrated data".to_string(),
+    })
 }
 
 /// The refusal for alarms raised in the data, if any. Both kinds make etcd
@@ -210,6 +231,23 @@ fn refusal_for(raised: &[AlarmType]) -> Option<HealthError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unauthenticated_write_on_auth_enabled_data_refuses_with_the_remedy() {
+        for answer in [
+            "v3 put http://127.0.0.1:1: status: InvalidArgument, message: \"etcdserver: user name is empty\"",
+            "v2 PUT http://127.0.0.1:1/v2/keys/x: HTTP 401 Unauthorized: {\"errorCode\":110,\"message\":\"The request requires user authentication\"}",
+        ] {
+            match auth_refusal(answer) {
+                Some(HealthError::Refused { reason, remedy }) => {
+                    assert!(reason.contains("authentication enabled"), "{reason}");
+                    assert!(remedy.contains("auth disable"), "{remedy}");
+                }
+                other => panic!("{answer}: {other:?}"),
+            }
+        }
+        assert_eq!(auth_refusal("v3 connect: connection refused"), None);
+    }
 
     #[test]
     fn raised_alarms_refuse_with_a_remedy_and_none_lets_the_write_go() {
