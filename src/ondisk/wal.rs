@@ -463,3 +463,246 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     }
     Ok(got)
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    fn varint(mut v: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(byte);
+                return out;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+
+    fn field_varint(number: u64, v: u64) -> Vec<u8> {
+        let mut out = varint(number << 3);
+        out.extend(varint(v));
+        out
+    }
+
+    fn field_bytes(number: u64, bytes: &[u8]) -> Vec<u8> {
+        let mut out = varint(number << 3 | 2);
+        out.extend(varint(bytes.len() as u64));
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    /// An entry record's data (`raftpb.Entry`).
+    pub fn entry_data(index: u64, payload: &[u8]) -> Vec<u8> {
+        let mut out = field_varint(1, 0);
+        out.extend(field_varint(2, 1));
+        out.extend(field_varint(3, index));
+        out.extend(field_bytes(4, payload));
+        out
+    }
+
+    /// Frames `records` (type, data) as etcd's encoder does, the chain
+    /// starting at `crc` with a CRC record; returns the bytes and the
+    /// chain's CRC after them.
+    pub fn segment(records: &[(u64, Vec<u8>)], mut crc: u32) -> (Vec<u8>, u32) {
+        let mut out = Vec::new();
+        let mut all = vec![(CRC_TYPE, Vec::new())];
+        all.extend(records.iter().cloned());
+        for (kind, data) in all {
+            let record_crc = if kind == CRC_TYPE {
+                crc
+            } else {
+                crc = crc32c::crc32c_append(crc, &data);
+                crc
+            };
+            let mut record = field_varint(1, kind);
+            record.extend(field_varint(2, u64::from(record_crc)));
+            if !data.is_empty() || kind != CRC_TYPE {
+                record.extend(field_bytes(3, &data));
+            }
+            let pad = (8 - record.len() % 8) % 8;
+            let mut len = record.len() as u64;
+            if pad != 0 {
+                len |= (0x80 | pad as u64) << 56;
+            }
+            out.extend(len.to_le_bytes());
+            out.extend(&record);
+            out.extend(std::iter::repeat_n(0u8, pad));
+        }
+        (out, crc)
+    }
+
+    fn metadata(node: u64, cluster: u64) -> (u64, Vec<u8>) {
+        let mut data = field_varint(1, node);
+        data.extend(field_varint(2, cluster));
+        (METADATA_TYPE, data)
+    }
+
+    /// Two segments: metadata and entries 1–3 with a hard state, then
+    /// metadata and entries 4–5; the second preallocated with zeros.
+    fn two_segments(dir: &Path) -> Vec<u8> {
+        let (first, crc) = segment(
+            &[
+                metadata(7, 9),
+                (ENTRY_TYPE, entry_data(1, b"a")),
+                (ENTRY_TYPE, entry_data(2, b"bb")),
+                (ENTRY_TYPE, entry_data(3, b"ccc")),
+                (STATE_TYPE, field_varint(3, 3)),
+            ],
+            0,
+        );
+        let (mut second, _) = segment(
+            &[
+                metadata(7, 9),
+                (ENTRY_TYPE, entry_data(4, &[b'd'; 700])),
+                (ENTRY_TYPE, entry_data(5, b"e")),
+                (STATE_TYPE, field_varint(3, 5)),
+            ],
+            crc,
+        );
+        std::fs::write(dir.join("0000000000000000-0000000000000000.wal"), first).unwrap();
+        let written = second.clone();
+        second.resize(second.len() + 8192, 0);
+        std::fs::write(dir.join("0000000000000001-0000000000000004.wal"), second).unwrap();
+        written
+    }
+
+    /// Entry indexes, (member, cluster) ids, and how the log ended.
+    type Read = (Vec<u64>, Option<(u64, u64)>, WalEnd);
+
+    fn read_dir(dir: &Path, snap_index: u64) -> Result<Read, OnDiskError> {
+        let segments = segments(dir, snap_index)?;
+        let mut indexes = Vec::new();
+        let mut ids = None;
+        let end = read(&segments, |record| {
+            match record {
+                Record::Entry(entry) => indexes.push(entry.index),
+                Record::Metadata {
+                    node_id,
+                    cluster_id,
+                } => ids = Some((node_id, cluster_id)),
+                _ => {}
+            }
+            Ok(())
+        })?;
+        Ok((indexes, ids, end))
+    }
+
+    #[test]
+    fn reads_records_across_segments_and_stops_at_preallocated_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        two_segments(dir.path());
+        std::fs::write(
+            dir.path().join("0000000000000001-0000000000000004.wal.tmp"),
+            b"x",
+        )
+        .unwrap();
+        let (indexes, ids, end) = read_dir(dir.path(), 0).unwrap();
+        assert_eq!(indexes, [1, 2, 3, 4, 5]);
+        assert_eq!(ids, Some((7, 9)));
+        assert_eq!(end.torn, None);
+        // A snapshot at 4 starts at the second segment, as etcd does.
+        let (indexes, _, _) = read_dir(dir.path(), 4).unwrap();
+        assert_eq!(indexes, [4, 5]);
+    }
+
+    #[test]
+    fn every_truncation_of_the_last_segment_is_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = two_segments(dir.path());
+        let last = dir.path().join("0000000000000001-0000000000000004.wal");
+        for cut in 0..written.len() {
+            std::fs::write(&last, &written[..cut]).unwrap();
+            let (indexes, _, end) =
+                read_dir(dir.path(), 0).unwrap_or_else(|err| panic!("cut at {cut}: {err}"));
+            assert!(indexes.starts_with(&[1, 2, 3]), "cut at {cut}: {indexes:?}");
+            if cut % 8 != 0 {
+                assert!(end.torn.is_some(), "cut at {cut} inside a frame is torn");
+            }
+        }
+    }
+
+    #[test]
+    fn a_zeroed_sector_in_the_last_record_is_torn_a_flipped_bit_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = two_segments(dir.path());
+        let last = dir.path().join("0000000000000001-0000000000000004.wal");
+        // The 700-byte entry spans a sector boundary: zero its second half.
+        let mut torn = written.clone();
+        let start = torn.windows(8).position(|w| w == [b'd'; 8]).unwrap();
+        let boundary = (start / 512 + 1) * 512;
+        torn[boundary..boundary + 512.min(written.len() - boundary)].fill(0);
+        std::fs::write(&last, &torn).unwrap();
+        let (indexes, _, end) = read_dir(dir.path(), 0).unwrap();
+        assert_eq!(indexes, [1, 2, 3]);
+        assert!(end.torn.is_some());
+
+        let mut flipped = written.clone();
+        flipped[start + 10] ^= 0x01;
+        std::fs::write(&last, &flipped).unwrap();
+        let err = read_dir(dir.path(), 0).unwrap_err();
+        assert!(matches!(err, OnDiskError::WalDamaged { .. }), "{err}");
+    }
+
+    #[test]
+    fn damage_before_the_last_segment_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        two_segments(dir.path());
+        let first = dir.path().join("0000000000000000-0000000000000000.wal");
+        let good = std::fs::read(&first).unwrap();
+        for cut in [9, good.len() / 2, good.len() - 1] {
+            std::fs::write(&first, &good[..cut]).unwrap();
+            let err = read_dir(dir.path(), 0).unwrap_err();
+            assert!(
+                matches!(err, OnDiskError::WalDamaged { .. }),
+                "cut {cut}: {err}"
+            );
+        }
+        let mut huge = good.clone();
+        huge[..8].copy_from_slice(&(u64::MAX >> 8).to_le_bytes());
+        std::fs::write(&first, &huge).unwrap();
+        assert!(read_dir(dir.path(), 0).is_err());
+    }
+
+    #[test]
+    fn a_missing_segment_or_a_log_past_the_snapshot_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        two_segments(dir.path());
+        std::fs::rename(
+            dir.path().join("0000000000000001-0000000000000004.wal"),
+            dir.path().join("0000000000000002-0000000000000004.wal"),
+        )
+        .unwrap();
+        assert!(matches!(
+            read_dir(dir.path(), 0),
+            Err(OnDiskError::WalSequence { .. })
+        ));
+        std::fs::remove_file(dir.path().join("0000000000000000-0000000000000000.wal")).unwrap();
+        assert!(matches!(
+            read_dir(dir.path(), 0),
+            Err(OnDiskError::WalSequence { .. })
+        ));
+    }
+
+    #[test]
+    fn garbage_segments_never_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = two_segments(dir.path());
+        let last = dir.path().join("0000000000000001-0000000000000004.wal");
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..500 {
+            let mut bad = written.clone();
+            for _ in 0..(1 + round % 5) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let at = (seed as usize) % bad.len();
+                bad[at] = (seed >> 40) as u8;
+            }
+            std::fs::write(&last, &bad).unwrap();
+            let _ = read_dir(dir.path(), 0);
+        }
+    }
+}
