@@ -1,0 +1,393 @@
+//! This module owns reading what an etcd data dir records about itself,
+//! offline (no etcd running) and read-only: the member and cluster ids,
+//! the cluster version, the membership, whether v2 or v3 auth is on, the
+//! v3 leases' granted TTLs, and the v2 store's hidden nodes. It reads the
+//! files etcd 2.2 … 3.5 write: the WAL (`member/wal`), the raft snapshots
+//! (`member/snap/*.snap`, holding the v2 store) and the bolt database
+//! (`member/snap/db`), and replays the log on top of the newest snapshot
+//! and of bolt as etcd does at start. Damage etcd itself would repair (a
+//! torn WAL tail, a broken newest snapshot) is read around and noted;
+//! damage etcd would refuse is an error naming the file.
+//!
+//! - `proto`: the protobuf wire format.
+//! - `wal`: WAL segments and their records, streamed.
+//! - `snap`: the newest `.snap` that decodes, its v2 store streamed.
+//! - `bolt`: a read-only bolt page reader.
+//! - `state`: what etcd's appliers make of the snapshot, bolt and log.
+//!
+//! Cost: the WAL is read once, record by record (reading starts at the
+//! segment holding the snapshot's index, as etcd's does); only entries
+//! after the snapshot are decoded, and only their top-level fields.
+//! Memory is bounded by one WAL record, one snapshot value and the
+//! reported state, whatever the data's size. Measured on this project's
+//! machines: see [`read`].
+
+mod bolt;
+mod proto;
+mod snap;
+mod state;
+mod wal;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use self::state::{Replay, V2State, V3State};
+
+/// One member of the cluster, as the data records it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemberOnDisk {
+    /// The member id.
+    pub id: u64,
+    /// Its `--name`; empty until the member has published it (a member
+    /// added but never started has none).
+    pub name: String,
+    /// Its peer URLs.
+    pub peer_urls: Vec<String>,
+    /// Its client URLs, as last published (empty if never).
+    pub client_urls: Vec<String>,
+    /// Whether it is a learner (3.4+).
+    pub is_learner: bool,
+}
+
+/// What a data dir records. A data dir without etcd's files (fresh, or
+/// `member/` absent) gives the default: all `None`, empty and false.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OnDisk {
+    /// This member's id (the WAL's metadata record).
+    pub member_id: Option<u64>,
+    /// The cluster id (the WAL's metadata record).
+    pub cluster_id: Option<u64>,
+    /// The cluster version, e.g. `3.3.0`: the last one set in the log
+    /// after the snapshot (a v2 PUT of `/0/version`, or 3.5's
+    /// `ClusterVersionSet`), else bolt's `cluster/clusterVersion` (3.0+),
+    /// else the snapshot's v2 store. `None` before the cluster decided one.
+    pub cluster_version: Option<String>,
+    /// The current members (removed ones left out), by id: the v2 store's
+    /// `/0/members` in the newest snapshot, changed by the log's conf
+    /// changes and attribute publishes; bolt's `members` bucket only when
+    /// the v2 store and log hold no membership.
+    pub members: Vec<MemberOnDisk>,
+    /// bolt's `auth/authEnabled` is `[1]`, as changed by later log entries
+    /// (an enable without a root user holding the root role is refused).
+    pub v3_auth_enabled: bool,
+    /// The v2 store's `/2/enabled` is `true`.
+    pub v2_auth_enabled: bool,
+    /// bolt's `lease` bucket, lease id → granted TTL in seconds (etcd
+    /// raises a TTL below its minimum, a few seconds, when it grants it;
+    /// a grant still only in the log carries the TTL asked for). `None`
+    /// for etcd2 data (no bolt database).
+    pub leases: Option<BTreeMap<i64, i64>>,
+    /// The user-visible paths (without the store's `/1` prefix) of hidden
+    /// v2 nodes: every node whose own name starts with `_` (etcd's
+    /// `IsHidden`; the v2 API lists none of them, but a GET of one lists
+    /// its visible children). From the snapshot's store, plus those a
+    /// later log entry writes. A superset: a node deleted or expired since
+    /// may be named, so a reader should skip the ones not found.
+    pub v2_hidden_paths: Vec<String>,
+    /// What was read around, one line each: a torn WAL tail, broken newer
+    /// snapshots passed over, log entries or member records that did not
+    /// decode.
+    pub notes: Vec<String>,
+}
+
+/// Why a data dir could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum OnDiskError {
+    /// A file or dir could not be read at all.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file or dir.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A WAL record is damaged where etcd does not repair (not a torn
+    /// tail): etcd refuses to start on it too.
+    #[error("{path} is damaged at byte {offset}: {what}; etcd refuses this WAL too, so restore the data dir from a backup")]
+    WalDamaged {
+        /// The segment.
+        path: PathBuf,
+        /// The offset of the record.
+        offset: u64,
+        /// What is wrong.
+        what: String,
+    },
+    /// The WAL segments do not form one log from the snapshot on.
+    #[error("the WAL in {dir} is incomplete: {what}; etcd refuses it too, so restore the data dir from a backup")]
+    WalSequence {
+        /// The WAL dir.
+        dir: PathBuf,
+        /// What is missing.
+        what: String,
+    },
+    /// No snapshot decodes and the WAL no longer reaches back to the
+    /// start, so the state cannot be rebuilt.
+    #[error("no snapshot in {dir} can be read ({reasons}) and the WAL no longer starts at the beginning; etcd cannot start on this either, so restore the data dir from a backup")]
+    NoUsableSnapshot {
+        /// The snap dir.
+        dir: PathBuf,
+        /// Each file and why, joined.
+        reasons: String,
+    },
+    /// A snapshot's checksum is good but its v2 store does not parse
+    /// (e.g. a v2 path nested deeper than ~60 levels, past the JSON
+    /// parser's depth limit).
+    #[error(
+        "{path} cannot be read although its checksum is good: {what}; report this with the file"
+    )]
+    SnapUnreadable {
+        /// The `.snap` file.
+        path: PathBuf,
+        /// The parser's complaint.
+        what: String,
+    },
+    /// The bolt database is not one etcd wrote, or is damaged.
+    #[error("{path} is not a readable bolt database: {what}; if etcd also refuses it, restore the data dir from a backup")]
+    BoltDamaged {
+        /// The `db` file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+/// Where etcd keeps its WAL and snapshots: `<data-dir>/member` (2.2+),
+/// or the data dir itself in the 2.0 layout (`wal/` and `snap/` at the
+/// top, which 2.1+ moves into `member/` at start).
+fn member_dir(data_dir: &Path) -> Option<PathBuf> {
+    let member = data_dir.join("member");
+    if member.is_dir() {
+        return Some(member);
+    }
+    data_dir
+        .join("wal")
+        .is_dir()
+        .then(|| data_dir.to_path_buf())
+}
+
+/// Reads what the etcd data in `data_dir` records, without changing
+/// anything. See [`OnDisk`] for where each answer comes from.
+///
+/// Measured (release build, warm page cache, this project's 2-core
+/// machine): a 3.5.16 data dir with a 64 MB WAL segment full of 1 KiB
+/// puts (~55,000 entries) is read in ~0.15 s; the time grows linearly
+/// with the WAL's size.
+pub fn read(data_dir: &Path) -> Result<OnDisk, OnDiskError> {
+    let Some(member_dir) = member_dir(data_dir) else {
+        return Ok(OnDisk::default());
+    };
+    let snap_dir = member_dir.join("snap");
+    let wal_dir = member_dir.join("wal");
+    let mut notes = Vec::new();
+
+    let newest = snap::newest(&snap_dir)?;
+    for (path, why) in &newest.skipped {
+        notes.push(format!(
+            "passed over the broken snapshot {}: {why}",
+            path.display()
+        ));
+    }
+    let (v2, snap_index) = match newest.snapshot {
+        Some(snapshot) => (snapshot.v2, snapshot.index),
+        None => (V2State::default(), 0),
+    };
+
+    let db_path = snap_dir.join("db");
+    let bolt = if db_path.exists() {
+        Some(read_bolt(&db_path, &mut notes)?)
+    } else {
+        None
+    };
+
+    let segments = match wal::segments(&wal_dir, snap_index) {
+        Err(OnDiskError::WalSequence { .. }) if snap_index == 0 && !newest.skipped.is_empty() => {
+            let reasons: Vec<String> = newest
+                .skipped
+                .iter()
+                .map(|(path, why)| format!("{}: {why}", path.display()))
+                .collect();
+            return Err(OnDiskError::NoUsableSnapshot {
+                dir: snap_dir,
+                reasons: reasons.join("; "),
+            });
+        }
+        other => other?,
+    };
+
+    let (v3, consistent_index) = match &bolt {
+        Some(bolt) => (Some(bolt.v3.clone()), bolt.consistent_index),
+        None => (None, 0),
+    };
+    let mut replay = Replay::new(v2, snap_index, v3, consistent_index);
+    let mut ids = None;
+    let end = wal::read(&segments, |record| {
+        match record {
+            wal::Record::Metadata {
+                node_id,
+                cluster_id,
+            } => ids = Some((node_id, cluster_id)),
+            wal::Record::Entry(entry) => replay.entry(&entry),
+            wal::Record::HardState { commit } => replay.commit(commit),
+            wal::Record::Snapshot => {}
+        }
+        Ok(())
+    })?;
+    if let Some((path, offset, why)) = end.torn {
+        notes.push(format!(
+            "the WAL ends in a torn write at byte {offset} of {} ({why}); etcd drops it at its next start, and so was it here",
+            path.display()
+        ));
+    }
+    let (v2, v3) = replay.finish();
+    notes.extend(v2.problems.iter().cloned());
+
+    let cluster_version = match (&bolt, v2.version_from_wal) {
+        (_, true) => v2.cluster_version.clone(),
+        (
+            Some(BoltState {
+                cluster_version: Some(version),
+                ..
+            }),
+            false,
+        ) => Some(version.clone()),
+        _ => v2.cluster_version.clone(),
+    };
+    let members: Vec<MemberOnDisk> = if v2.members.is_empty() {
+        bolt.as_ref()
+            .map(|bolt| bolt.members.values().cloned().collect())
+            .unwrap_or_default()
+    } else {
+        v2.members.values().cloned().collect()
+    };
+    Ok(OnDisk {
+        member_id: ids.map(|(member, _)| member),
+        cluster_id: ids.map(|(_, cluster)| cluster),
+        cluster_version,
+        members,
+        v3_auth_enabled: v3.as_ref().is_some_and(|v3| v3.auth_enabled),
+        v2_auth_enabled: v2
+            .v2_auth
+            .as_deref()
+            .is_some_and(|value| serde_json::from_str::<bool>(value).unwrap_or(false)),
+        leases: v3.map(|v3| v3.leases),
+        v2_hidden_paths: v2.hidden.into_iter().collect(),
+        notes,
+    })
+}
+
+/// What bolt says, before the log is replayed on it.
+struct BoltState {
+    consistent_index: u64,
+    cluster_version: Option<String>,
+    members: BTreeMap<u64, MemberOnDisk>,
+    v3: V3State,
+}
+
+/// Reads the small buckets of etcd's bolt database (never `key`).
+fn read_bolt(path: &Path, notes: &mut Vec<String>) -> Result<BoltState, OnDiskError> {
+    let db = bolt::Db::open(path)?;
+    let damaged = |what: String| OnDiskError::BoltDamaged {
+        path: path.to_path_buf(),
+        what,
+    };
+    let mut state = BoltState {
+        consistent_index: 0,
+        cluster_version: None,
+        members: BTreeMap::new(),
+        v3: V3State::default(),
+    };
+    if let Some(meta) = db.bucket(b"meta")? {
+        if let Some(value) = db.get(&meta, b"consistent_index")? {
+            let bytes: [u8; 8] = value.as_slice().try_into().map_err(|_| {
+                damaged(format!(
+                    "meta/consistent_index is {} bytes, not 8",
+                    value.len()
+                ))
+            })?;
+            state.consistent_index = u64::from_be_bytes(bytes);
+        }
+    }
+    if let Some(cluster) = db.bucket(b"cluster")? {
+        state.cluster_version = db
+            .get(&cluster, b"clusterVersion")?
+            .map(|v| String::from_utf8_lossy(&v).into_owned());
+    }
+    if let Some(auth) = db.bucket(b"auth")? {
+        state.v3.auth_enabled = db.get(&auth, b"authEnabled")?.as_deref() == Some(&[1u8][..]);
+    }
+    if let Some(users) = db.bucket(b"authUsers")? {
+        if let Some(root) = db.get(&users, b"root")? {
+            let roles = proto::strings_field(&root, 3)
+                .map_err(|err| damaged(format!("authUsers/root is no user record: {err}")))?;
+            state.v3.root_exists = true;
+            state.v3.root_has_root_role = roles.iter().any(|role| role == "root");
+        }
+    }
+    if let Some(lease) = db.bucket(b"lease")? {
+        db.for_each(&lease, |key, value| {
+            let id = proto::varint_field(value, 1)
+                .map_err(|err| damaged(format!("lease {key:02x?} is no lease record: {err}")))?;
+            let ttl = proto::varint_field(value, 2)
+                .map_err(|err| damaged(format!("lease {key:02x?} is no lease record: {err}")))?;
+            state.v3.leases.insert(id as i64, ttl as i64);
+            Ok(())
+        })?;
+    }
+    let mut removed = std::collections::BTreeSet::new();
+    if let Some(bucket) = db.bucket(b"members_removed")? {
+        db.for_each(&bucket, |key, _| {
+            if let Some(id) = std::str::from_utf8(key)
+                .ok()
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            {
+                removed.insert(id);
+            }
+            Ok(())
+        })?;
+    }
+    if let Some(bucket) = db.bucket(b"members")? {
+        db.for_each(&bucket, |key, value| {
+            match serde_json::from_slice::<state::MemberJson>(value) {
+                Ok(member) if !removed.contains(&member.id) => {
+                    state.members.insert(
+                        member.id,
+                        MemberOnDisk {
+                            id: member.id,
+                            name: member.name,
+                            peer_urls: member.peer_urls.unwrap_or_default(),
+                            client_urls: member.client_urls.unwrap_or_default(),
+                            is_learner: member.is_learner,
+                        },
+                    );
+                }
+                Ok(_) => {}
+                Err(err) => notes.push(format!(
+                    "members/{} in {} is not member JSON: {err}",
+                    String::from_utf8_lossy(key),
+                    path.display()
+                )),
+            }
+            Ok(())
+        })?;
+    }
+    Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dir_without_etcd_files_reads_as_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()).unwrap(), OnDisk::default());
+        assert_eq!(
+            read(&dir.path().join("missing")).unwrap(),
+            OnDisk::default()
+        );
+        std::fs::create_dir_all(dir.path().join("member/wal")).unwrap();
+        std::fs::create_dir_all(dir.path().join("member/snap")).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), OnDisk::default());
+    }
+}
