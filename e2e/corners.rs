@@ -8,8 +8,9 @@ use std::path::Path;
 use crate::harness::etcd::{read_back, EtcdProcess};
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::migrator::Migration;
+use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, read_back_v2, V2Key, V2Keyspace};
-use crate::harness::{block_on, free_port, read_version_txt, temp_dir, Member};
+use crate::harness::{block_on, free_port, read_version_txt, temp_dir, write_version_txt, Member};
 
 /// Leases and TTLs granted 3,600 s shortly before must show more than this.
 const MIN_REMAINING_TTL: i64 = 3000;
@@ -293,24 +294,193 @@ fn enable_auth(data: &Path, member: &Member, logs: &Path) {
 }
 
 #[test]
-fn auth_enabled_data_is_refused_at_once_with_the_remedy() {
+fn auth_enabled_data_is_refused_up_front_with_the_remedy() {
     let tmp = temp_dir("auth");
     let data = tmp.path().join("data");
     let member = Member::new("auth");
     fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
     enable_auth(&data, &member, tmp.path());
-    let run = Migration::new("3.5.16", &data, &member)
-        .bundled("3.3.25,3.4.23,3.5.16")
-        .arg("--health-timeout")
-        .arg("600")
-        .run();
-    assert_ne!(run.code(), Some(0), "{}", run.explain());
-    run.assert_stderr_has("authentication enabled")
-        .assert_stderr_has("auth disable");
-    assert_eq!(read_version_txt(&data), "3.3.25/etcd3", "nothing recorded");
+    let migration = Migration::new("3.5.16", &data, &member).bundled("3.3.25,3.4.23,3.5.16");
+    let before = fingerprint(&data);
+    migration.run().assert_refused_untouched(
+        &data,
+        &before,
+        &["has v3 authentication enabled", "auth disable"],
+    );
+}
+
+#[test]
+fn a_version_txt_the_data_contradicts_is_refused_untouched() {
+    let tmp = temp_dir("mislabelled");
+    let bundle = "3.3.25,3.4.23,3.5.1,3.5.16";
+    // 3.3 data labelled 3.4.23: the walk would skip 3.4.
+    let old = tmp.path().join("old");
+    let member = Member::new("mislabelled-old");
+    fixture::build(FixtureSpec::small("3.3.25"), &old, &member, tmp.path());
+    for (label, target) in [("3.4.23/etcd3", "3.5.16"), ("3.5.1/etcd3", "3.5.16")] {
+        write_version_txt(&old, label);
+        let before = fingerprint(&old);
+        Migration::new(target, &old, &member)
+            .bundled(bundle)
+            .run()
+            .assert_refused_untouched(
+                &old,
+                &before,
+                &[
+                    &format!("says {label}, but the data itself records cluster version 3.3.0"),
+                    "printf 3.3.<patch>/etcd3",
+                ],
+            );
+    }
+    // 3.5 data labelled 3.3.25: no 3.3 or 3.4 can serve it.
+    let new = tmp.path().join("new");
+    let member = Member::new("mislabelled-new");
+    fixture::build(FixtureSpec::small("3.5.16"), &new, &member, tmp.path());
+    write_version_txt(&new, "3.3.25/etcd3");
+    let before = fingerprint(&new);
+    Migration::new("3.4.23", &new, &member)
+        .bundled(bundle)
+        .run()
+        .assert_refused_untouched(&new, &before, &["records cluster version 3.5.0"]);
+}
+
+#[test]
+fn data_whose_membership_lists_other_members_is_refused_untouched() {
+    let tmp = temp_dir("data-members");
+    let data = tmp.path().join("data");
+    let member = Member::new("data-members");
+    fixture::build(FixtureSpec::small("3.4.23"), &data, &member, tmp.path());
+    // A second member in the data's own membership (as on a member of a
+    // 3-member cluster), while INITIAL_CLUSTER lists only this one.
+    let mut etcd = EtcdProcess::start("3.4.23", &member, &data, free_port(), tmp.path());
+    block_on(etcd.wait_ready());
+    let etcdctl = crate::harness::binary("etcdctl-3.4.23");
+    let out = std::process::Command::new(&etcdctl)
+        .env_clear()
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(etcd.endpoint())
+        .args([
+            "member",
+            "add",
+            "peer-b",
+            "--peer-urls=http://127.0.0.2:2380",
+        ])
+        .output()
+        .unwrap_or_else(|err| panic!("run {}: {err}", etcdctl.display()));
     assert!(
-        run.lines_with("etcd started").len() <= 1,
-        "no step ran after the refusal:\n{}",
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    etcd.stop();
+    let before = fingerprint(&data);
+    Migration::new("3.5.16", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .run()
+        .assert_refused_untouched(
+            &data,
+            &before,
+            &["belongs to a cluster of 2 members", "http://127.0.0.2:2380"],
+        );
+}
+
+#[test]
+fn a_configured_name_unlike_the_datas_is_reported_and_the_data_keeps_its_own() {
+    let tmp = temp_dir("renamed");
+    let data = tmp.path().join("data");
+    let member = Member::new("renamed");
+    let fixture = fixture::build(FixtureSpec::small("3.5.16"), &data, &member, tmp.path());
+    let renamed = Migration {
+        name: "someone-else".to_string(),
+        ..Migration::new("3.4.23", &data, &member).bundled("3.3.25,3.4.23,3.5.16")
+    };
+    let dry = renamed
+        .clone()
+        .mode(crate::harness::migrator::Mode::DryRun)
+        .run();
+    dry.assert_code(0);
+    assert!(
+        dry.stdout.contains(&format!(
+            "member: {} (as the data records it; the configuration says someone-else)",
+            member.name
+        )),
+        "{}",
+        dry.explain()
+    );
+    let run = renamed.run();
+    run.assert_code(0);
+    assert_eq!(
+        run.lines_with("the configured member name differs").len(),
+        1,
+        "{}",
         run.explain()
     );
+    // The rollback's restore kept the data's name: the member's own etcd
+    // (named as before) serves it.
+    read_back("3.4.23", &member, &data, tmp.path())
+        .assert_kept(&fixture.keyspace, MIN_REMAINING_TTL);
+}
+
+/// Another etcd (of another cluster) that takes a step's client port after
+/// the port check, just before the step's etcd starts: nothing it answers
+/// may be used. Before the fix, the health write, the fingerprint and the
+/// rollback's snapshot went to it, and its data was swapped in (exit 0).
+#[cfg(feature = "failpoints")]
+#[test]
+fn an_etcd_of_another_cluster_on_the_steps_port_is_never_used() {
+    use crate::harness::migrator::{field, is_ours};
+    use crate::harness::MIGRATE_TIMEOUT;
+    const BEFORE_SPAWN: &str = "etcd-before-spawn";
+
+    let tmp = temp_dir("impostor");
+    let data = tmp.path().join("data");
+    let member = Member::new("impostor");
+    let fixture = fixture::build(FixtureSpec::small("3.5.16"), &data, &member, tmp.path());
+    let other_data = tmp.path().join("other");
+    let other = Member::new("impostor-other");
+    fixture::build(
+        FixtureSpec::small("3.5.16"),
+        &other_data,
+        &other,
+        tmp.path(),
+    );
+
+    let migration = Migration::new("3.4.23", &data, &member).bundled("3.4.23,3.5.16");
+    let mut running = migration
+        .clone()
+        .env("FAILPOINTS", format!("{BEFORE_SPAWN}=sleep(3000)"))
+        .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1")
+        .spawn();
+    running.wait_for_line(BEFORE_SPAWN, MIGRATE_TIMEOUT, |line| {
+        is_ours(line, "failpoint") && field(line, "name") == Some(BEFORE_SPAWN)
+    });
+    let mut impostor =
+        EtcdProcess::start("3.5.16", &other, &other_data, migration.port, tmp.path());
+    block_on(impostor.wait_ready());
+    let run = running.wait(MIGRATE_TIMEOUT);
+    impostor.stop();
+    run.assert_code(3);
+    assert!(
+        run.stderr.contains(&format!(
+            "is not etcd 3.5.16 (pid {})",
+            run.lines_with("etcd started")
+                .first()
+                .and_then(|l| field(l, "pid"))
+                .unwrap_or("?")
+        )) || run.stderr.contains("address already in use"),
+        "the step fails on the impostor, or on its own bind:\n{}",
+        run.explain()
+    );
+    println!(
+        "impostor: {}",
+        if run.stderr.contains("is not etcd") {
+            "caught by the listener check"
+        } else {
+            "the step's etcd could not bind first"
+        }
+    );
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3", "nothing recorded");
+    read_back("3.5.16", &member, &data, tmp.path())
+        .assert_kept(&fixture.keyspace, MIN_REMAINING_TTL);
 }

@@ -261,6 +261,24 @@ impl RunningEtcd for ProcessEtcd {
         self.child.stop(STOP_GRACE)
     }
 
+    fn owns_listener(&self, port: u16) -> Result<(), String> {
+        let pid = self.child.pid();
+        let inode = listening_inode(port)?.ok_or_else(|| {
+            format!("nothing listens on 127.0.0.1:{port} (pid {pid} has exited?)")
+        })?;
+        if holds_socket(pid, inode)? {
+            return Ok(());
+        }
+        Err(match crate::supervisor::socket_holder(inode) {
+            Some((holder, command)) => {
+                format!("127.0.0.1:{port} is held by pid {holder} ({command})")
+            }
+            None => format!(
+                "127.0.0.1:{port} is held by a process etcd-migrate cannot see (socket inode {inode})"
+            ),
+        })
+    }
+
     fn recent_output(&mut self) -> Vec<String> {
         // Once the child is gone its pipes close: let the relays drain the
         // last lines (usually the panic that explains the exit) first.
@@ -276,9 +294,77 @@ impl RunningEtcd for ProcessEtcd {
     }
 }
 
+/// The inode of the TCP socket listening on 127.0.0.1:`port`, from
+/// /proc/net/tcp (the network namespace we and our children share).
+fn listening_inode(port: u16) -> Result<Option<u64>, String> {
+    let table = std::fs::read_to_string("/proc/net/tcp")
+        .map_err(|err| format!("cannot read /proc/net/tcp: {err}"))?;
+    Ok(find_listener(&table, std::net::Ipv4Addr::LOCALHOST, port))
+}
+
+/// The inode of the socket in state LISTEN on `ip:port` in a
+/// /proc/net/tcp table. The kernel prints the address as the native-endian
+/// u32 of the network-order bytes, and the port in hex.
+fn find_listener(table: &str, ip: std::net::Ipv4Addr, port: u16) -> Option<u64> {
+    const LISTEN: &str = "0A";
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+        let (addr, local_port) = local.split_once(':')?;
+        let addr = u32::from_str_radix(addr, 16).ok()?;
+        let local_port = u16::from_str_radix(local_port, 16).ok()?;
+        (*state == LISTEN
+            && local_port == port
+            && std::net::Ipv4Addr::from(addr.to_ne_bytes()) == ip)
+            .then(|| inode.parse().ok())
+            .flatten()
+    })
+}
+
+/// Whether process `pid` has an fd on the socket `inode`.
+fn holds_socket(pid: i32, inode: u64) -> Result<bool, String> {
+    let dir = format!("/proc/{pid}/fd");
+    let wanted = format!("socket:[{inode}]");
+    let entries = std::fs::read_dir(&dir).map_err(|err| format!("cannot list {dir}: {err}"))?;
+    Ok(entries.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == wanted.as_str())
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_listener_is_found_by_address_port_and_state() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:4765 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:4766 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0000000000000000 100 0 0 10 0
+   2: 00000000:4766 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1 0000000000000000 100 0 0 10 0
+   3: 0100007F:4766 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 444 1 0000000000000000 100 0 0 10 0
+";
+        let lo = std::net::Ipv4Addr::LOCALHOST;
+        assert_eq!(find_listener(table, lo, 0x4765), Some(111));
+        assert_eq!(
+            find_listener(table, lo, 0x4766),
+            Some(444),
+            "not the connection (01) nor the wildcard listener"
+        );
+        assert_eq!(find_listener(table, lo, 18629), None);
+    }
+
+    #[test]
+    fn our_own_listener_is_ours_and_no_one_elses() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let inode = listening_inode(port).expect("read").expect("listed");
+        assert!(holds_socket(std::process::id() as i32, inode).expect("fds"));
+        assert!(!holds_socket(1, inode).unwrap_or(false));
+        assert_eq!(
+            crate::supervisor::socket_holder(inode).map(|(pid, _)| pid),
+            Some(std::process::id() as i32)
+        );
+    }
 
     #[test]
     fn error_reports_keep_the_first_and_the_last_lines() {

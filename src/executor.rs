@@ -52,6 +52,11 @@ pub trait RunningEtcd {
     fn stop(&mut self) -> impl Future<Output = Result<(ExitStatus, bool), SupervisorError>>;
     /// Its last lines of output, for error reports.
     fn recent_output(&mut self) -> Vec<String>;
+    /// Proves that this process holds the socket listening on loopback
+    /// `port`: then every call to that port reaches it, and none reached
+    /// another process that took the port first (etcd binds at start and
+    /// exits if it cannot). `Err` names the holder, if one is found.
+    fn owns_listener(&self, port: u16) -> Result<(), String>;
 }
 
 /// Why one health attempt failed.
@@ -157,6 +162,19 @@ pub enum StepError {
         reason: String,
         /// What to do.
         remedy: String,
+    },
+    /// What answered on the step's client port is not the etcd we started
+    /// (another process took the port first).
+    #[error("the etcd answering on {endpoint} is not etcd {version} (pid {pid}) that etcd-migrate started on the data: {holder}; nothing it said was used; stop whatever else listens there, or give the steps another loopback port with --port, and rerun")]
+    NotOurs {
+        /// The release we started.
+        version: Version,
+        /// Its pid.
+        pid: i32,
+        /// The step's client URL.
+        endpoint: String,
+        /// Who holds the port, as far as /proc tells.
+        holder: String,
     },
     /// etcd never accepted a write before the deadline.
     #[error("etcd {version} (pid {pid}) did not accept a write within {waited:?} (last attempt: {last_error}); it was stopped; its last output:\n{output}")]
@@ -749,6 +767,15 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             let ended = match attempt {
                 Race::Done(Ok(())) => {
                     crate::failpoint!("step-after-health-write");
+                    if let Err(holder) = etcd.owns_listener(spec.client_port) {
+                        stop_quietly(&mut etcd, pid).await;
+                        return Err(Failure::Step(StepError::NotOurs {
+                            version: run.version,
+                            pid,
+                            endpoint,
+                            holder,
+                        }));
+                    }
                     return Ok(Serving {
                         etcd,
                         pid,
@@ -1105,6 +1132,9 @@ mod tests {
         }
         fn recent_output(&mut self) -> Vec<String> {
             vec![format!("panic: fake etcd {} failed", self.version)]
+        }
+        fn owns_listener(&self, _port: u16) -> Result<(), String> {
+            Ok(())
         }
     }
 

@@ -105,6 +105,33 @@ impl EtcdHealth {
         Err(format!("v2 DELETE {url}: HTTP {status}: {}", body.trim()))
     }
 
+    /// After a write: the server must be the release we started, and the
+    /// cluster version the data records must have reached its minor. A
+    /// single member raises it right after it has elected itself, a moment
+    /// after it takes writes; recording the step before that would leave
+    /// data whose cluster version says the release before, and the next
+    /// run would (rightly) refuse version.txt as not matching the data.
+    async fn check_versions(&self, endpoint: &str, release: &str) -> Result<(), HealthError> {
+        let url = format!("{endpoint}/version");
+        let text = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|err| HealthError::NotYet(format!("GET {url}: {}", error_chain(&err))))?
+            .text()
+            .await
+            .map_err(|err| HealthError::NotYet(format!("GET {url}: {}", error_chain(&err))))?;
+        match versions_state(&text, release) {
+            VersionsState::Reached => Ok(()),
+            VersionsState::NotYet(why) => Err(HealthError::NotYet(format!("GET {url}: {why}"))),
+            VersionsState::OtherServer(server) => Err(HealthError::Refused {
+                reason: format!("the etcd on {endpoint} reports release {server}, not {release}, which etcd-migrate started"),
+                remedy: "check the bundled binaries (etcd-<version> must be that release) and what else runs on this host, then rerun".to_string(),
+            }),
+        }
+    }
+
     /// v3: the alarms, then a lease, a create-only put under it, and the
     /// lease revoked (which deletes the key).
     async fn write_v3(&self, endpoint: &str, value: &str) -> Result<(), HealthError> {
@@ -179,14 +206,49 @@ impl Health for EtcdHealth {
                 Storage::Etcd2 => self
                     .write_v2(&endpoint, &value)
                     .await
-                    .map_err(|text| auth_refusal(&text).unwrap_or(HealthError::NotYet(text))),
-                Storage::Etcd3 => self.write_v3(&endpoint, &value).await,
+                    .map_err(|text| auth_refusal(&text).unwrap_or(HealthError::NotYet(text)))?,
+                Storage::Etcd3 => self.write_v3(&endpoint, &value).await?,
             }
+            self.check_versions(&endpoint, &value).await
         }
     }
 
     fn ours(&self) -> Ours {
         self.ours.borrow().clone()
+    }
+}
+
+/// What a step's `/version` says about the release and cluster version.
+#[derive(Debug, PartialEq, Eq)]
+enum VersionsState {
+    /// The server is `release` and the cluster version is its minor.
+    Reached,
+    /// Not yet (the cluster version is not decided or still lower).
+    NotYet(String),
+    /// The server reports another release.
+    OtherServer(String),
+}
+
+/// Reads `/version` (`{"etcdserver":"3.4.23","etcdcluster":"3.4.0"}`, the
+/// same on 2.2 … 3.6) against the release we started.
+fn versions_state(text: &str, release: &str) -> VersionsState {
+    let json: serde_json::Value = match serde_json::from_str(text) {
+        Ok(json) => json,
+        Err(_) => return VersionsState::NotYet(format!("not JSON: {:.80}", text.trim())),
+    };
+    let server = json["etcdserver"].as_str().unwrap_or_default();
+    let cluster = json["etcdcluster"].as_str().unwrap_or_default();
+    if server != release {
+        return VersionsState::OtherServer(server.to_string());
+    }
+    let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    if minor(cluster) == minor(server) {
+        VersionsState::Reached
+    } else {
+        VersionsState::NotYet(format!(
+            "the cluster version is {cluster:?}, not yet {}",
+            minor(server)
+        ))
     }
 }
 
@@ -231,6 +293,30 @@ fn refusal_for(raised: &[AlarmType]) -> Option<HealthError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_step_waits_for_the_cluster_version_to_reach_its_minor() {
+        let at = |server: &str, cluster: &str| {
+            versions_state(
+                &format!(r#"{{"etcdserver":"{server}","etcdcluster":"{cluster}"}}"#),
+                "3.4.23",
+            )
+        };
+        assert_eq!(at("3.4.23", "3.4.0"), VersionsState::Reached);
+        assert!(matches!(at("3.4.23", "3.3.0"), VersionsState::NotYet(_)));
+        assert!(matches!(
+            at("3.4.23", "not_decided"),
+            VersionsState::NotYet(_)
+        ));
+        assert_eq!(
+            at("3.5.16", "3.5.0"),
+            VersionsState::OtherServer("3.5.16".to_string())
+        );
+        assert!(matches!(
+            versions_state("404 page not found", "3.4.23"),
+            VersionsState::NotYet(_)
+        ));
+    }
 
     #[test]
     fn an_unauthenticated_write_on_auth_enabled_data_refuses_with_the_remedy() {

@@ -135,6 +135,42 @@ pub enum Error {
         /// How long we waited.
         waited: std::time::Duration,
     },
+    /// version.txt names a release the data itself contradicts.
+    #[error("{path} says {recorded}, but the data itself records cluster version {cluster_version} (so etcd {} last ran on it); a wrong version.txt walks the data through the wrong releases; write the release that last ran on the data into {path} (e.g. `printf {} > {path}`) and rerun", .cluster_minor, .suggestion)]
+    Mislabelled {
+        /// The version.txt file.
+        path: String,
+        /// What it says.
+        recorded: VersionPair,
+        /// What the data records.
+        cluster_version: String,
+        /// Its minor line.
+        cluster_minor: String,
+        /// A version.txt that would match.
+        suggestion: String,
+    },
+    /// The data has authentication enabled.
+    #[error("the data in {data_dir} has {api} authentication enabled, and etcd-migrate proves each step with writes that carry no credentials; nothing was touched; disable auth for the migration: serve the data with its recorded release {recorded} and run {disable}, rerun etcd-migrate, then enable auth again on the migrated data")]
+    AuthEnabled {
+        /// The data dir.
+        data_dir: String,
+        /// "v3" or "v2".
+        api: &'static str,
+        /// What version.txt says.
+        recorded: VersionPair,
+        /// The command that disables it.
+        disable: &'static str,
+    },
+    /// The data's own membership lists other members.
+    #[error("the data in {data_dir} belongs to a cluster of {count} members ({members}), as its own membership records; etcd-migrate runs each release as an isolated single member, which on such data would rejoin (or lead) the live cluster; nothing was touched; upgrade a multi-member cluster by rolling restarts, one minor at a time, with TARGET_VERSION set to the minor each member runs now")]
+    DataMultiMember {
+        /// The data dir.
+        data_dir: String,
+        /// How many members.
+        count: usize,
+        /// Them, named with their peer URLs.
+        members: String,
+    },
     /// Steps are needed but the member is not alone in its cluster.
     #[error("INITIAL_CLUSTER {initial_cluster:?} lists {members} members, but etcd-migrate runs intermediate releases as an isolated single member, which cannot reach quorum in a multi-member cluster (and forcing a new cluster would split it); upgrade the cluster by rolling restarts, one minor at a time, with TARGET_VERSION set to the minor each member runs now")]
     MultiMember {
@@ -180,6 +216,9 @@ impl Error {
             | Error::Space(_)
             | Error::Binary(_)
             | Error::MultiMember { .. }
+            | Error::Mislabelled { .. }
+            | Error::AuthEnabled { .. }
+            | Error::DataMultiMember { .. }
             | Error::Busy { .. } => EXIT_PRECONDITION,
             Error::Execute(ExecuteError::Step { .. } | ExecuteError::Baseline { .. }) => {
                 EXIT_STEP_FAILED
@@ -299,6 +338,20 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
             }
         }
     };
+    let member = match state {
+        DirState::Recorded(current) if !plan.is_noop() => {
+            check_recorded_data(config, &plan, current)?
+        }
+        _ => None,
+    };
+    let name = member.as_deref().unwrap_or(&config.name);
+    // The single member of --initial-cluster, under the name the data
+    // records (a restore refuses a name the initial cluster lacks).
+    let initial_cluster = if name == config.name {
+        config.initial_cluster.clone()
+    } else {
+        format!("{name}={}", config.initial_advertise_peer_urls)
+    };
     check_preconditions(config, &plan)?;
     let mut needed = plan.binaries();
     // The target's server is needed even with --no-exec: the manifest
@@ -314,7 +367,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     binaries::check_present(&config.bin_dir, &needed)?;
 
     if config.mode == Mode::DryRun {
-        print_plan(config, &state, &plan);
+        print_plan(config, &state, &plan, name);
         return Ok(Outcome::Exit);
     }
 
@@ -436,12 +489,12 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
             tools: &launcher,
             progress: &mut progress,
             settings: StepSettings {
-                name: &config.name,
+                name,
                 data_dir: &config.data_dir,
                 client_port: config.client_port,
                 listen_peer_urls: &config.listen_peer_urls,
                 initial_advertise_peer_urls: &config.initial_advertise_peer_urls,
-                initial_cluster: &config.initial_cluster,
+                initial_cluster: &initial_cluster,
                 initial_cluster_token: &config.initial_cluster_token,
                 extra_args: &config.extra_args,
                 health_timeout: config.health_timeout,
@@ -473,6 +526,130 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         ],
     );
     finish(config)
+}
+
+/// Reads what the data itself records (offline, before any etcd runs on
+/// it) and refuses what no step may do to it: a version.txt the data
+/// contradicts, auth-enabled data, data of a multi-member cluster. Returns
+/// the member name the data records, when it has one: rebuilt data keeps
+/// it, and a configured name that differs is reported (an etcd started on
+/// existing data with another `--name` would rename the member).
+fn check_recorded_data(
+    config: &Config,
+    plan: &Plan,
+    recorded: VersionPair,
+) -> Result<Option<String>, Error> {
+    let data_dir = config.data_dir.display().to_string();
+    let on_disk = match ondisk::read(&config.data_dir) {
+        Ok(on_disk) => on_disk,
+        Err(err) => {
+            // etcd reads the same files and will say what is wrong, with
+            // its own words, when the first step starts it.
+            log::warn(
+                "cannot read what the data records; its etcd will report it",
+                &[("error", err.to_string().into())],
+            );
+            return Ok(None);
+        }
+    };
+    for note in &on_disk.notes {
+        log::info("data read", &[("note", note.as_str().into())]);
+    }
+    if let Some(cluster_version) = &on_disk.cluster_version {
+        check_label(config, plan, recorded, cluster_version)?;
+    }
+    if plan.steps.is_empty() {
+        return Ok(None);
+    }
+    if on_disk.members.len() > 1 {
+        let members: Vec<String> = on_disk
+            .members
+            .iter()
+            .map(|m| {
+                let name = if m.name.is_empty() {
+                    "(unstarted)"
+                } else {
+                    &m.name
+                };
+                format!("{name} {}", m.peer_urls.join(","))
+            })
+            .collect();
+        return Err(Error::DataMultiMember {
+            data_dir,
+            count: on_disk.members.len(),
+            members: members.join(", "),
+        });
+    }
+    let auth = match (on_disk.v3_auth_enabled, on_disk.v2_auth_enabled) {
+        (true, _) => Some(("v3", "`etcdctl --user root auth disable` (ETCDCTL_API=3)")),
+        (false, true) => Some(("v2", "`etcdctl -u root auth disable` (ETCDCTL_API=2)")),
+        (false, false) => None,
+    };
+    if let Some((api, disable)) = auth {
+        return Err(Error::AuthEnabled {
+            data_dir,
+            api,
+            recorded,
+            disable,
+        });
+    }
+    let recorded_name = on_disk
+        .members
+        .iter()
+        .find(|m| Some(m.id) == on_disk.member_id)
+        .map(|m| m.name.clone())
+        .filter(|name| !name.is_empty());
+    match &recorded_name {
+        Some(name) if *name != config.name => log::warn(
+            "the configured member name differs from the data's; the steps use the data's",
+            &[
+                ("data", name.as_str().into()),
+                ("configured", config.name.as_str().into()),
+            ],
+        ),
+        _ => {}
+    }
+    Ok(recorded_name)
+}
+
+/// Refuses a version.txt whose release the data's cluster version
+/// contradicts. The one accepted difference: the data is one minor ahead
+/// of version.txt when the first step runs that minor in place (a run
+/// that died during that step; the baseline handles it).
+fn check_label(
+    config: &Config,
+    plan: &Plan,
+    recorded: VersionPair,
+    cluster_version: &str,
+) -> Result<(), Error> {
+    let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    let cluster_minor = minor(cluster_version);
+    let recorded_minor = recorded.version.minor_line().to_string();
+    let interrupted_first_step = match plan.steps.first() {
+        Some(step @ (Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. })) => {
+            step.runs().minor_line().to_string() == cluster_minor
+        }
+        _ => false,
+    };
+    if cluster_minor == recorded_minor || interrupted_first_step {
+        return Ok(());
+    }
+    let storage = if cluster_minor.starts_with("2.") {
+        version::Storage::Etcd2
+    } else {
+        recorded.storage
+    };
+    Err(Error::Mislabelled {
+        path: config
+            .data_dir
+            .join(datadir::VERSION_FILE)
+            .display()
+            .to_string(),
+        recorded,
+        cluster_version: cluster_version.to_string(),
+        suggestion: format!("{cluster_minor}.<patch>/{storage}"),
+        cluster_minor,
+    })
 }
 
 /// Refuses plans this release cannot or must not carry out, before
@@ -700,9 +877,17 @@ fn finish(config: &Config) -> Result<Outcome, Error> {
 }
 
 /// `--dry-run`: the plan, on stdout, one line per step.
-fn print_plan(config: &Config, state: &DirState, plan: &Plan) {
+fn print_plan(config: &Config, state: &DirState, plan: &Plan, name: &str) {
     let mut out = String::new();
     let dir = config.data_dir.display();
+    if name == config.name {
+        out.push_str(&format!("member: {name}\n"));
+    } else {
+        out.push_str(&format!(
+            "member: {name} (as the data records it; the configuration says {})\n",
+            config.name
+        ));
+    }
     match state {
         DirState::Missing => out.push_str(&format!(
             "data dir {dir}: missing; would create it (mode 0700) and record {}\n",

@@ -391,6 +391,38 @@ impl Child {
             })
     }
 }
+/// The process holding the socket `inode` (its pid and command line), if
+/// /proc shows one we may look at: for the error that names who took a
+/// step's port.
+pub fn socket_holder(inode: u64) -> Option<(i32, String)> {
+    let wanted = format!("socket:[{inode}]");
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == wanted.as_str())
+        });
+        if holds {
+            let raw = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let command: Vec<String> = raw
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            return Some((pid, command.join(" ")));
+        }
+    }
+    None
+}
+
 /// etcd, etcdctl and etcdutl processes (by program name; not etcd-migrate)
 /// whose command line names `data_dir` or a path inside it
 /// (`--data-dir=<data>`, `--data-dir <data>/.etcd-migrate.work/v2`): those
