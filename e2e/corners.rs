@@ -21,8 +21,8 @@ const FLANNEL: &str = "/coreos.com/network/config";
 const NESTED: &str = "/legacy/tool/state";
 const EXPIRING: &str = "/legacy/lock";
 
-/// Writes v2 keys into the etcd3 data dir of `member` with the 3.3.25 it
-/// was written by (3.3 serves the v2 API by default).
+/// Writes v2 keys into the data dir of `member` (etcd3 data's v2 store,
+/// or etcd2 data) with 3.3.25, which serves the v2 API by default.
 fn add_v2_keys(data: &Path, member: &Member, logs: &Path, keys: &[V2Key]) {
     let mut etcd = EtcdProcess::start("3.3.25", member, data, free_port(), logs);
     block_on(async {
@@ -483,4 +483,113 @@ fn an_etcd_of_another_cluster_on_the_steps_port_is_never_used() {
     assert_eq!(read_version_txt(&data), "3.5.16/etcd3", "nothing recorded");
     read_back("3.5.16", &member, &data, tmp.path())
         .assert_kept(&fixture.keyspace, MIN_REMAINING_TTL);
+}
+
+#[test]
+fn hidden_v2_keys_are_carried_by_the_storage_migration_and_the_rollbacks() {
+    let tmp = temp_dir("v2-hidden");
+    let data = tmp.path().join("data");
+    let member = Member::new("v2-hidden");
+    // etcd2 data with hidden nodes: at the top, inside a visible dir, a
+    // hidden dir with a visible child, and one that expires.
+    v2::build(
+        "3.3.25",
+        &data,
+        &member,
+        tmp.path(),
+        &[vec![V2Key::plain("/registry/pods/a", "visible")]],
+    );
+    // The fixture builder checks each key in the listing, which never
+    // shows hidden ones: write them after.
+    add_v2_keys(
+        &data,
+        &member,
+        tmp.path(),
+        &[
+            V2Key::plain("/_hidden", "top"),
+            V2Key::plain("/registry/_config", "inside"),
+            V2Key::plain("/_dir/child", "under a hidden dir"),
+            V2Key::expiring("/_lock", "held", 3600),
+        ],
+    );
+    let run = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25")
+        .arg("--target-storage")
+        .arg("etcd3")
+        .run();
+    run.assert_code(0);
+    let v3 = read_back("3.3.25", &member, &data, tmp.path());
+    for (key, value) in [
+        ("/registry/pods/a", "visible"),
+        ("/_hidden", "top"),
+        ("/registry/_config", "inside"),
+        ("/_dir/child", "under a hidden dir"),
+        ("/_lock", "held"),
+    ] {
+        assert_eq!(
+            v3.entries
+                .get(key.as_bytes())
+                .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+                .as_deref(),
+            Some(value),
+            "{key} after etcd2 -> etcd3:\n{}",
+            run.explain()
+        );
+    }
+    let lock_lease = v3.entries.get(b"/_lock".as_slice()).map(|e| e.lease);
+    let ttl = lock_lease
+        .and_then(|l| v3.leases.get(&l))
+        .map(|l| l.remaining_ttl);
+    assert!(
+        ttl.is_some_and(|t| t > MIN_REMAINING_TTL && t <= 3600),
+        "/_lock keeps its expiry: {ttl:?}"
+    );
+    // The migrated v2 store keeps no hidden node either (3.6 refuses any).
+    let v2_after = read_back_v2("3.3.25", &member, &data, tmp.path());
+    assert!(
+        v2_after.without_health_key().is_empty(),
+        "{:?}",
+        v2_after.leaves
+    );
+
+    // Back to etcd2: the v3 keys that are hidden in v2 are found again.
+    let back = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25")
+        .arg("--target-storage")
+        .arg("etcd2")
+        .run();
+    back.assert_code(0);
+    let mut etcd = EtcdProcess::start("3.3.25", &member, &data, free_port(), tmp.path());
+    let hidden = block_on(async {
+        etcd.wait_ready_v2().await;
+        let client = v2::http_client();
+        let mut found = Vec::new();
+        for key in ["/_hidden", "/registry/_config", "/_dir/child", "/_lock"] {
+            let url = v2::key_url(&etcd.endpoint(), key);
+            let text = client
+                .get(&url)
+                .send()
+                .await
+                .unwrap_or_else(|err| panic!("GET {url}: {err}"))
+                .text()
+                .await
+                .unwrap_or_else(|err| panic!("GET {url}: {err}"));
+            let body: serde_json::Value = serde_json::from_str(&text)
+                .unwrap_or_else(|err| panic!("GET {url}: {err}: {text}"));
+            found.push((key, body["node"]["value"].as_str().map(str::to_string)));
+        }
+        found
+    });
+    etcd.stop();
+    assert_eq!(
+        hidden,
+        [
+            ("/_hidden", Some("top".to_string())),
+            ("/registry/_config", Some("inside".to_string())),
+            ("/_dir/child", Some("under a hidden dir".to_string())),
+            ("/_lock", Some("held".to_string())),
+        ],
+        "{}",
+        back.explain()
+    );
 }

@@ -110,6 +110,24 @@ impl ProcessLauncher {
 impl Launcher for ProcessLauncher {
     type Etcd = ProcessEtcd;
 
+    fn hidden_v2_paths(&self, data_dir: &std::path::Path) -> Vec<String> {
+        match crate::ondisk::read(data_dir) {
+            Ok(on_disk) => on_disk.v2_hidden_paths,
+            Err(err) => {
+                // etcd reads the same files and reports them in its own
+                // words when it starts on them.
+                log::warn(
+                    "cannot read the data's hidden v2 nodes",
+                    &[
+                        ("data_dir", data_dir.display().to_string().into()),
+                        ("error", err.to_string().into()),
+                    ],
+                );
+                Vec::new()
+            }
+        }
+    }
+
     fn launch(&self, spec: &StepEtcd<'_>) -> Result<ProcessEtcd, StepError> {
         let binary = Binary::etcd(spec.version);
         crate::failpoint!("etcd-before-spawn");
@@ -263,6 +281,17 @@ impl RunningEtcd for ProcessEtcd {
 
     fn owns_listener(&self, port: u16) -> Result<(), String> {
         let pid = self.child.pid();
+        if !proc_is_ours() {
+            // /proc was mounted for another PID namespace (`unshare --pid`
+            // without --mount-proc): its pids are not ours, so it cannot
+            // tell. A container always mounts its own; the step still has
+            // /version's release as its proof.
+            log::warn(
+                "cannot prove the step's port is held by its etcd: /proc belongs to another PID namespace",
+                &[("pid", pid.into()), ("port", port.into())],
+            );
+            return Ok(());
+        }
         let inode = listening_inode(port)?.ok_or_else(|| {
             format!("nothing listens on 127.0.0.1:{port} (pid {pid} has exited?)")
         })?;
@@ -292,6 +321,15 @@ impl RunningEtcd for ProcessEtcd {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .lines()
     }
+}
+
+/// True when /proc shows this process under its own pid (it was mounted
+/// for our PID namespace).
+fn proc_is_ours() -> bool {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|link| link.to_str().and_then(|pid| pid.parse::<u32>().ok()))
+        == Some(std::process::id())
 }
 
 /// The inode of the TCP socket listening on 127.0.0.1:`port`, from

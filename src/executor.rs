@@ -39,6 +39,10 @@ pub trait Launcher {
     type Etcd: RunningEtcd;
     /// Starts etcd as `spec` says.
     fn launch(&self, spec: &StepEtcd<'_>) -> Result<Self::Etcd, StepError>;
+    /// The hidden v2 nodes (names starting with `_`) the data in
+    /// `data_dir` records, read offline before an etcd starts on it: the
+    /// v2 API lists none of them, so the reads must ask for each.
+    fn hidden_v2_paths(&self, data_dir: &Path) -> Vec<String>;
 }
 
 /// A step's running etcd.
@@ -96,11 +100,13 @@ pub trait Health {
         value: &str,
     ) -> impl Future<Output = Result<(), HealthError>>;
 
-    /// Reads the whole keyspace through `storage`'s API and fingerprints it.
+    /// Reads the whole keyspace through `storage`'s API (and the hidden v2
+    /// nodes named in `hidden`) and fingerprints it.
     fn fingerprint(
         &self,
         endpoint: &str,
         storage: Storage,
+        hidden: &[String],
     ) -> impl Future<Output = Result<Fingerprint, String>>;
 
     /// What the health writes of this run put into the keyspace, for the
@@ -405,6 +411,8 @@ pub(crate) struct Serving<E> {
     pub(crate) endpoint: String,
     pub(crate) started: Instant,
     pub(crate) healthy_after: Duration,
+    /// The hidden v2 nodes the data it serves recorded when it started.
+    pub(crate) hidden_v2: Vec<String>,
 }
 
 /// How a step's etcd is to be started, beyond the shared settings.
@@ -631,10 +639,11 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         storage: Storage,
     ) -> Result<Fingerprint, Failure> {
         let endpoint = serving.endpoint.clone();
+        let hidden = serving.hidden_v2.clone();
         self.while_serving(
             serving,
             "fingerprint the keyspace",
-            self.health.fingerprint(&endpoint, storage),
+            self.health.fingerprint(&endpoint, storage, &hidden),
         )
         .await
     }
@@ -739,6 +748,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             new_cluster_token: run.new_cluster.then_some(settings.initial_cluster_token),
             extra_args: settings.extra_args,
         };
+        let hidden_v2 = self.launcher.hidden_v2_paths(run.data_dir);
         let started = Instant::now();
         let mut etcd = self.launcher.launch(&spec)?;
         let pid = etcd.pid();
@@ -783,6 +793,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                         endpoint,
                         started,
                         healthy_after: started.elapsed(),
+                        hidden_v2,
                     });
                 }
                 Race::Done(Err(HealthError::Refused { reason, remedy })) => {
@@ -1084,6 +1095,9 @@ mod tests {
 
     impl Launcher for FakeLauncher {
         type Etcd = FakeEtcd;
+        fn hidden_v2_paths(&self, _data_dir: &Path) -> Vec<String> {
+            Vec::new()
+        }
         fn launch(&self, spec: &StepEtcd<'_>) -> Result<FakeEtcd, StepError> {
             let behaviour = behaviour_of(&self.behaviours, spec.version);
             self.journal
@@ -1170,6 +1184,7 @@ mod tests {
             &self,
             _endpoint: &str,
             _storage: Storage,
+            _hidden: &[String],
         ) -> impl Future<Output = Result<Fingerprint, String>> {
             // The etcd serving now is the one launched last.
             let serving = self

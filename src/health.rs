@@ -187,10 +187,12 @@ impl Health for EtcdHealth {
         &self,
         endpoint: &str,
         storage: Storage,
+        hidden: &[String],
     ) -> impl Future<Output = Result<Fingerprint, String>> {
         let endpoint = endpoint.to_string();
         let ours = self.ours.borrow().clone();
-        async move { keyspace::read_fingerprint(&endpoint, storage, &ours).await }
+        let hidden = hidden.to_vec();
+        async move { keyspace::read_fingerprint(&endpoint, storage, &ours, &hidden).await }
     }
 
     fn write(

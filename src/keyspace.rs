@@ -461,8 +461,15 @@ fn http_client() -> Result<reqwest::Client, String> {
 /// without this run's health keys; `None` when the etcd serves no v2 API
 /// (3.4/3.5 without `--enable-v2`, 3.6). A key inside a directory that has
 /// a TTL expires with it: it gets the shortest TTL on its path. Hidden v2
-/// nodes (`_`-prefixed) are not listed by etcd and not read here.
-pub async fn read_v2(endpoint: &str, ours: &Ours) -> Result<Option<Vec<Entry>>, String> {
+/// nodes (a name starting with `_`) are never listed by etcd, so the ones
+/// the data records (`hidden`, from [`crate::ondisk`]: a superset, so one
+/// not found is skipped) are read one by one; a GET of a hidden directory
+/// lists its visible children.
+pub async fn read_v2(
+    endpoint: &str,
+    ours: &Ours,
+    hidden: &[String],
+) -> Result<Option<Vec<Entry>>, String> {
     let url = format!("{endpoint}/v2/keys/?recursive=true&sorted=true");
     let response = http_client()?
         .get(&url)
@@ -486,13 +493,56 @@ pub async fn read_v2(endpoint: &str, ours: &Ours) -> Result<Option<Vec<Entry>>, 
     let json = json.map_err(|err| format!("v2 GET {url}: not JSON: {err}"))?;
     let mut entries = Vec::new();
     collect_v2(&json["node"], None, &mut entries);
+    for path in hidden {
+        if let Some(node) = read_v2_node(endpoint, path).await? {
+            collect_v2(&node, None, &mut entries);
+        }
+    }
     entries.retain(|entry| !ours.holds_key(&entry.key));
     Ok(Some(entries))
 }
 
+/// One v2 node (recursively, if a directory), or `None` if it is gone.
+async fn read_v2_node(endpoint: &str, path: &str) -> Result<Option<Value>, String> {
+    let url = format!(
+        "{}?recursive=true&sorted=true",
+        v2_url(endpoint, path.as_bytes())
+    );
+    let response = http_client()?
+        .get(&url)
+        .send()
+        .await
+        .map_err(|err| format!("v2 GET {url}: {err}"))?;
+    let status = response.status();
+    let body = response
+        .text()
+        .await
+        .map_err(|err| format!("v2 GET {url}: {err}"))?;
+    if status.as_u16() == 404 {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        return Err(format!("v2 GET {url}: HTTP {status}: {}", body.trim()));
+    }
+    let json: Value =
+        serde_json::from_str(&body).map_err(|err| format!("v2 GET {url}: not JSON: {err}"))?;
+    Ok(Some(json["node"].clone()))
+}
+
+/// True for a v2 path with a hidden segment (a name starting with `_`):
+/// the v2 API never lists it.
+pub fn is_hidden_v2(key: &[u8]) -> bool {
+    key.split(|b| *b == b'/')
+        .any(|segment| segment.first() == Some(&b'_'))
+}
+
 /// Reads the v2 store of etcd2 data, which the release must serve.
-async fn read_v2_store(endpoint: &str, ours: &Ours) -> Result<Vec<Entry>, String> {
-    read_v2(endpoint, ours).await?.ok_or_else(|| {
+async fn read_v2_store(
+    endpoint: &str,
+    ours: &Ours,
+    hidden: &[String],
+) -> Result<Vec<Entry>, String> {
+    read_v2(endpoint, ours, hidden).await?.ok_or_else(|| {
         format!("{endpoint} serves no v2 API (404 on /v2/keys/), but the data is etcd2 storage")
     })
 }
@@ -602,8 +652,11 @@ pub async fn write_all_v2(endpoint: &str, entries: &[Entry]) -> Result<(), Strin
 }
 
 /// Deletes every top-level node of the v2 store (recursively), leaving the
-/// internal membership nodes, which the keys API does not list.
-pub async fn delete_v2_tree(endpoint: &str) -> Result<usize, String> {
+/// internal membership nodes, which the keys API does not list; and the
+/// `hidden` nodes, which it does not list either (a recursive delete of a
+/// visible directory takes its hidden children with it, so only those at
+/// the top matter; the others answer 404).
+pub async fn delete_v2_tree(endpoint: &str, hidden: &[String]) -> Result<usize, String> {
     let client = http_client()?;
     let url = format!("{endpoint}/v2/keys/");
     let response = client
@@ -642,6 +695,26 @@ pub async fn delete_v2_tree(endpoint: &str) -> Result<usize, String> {
             ));
         }
         deleted += 1;
+    }
+    for path in hidden {
+        let node_url = format!("{}?recursive=true", v2_url(endpoint, path.as_bytes()));
+        let response = client
+            .delete(&node_url)
+            .send()
+            .await
+            .map_err(|err| format!("v2 DELETE {node_url}: {err}"))?;
+        match response.status().as_u16() {
+            404 => {}
+            _ if response.status().is_success() => deleted += 1,
+            _ => {
+                let status = response.status();
+                let text = response.text().await.unwrap_or_default();
+                return Err(format!(
+                    "v2 DELETE {node_url}: HTTP {status}: {}",
+                    text.trim()
+                ));
+            }
+        }
     }
     Ok(deleted)
 }
@@ -773,11 +846,16 @@ pub struct Read {
 /// entry, for etcd3 data the v2 side store too (where the release serves
 /// the v2 API), and the fingerprint of the read; this run's health keys
 /// and leases are left out.
-pub async fn read_all(endpoint: &str, storage: Storage, ours: &Ours) -> Result<Read, String> {
+pub async fn read_all(
+    endpoint: &str,
+    storage: Storage,
+    ours: &Ours,
+    hidden: &[String],
+) -> Result<Read, String> {
     let started = Instant::now();
     match storage {
         Storage::Etcd2 => {
-            let entries = read_v2_store(endpoint, ours).await?;
+            let entries = read_v2_store(endpoint, ours, hidden).await?;
             let fingerprint = Fingerprint::new(storage, &entries, None, started);
             Ok(Read {
                 entries,
@@ -790,7 +868,7 @@ pub async fn read_all(endpoint: &str, storage: Storage, ours: &Ours) -> Result<R
             let mut entries = Vec::new();
             let known = read_v3_with(&client, ours, &mut |entry| entries.push(entry)).await?;
             let leases = read_leases(&client, &known, ours).await?;
-            let side = read_v2(endpoint, ours).await?;
+            let side = read_v2(endpoint, ours, hidden).await?;
             let side_fingerprint = side
                 .as_ref()
                 .map(|side| Fingerprint::new(Storage::Etcd2, side, None, started));
@@ -812,9 +890,10 @@ pub async fn read_fingerprint(
     endpoint: &str,
     storage: Storage,
     ours: &Ours,
+    hidden: &[String],
 ) -> Result<Fingerprint, String> {
     match storage {
-        Storage::Etcd2 => Ok(read_all(endpoint, storage, ours).await?.fingerprint),
+        Storage::Etcd2 => Ok(read_all(endpoint, storage, ours, hidden).await?.fingerprint),
         Storage::Etcd3 => {
             let started = Instant::now();
             let client = v3_client(endpoint).await?;
@@ -822,7 +901,7 @@ pub async fn read_fingerprint(
             let known =
                 read_v3_with(&client, ours, &mut |entry| fingerprint.add(&entry, started)).await?;
             let leases = read_leases(&client, &known, ours).await?;
-            let side = read_v2(endpoint, ours)
+            let side = read_v2(endpoint, ours, hidden)
                 .await?
                 .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
             Ok(fingerprint

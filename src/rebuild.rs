@@ -349,11 +349,12 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let mut serving = self.start_serving(run, label).await?;
         let endpoint = serving.endpoint.clone();
         let ours = self.health.ours();
+        let hidden = serving.hidden_v2.clone();
         let read = self
             .while_serving(
                 &mut serving,
                 "read the keyspace",
-                keyspace::read_all(&endpoint, run.storage, &ours),
+                keyspace::read_all(&endpoint, run.storage, &ours, &hidden),
             )
             .await?;
         let read_at = Instant::now();
@@ -415,6 +416,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         self.check_kept(&mut serving, before, &source).await?;
         let before = before.unwrap_or(&source);
         // The v2 side store is not in the snapshot: read its keys now.
+        let source_hidden = serving.hidden_v2.clone();
         let v2_side = match source.v2_side() {
             Some(side) if side.keys > 0 => {
                 let endpoint = serving.endpoint.clone();
@@ -422,7 +424,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 self.while_serving(
                     &mut serving,
                     "read the v2 store",
-                    keyspace::read_v2(&endpoint, &ours),
+                    keyspace::read_v2(&endpoint, &ours, &source_hidden),
                 )
                 .await?
                 .unwrap_or_default()
@@ -470,6 +472,8 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .await?;
         self.carry_v2_side(&mut serving, &v2_side, side_read_at, label)
             .await?;
+        // The carried hidden v2 nodes are where the source had them.
+        serving.hidden_v2 = source_hidden;
         let after = self.read_fingerprint(&mut serving, Storage::Etcd3).await?;
         self.check_kept(&mut serving, Some(before), &after).await?;
         self.stop_serving(serving, label).await?;
@@ -544,11 +548,17 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         .await?;
         crate::failpoint!("etcd2-rollback-after-v2-write");
         let ours = self.health.ours();
+        // The v2 API lists no hidden node: ask for each one written.
+        let hidden_written: Vec<String> = to_write
+            .iter()
+            .filter(|e| keyspace::is_hidden_v2(&e.key))
+            .map(|e| String::from_utf8_lossy(&e.key).into_owned())
+            .collect();
         let copy = self
             .while_serving(
                 &mut serving,
                 "read the new v2 store back",
-                keyspace::read_all(&endpoint, Storage::Etcd2, &ours),
+                keyspace::read_all(&endpoint, Storage::Etcd2, &ours, &hidden_written),
             )
             .await?;
         let after = copy.fingerprint;
@@ -635,6 +645,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .start_serving(run(at, Storage::Etcd3, &converted), label)
             .await?;
         let endpoint = serving.endpoint.clone();
+        let serving_hidden = serving.hidden_v2.clone();
         let plan = lease_plan(
             &v2,
             read_at.elapsed().as_secs() as i64,
@@ -647,7 +658,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         self.while_serving(
             &mut serving,
             "attach leases to TTL keys",
-            apply_leases(&endpoint, &plan, &ours),
+            apply_leases(&endpoint, &plan, &ours, &hidden_without_ttl(&v2, &plan)),
         )
         .await?;
         log::info(
@@ -665,7 +676,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .while_serving(
                 &mut serving,
                 "read the v3 keyspace",
-                keyspace::read_all(&endpoint, Storage::Etcd3, &ours),
+                keyspace::read_all(&endpoint, Storage::Etcd3, &ours, &serving_hidden),
             )
             .await?;
         let (v3, after) = (converted_read.entries, converted_read.fingerprint);
@@ -713,7 +724,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 .while_serving(
                     &mut serving,
                     "remove the migrated keys from the v2 store",
-                    keyspace::delete_v2_tree(&endpoint),
+                    keyspace::delete_v2_tree(&endpoint, &serving_hidden),
                 )
                 .await?;
             log::info(
@@ -729,7 +740,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .while_serving(
                 &mut serving,
                 "read what the v2 store holds now",
-                keyspace::read_v2(&endpoint, &ours),
+                keyspace::read_v2(&endpoint, &ours, &serving_hidden),
             )
             .await?
             .map(|left| Fingerprint::new(Storage::Etcd2, &left, None, Instant::now()));
@@ -902,9 +913,33 @@ pub fn lease_plan(v2: &[Entry], elapsed: i64, mode: TtlLeases, ttl_dir: &str) ->
     plan
 }
 
-/// Grants one lease per group and re-puts its keys under it; deletes the
-/// expired keys that `etcdctl migrate` copied without a TTL.
-async fn apply_leases(endpoint: &str, plan: &LeasePlan, ours: &Ours) -> Result<(), String> {
+/// The hidden v2 keys (a name starting with `_`) that the lease plan
+/// leaves without a lease: `etcdctl migrate` does not copy hidden nodes
+/// (the v2 store's listing skips them), so they are put into v3 by hand.
+fn hidden_without_ttl(v2: &[Entry], plan: &LeasePlan) -> Vec<Entry> {
+    let leased: BTreeSet<&[u8]> = plan
+        .groups
+        .values()
+        .flatten()
+        .map(|e| e.key.as_slice())
+        .collect();
+    v2.iter()
+        .filter(|e| {
+            keyspace::is_hidden_v2(&e.key) && e.ttl.is_none() && !leased.contains(e.key.as_slice())
+        })
+        .cloned()
+        .collect()
+}
+
+/// Grants one lease per group and re-puts its keys under it; puts the
+/// hidden keys `etcdctl migrate` skipped (`hidden`, and those of the
+/// groups); deletes the expired keys that it copied without a TTL.
+async fn apply_leases(
+    endpoint: &str,
+    plan: &LeasePlan,
+    ours: &Ours,
+    hidden: &[Entry],
+) -> Result<(), String> {
     let mut client = keyspace::v3_client(endpoint).await?;
     // A health key of this run whose removal failed is still in the v2
     // store until its TTL runs out, and `etcdctl migrate` copied it
@@ -916,6 +951,12 @@ async fn apply_leases(endpoint: &str, plan: &LeasePlan, ours: &Ours) -> Result<(
         )
         .await
         .map_err(|e| format!("delete {}*: {e}", ours.key_prefix()))?;
+    for entry in hidden {
+        client
+            .put(entry.key.clone(), entry.value.clone(), None)
+            .await
+            .map_err(|e| format!("put hidden {}: {e}", String::from_utf8_lossy(&entry.key)))?;
+    }
     for key in &plan.expired {
         client
             .delete(key.as_bytes(), None)
@@ -929,14 +970,20 @@ async fn apply_leases(endpoint: &str, plan: &LeasePlan, ours: &Ours) -> Result<(
             .map_err(|e| format!("grant a {ttl} s lease: {e}"))?;
         for entry in entries {
             // Only if `etcdctl migrate` copied it: a key the v2 store purged
-            // after we read it must not come back, even briefly.
+            // after we read it must not come back, even briefly. A hidden
+            // key it never copies: the read just before is its proof.
             let options = etcd_client::PutOptions::new().with_lease(lease.id());
-            let txn = etcd_client::Txn::new()
-                .when([etcd_client::Compare::version(
+            let guard = if keyspace::is_hidden_v2(&entry.key) {
+                Vec::new()
+            } else {
+                vec![etcd_client::Compare::version(
                     entry.key.clone(),
                     etcd_client::CompareOp::Greater,
                     0,
-                )])
+                )]
+            };
+            let txn = etcd_client::Txn::new()
+                .when(guard)
                 .and_then([etcd_client::TxnOp::put(
                     entry.key.clone(),
                     entry.value.clone(),
