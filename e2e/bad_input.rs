@@ -22,14 +22,14 @@ use etcd_client::{AlarmAction, AlarmOptions, AlarmType, DeleteOptions};
 use crate::harness::etcd::{connect, read_back, EtcdProcess};
 use crate::harness::fixture::{self, Fixture, FixtureSpec};
 use crate::harness::keyspace::Keyspace;
-use crate::harness::migrator::{Migration, Outcome};
+use crate::harness::migrator::{Migration, Outcome, Running};
 use crate::harness::mount::Mount;
 use crate::harness::tree::{fingerprint, Tree};
 use crate::harness::v2::{self, V2Key};
 use crate::harness::{
     block_on, dir_names, etcd_binary, free_port, install_script, mode, read_version_txt, set_mode,
-    symlink, temp_dir, write_version_txt, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, VERSION_TEMP,
-    WORK_DIR,
+    symlink, temp_dir, write_version_txt, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, STOP_GRACE,
+    VERSION_TEMP, WORK_DIR,
 };
 
 /// Exit code (README): a step failed.
@@ -1084,4 +1084,118 @@ fn unknown_flags_are_refused_untouched() {
             run.stderr.lines().next().unwrap_or("")
         );
     }
+}
+
+/// How long the exec'd etcd may take to answer on the user's port.
+const EXEC_SERVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts `migration` in exec mode and waits until the etcd it becomes
+/// serves v3 on `user_url`; panics with its output if it exits first or
+/// nothing answers in time.
+fn exec_and_serve(migration: &Migration, user_url: &str) -> Running {
+    let mut running = migration.spawn();
+    let pid = running.pid();
+    let deadline = Instant::now() + EXEC_SERVE_TIMEOUT;
+    loop {
+        if let Some(status) = running.try_status() {
+            panic!(
+                "etcd-migrate (pid {pid}) exited with {status} instead of becoming etcd; stderr:\n{}",
+                running.stderr()
+            );
+        }
+        let served = block_on(async { connect(user_url).await.ok()?.get("k", None).await.ok() });
+        if served.is_some() {
+            return running;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing served v3 on {user_url} within {EXEC_SERVE_TIMEOUT:?}; stderr:\n{}",
+            running.stderr()
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Stops the etcd an exec'd run became, with SIGTERM.
+fn stop_exec(mut running: Running) {
+    running.signal(nix::sys::signal::Signal::SIGTERM);
+    let outcome = running.wait(STOP_GRACE);
+    let by_sigterm = std::os::unix::process::ExitStatusExt::signal(&outcome.status)
+        == Some(nix::sys::signal::Signal::SIGTERM as i32);
+    assert!(
+        outcome.status.success() || by_sigterm,
+        "etcd should stop on SIGTERM\n{}",
+        outcome.explain()
+    );
+}
+
+/// `DATA_DIRECTORY=/var/etcd/data/` crash-looped every start, the no-op one
+/// included: the default backup dir became `/var/etcd/data/.backup`, inside
+/// the data dir, and was refused. Every spelling of one dir (a trailing
+/// slash, `//`, `/./`, a relative path) must work on every path, and etcd
+/// arguments that spell the data dir differently name the same dir.
+#[test]
+fn a_data_dir_spelt_with_slashes_dots_or_relative_works_on_every_path() {
+    let tmp = temp_dir("spelling");
+    let fixture = fixture_at(tmp.path(), "3.4.23", "spelling");
+    let data = &fixture.data_dir;
+    let shown = data.display().to_string();
+    let parent = tmp.path().display().to_string();
+
+    // The no-op start: nothing touched, with a trailing slash or `//`.
+    let before = fingerprint(data);
+    for spelling in [format!("{shown}/"), format!("{parent}//data//")] {
+        let run = Migration::new("3.4.23", Path::new(&spelling), &fixture.member).run();
+        run.assert_code(0);
+        assert_eq!(
+            run.lines_with("already at target").len(),
+            1,
+            "{spelling}\n{}",
+            run.explain()
+        );
+        before.assert_unchanged(&fingerprint(data), &format!("a no-op run on {spelling}"));
+    }
+
+    // A walk ending in exec, the data dir given as `<tmp>//./data/` and
+    // the etcd arguments' --data-dir as `<data>/`: one dir, no conflict.
+    let user_url = format!("http://127.0.0.1:{}", free_port());
+    let mut args = fixture.member.exec_args(&user_url);
+    args.extend(["--data-dir".to_string(), format!("{shown}/")]);
+    let walk = Migration::new(
+        "3.5.16",
+        Path::new(&format!("{parent}//./data/")),
+        &fixture.member,
+    )
+    .bundled(BUNDLE)
+    .mode(crate::harness::migrator::Mode::Exec(args));
+    let running = exec_and_serve(&walk, &user_url);
+    let served = block_on(Keyspace::read(&user_url));
+    served.assert_kept(&fixture.keyspace, Some("3.5.16"), 3000);
+    assert!(
+        running.stderr().contains(&format!("data_dir={shown}\n")),
+        "the steps run on the one spelling of the dir; stderr:\n{}",
+        running.stderr()
+    );
+    stop_exec(running);
+    assert_eq!(read_version_txt(data), "3.5.16/etcd3");
+
+    // A rollback (destructive: it takes a backup) from the data dir's
+    // parent as `./data/`: the backup goes beside the data dir.
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    let rollback = Migration::new("3.4.23", Path::new("./data/"), &fixture.member)
+        .bundled(BUNDLE)
+        .launched_by(["env", "-C", parent.as_str()], &program);
+    let run = rollback.run();
+    run.assert_code(0);
+    assert_eq!(run.step_kinds(), ["minor-rollback"], "{}", run.explain());
+    assert_eq!(read_version_txt(data), "3.4.23/etcd3");
+    let backups = dir_names(&tmp.path().join("data.backup"));
+    assert_eq!(
+        backups.len(),
+        1,
+        "one backup beside the data dir: {backups:?}"
+    );
+    assert!(!data.join(".backup").exists() && !data.join(WORK_DIR).exists());
+    let after = crate::harness::etcd::read_back("3.4.23", &fixture.member, data, tmp.path());
+    after.assert_kept(&fixture.keyspace, Some("3.4.23"), 3000);
 }

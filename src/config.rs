@@ -4,7 +4,7 @@
 //! build `Config` directly or resolve it against a fake environment.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
@@ -12,6 +12,7 @@ use clap::Parser;
 use crate::backup::{BackupMode, BackupPolicy};
 use crate::executor::TtlLeases;
 use crate::log::LogFormat;
+use crate::paths;
 use crate::version::{ParseError, Storage, Version, VersionPair};
 
 /// How long a step's etcd may take to accept its first write (the
@@ -345,12 +346,16 @@ where
         "--data-dir",
         "DATA_DIRECTORY",
     )
-    .map(PathBuf::from)
     .ok_or(ConfigError::Missing {
         flag: "--data-dir",
         env: "DATA_DIRECTORY",
         hint: "the etcd data dir to migrate, e.g. /var/etcd/data",
     })?;
+    // One spelling from here on: `/var/etcd/data/`, `//var/etcd/data` and
+    // `./data` run from `/var/etcd` are the same dir, and every path built
+    // from it (the default backup dir, the scratch dir, etcd's --data-dir)
+    // or compared with it must not depend on how the manifest wrote it.
+    let data_dir = absolute_setting(&data_dir, with_env("--data-dir", "DATA_DIRECTORY"))?;
     let name = pick(cli.name, "--name", "ETCD_NAME")
         .or_else(|| env("ETCD_HOSTNAME").map(|host| format!("etcd-{host}")))
         .or_else(|| env("HOSTNAME").map(|host| format!("etcd-{host}")))
@@ -361,7 +366,9 @@ where
         .map(|list| parse_version_list(&list))
         .transpose()?;
 
-    // The Kubernetes image told etcd-events apart by its data dir path.
+    // The Kubernetes image told etcd-events apart by its data dir path
+    // (as given; here the absolute, normalised one, which names the same
+    // dir however it was spelt).
     let events = data_dir.to_string_lossy().contains("event");
     let client_port = cli.port.unwrap_or(if events { 18631 } else { 18629 });
     let peer_port = cli.peer_port.unwrap_or(if events { 2381 } else { 2380 });
@@ -435,12 +442,18 @@ where
             reason,
         })?,
     };
-    let backup_root = cli.backup_dir.unwrap_or_else(|| {
-        let mut root = data_dir.as_os_str().to_os_string();
-        root.push(".backup");
-        PathBuf::from(root)
-    });
-    if backup_root.starts_with(&data_dir) {
+    let backup_root = match cli.backup_dir {
+        Some(dir) => absolute_setting(&dir.to_string_lossy(), "--backup-dir".to_string())?,
+        // Built from the normalised data dir: `/var/etcd/data/` + ".backup"
+        // would have been `/var/etcd/data/.backup`, inside the data dir.
+        None => {
+            let mut root = data_dir.as_os_str().to_os_string();
+            root.push(".backup");
+            PathBuf::from(root)
+        }
+    };
+    // Compared as resolved paths (symlinks followed where they exist).
+    if paths::is_within(&backup_root, &data_dir) {
         return Err(ConfigError::Invalid {
             setting: "--backup-dir".to_string(),
             value: backup_root.display().to_string(),
@@ -514,6 +527,16 @@ where
     })
 }
 
+/// `value` as an absolute, normalised path ([`paths::absolute`]), or the
+/// error naming `setting`.
+fn absolute_setting(value: &str, setting: String) -> Result<PathBuf, ConfigError> {
+    paths::absolute(Path::new(value)).map_err(|err| ConfigError::Invalid {
+        setting,
+        value: value.to_string(),
+        reason: format!("cannot make it an absolute path: {err}"),
+    })
+}
+
 /// "--flag (or $ENV)", how a setting with an env var is named in errors.
 fn with_env(flag: &str, env: &str) -> String {
     format!("{flag} (or ${env})")
@@ -554,14 +577,18 @@ pub fn data_dir_in_args(args: &[String]) -> Option<String> {
 
 /// The exec'd etcd must serve the dir that was migrated: refuse arguments
 /// (or an `ETCD_DATA_DIR` that etcd itself would read) naming another.
+/// Compared as paths: `/var/etcd/data/` in the arguments and
+/// `/var/etcd/data` in `DATA_DIRECTORY` are one dir, and so are a symlink
+/// and its target ([`paths::same`]; the exec'd etcd runs in our working
+/// dir, so a relative one is taken from there too).
 fn check_data_dir_arg(
     args: &[String],
-    data_dir: &std::path::Path,
+    data_dir: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
     let theirs = data_dir_in_args(args).or_else(|| env("ETCD_DATA_DIR"));
     match theirs {
-        Some(theirs) if std::path::Path::new(&theirs) != data_dir => {
+        Some(theirs) if !paths::same(Path::new(&theirs), data_dir) => {
             Err(ConfigError::DataDirConflict {
                 theirs,
                 ours: data_dir.to_path_buf(),
@@ -613,6 +640,65 @@ mod tests {
         assert_eq!(config.backup.keep, 3);
         assert_eq!(config.ttl_leases, TtlLeases::Exact);
         assert!(!config.keep_v2_keys);
+    }
+
+    #[test]
+    fn the_data_dir_is_one_absolute_spelling_however_it_was_written() {
+        let cwd = std::env::current_dir().expect("cwd");
+        for (given, expected) in [
+            ("/var/etcd/data/", PathBuf::from("/var/etcd/data")),
+            ("//var//etcd/data", PathBuf::from("/var/etcd/data")),
+            ("/var/./etcd/data/.", PathBuf::from("/var/etcd/data")),
+            ("./rel/path", cwd.join("rel/path")),
+        ] {
+            let env = [
+                ("TARGET_VERSION", "3.5.16"),
+                ("DATA_DIRECTORY", given),
+                ("HOSTNAME", "m1"),
+            ];
+            let config = resolve_with(&[], &env).expect(given);
+            assert_eq!(config.data_dir, expected, "{given}");
+            let mut backup = expected.into_os_string();
+            backup.push(".backup");
+            assert_eq!(
+                config.backup.root,
+                PathBuf::from(backup),
+                "the default backup dir sits beside the data dir, not in it ({given})"
+            );
+        }
+    }
+
+    #[test]
+    fn etcd_args_naming_the_data_dir_differently_are_no_conflict() {
+        let env = [
+            ("TARGET_VERSION", "3.5.16"),
+            ("DATA_DIRECTORY", "/var/etcd/data/"),
+            ("HOSTNAME", "m1"),
+        ];
+        for args in [
+            &["--", "--data-dir", "/var/etcd/data"][..],
+            &["--", "--data-dir=//var/etcd/./data/"],
+            &["--", "-data-dir", "/var/etcd/data/member/.."],
+        ] {
+            resolve_with(args, &env).unwrap_or_else(|err| panic!("{args:?}: {err}"));
+        }
+        let with_env_var: Vec<(&str, &str)> = env
+            .iter()
+            .copied()
+            .chain([("ETCD_DATA_DIR", "/var/etcd//data")])
+            .collect();
+        resolve_with(&[], &with_env_var).expect("ETCD_DATA_DIR names the same dir");
+        let err = resolve_with(&["--", "--data-dir=/var/etcd/data2"], &env)
+            .expect_err("another dir")
+            .to_string();
+        assert!(
+            err.contains("--data-dir \"/var/etcd/data2\"") && err.contains("\"/var/etcd/data\""),
+            "{err}"
+        );
+        let err = resolve_with(&["--backup-dir", "/var/etcd/data//b/"], &env)
+            .expect_err("a backup dir inside the data dir")
+            .to_string();
+        assert!(err.contains("outside the data dir"), "{err}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod failpoint;
 pub mod health;
 pub mod keyspace;
 pub mod log;
+pub mod paths;
 pub mod plan;
 pub mod rebuild;
 pub mod supervisor;
