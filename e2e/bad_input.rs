@@ -1199,3 +1199,130 @@ fn a_data_dir_spelt_with_slashes_dots_or_relative_works_on_every_path() {
     let after = crate::harness::etcd::read_back("3.4.23", &fixture.member, data, tmp.path());
     after.assert_kept(&fixture.keyspace, Some("3.4.23"), 3000);
 }
+
+/// The address space `etcd-migrate` gets while it inspects a huge
+/// version.txt: far less than the file, so reading it whole would fail.
+const SMALL_ADDRESS_SPACE: u64 = 64 << 20;
+
+/// Bad values are refused before anything runs: a `--health-timeout` that
+/// overflowed the deadline (a panic, exit 101, after an etcd had started),
+/// port 0, a version.txt symlink to nowhere (reported as "no version.txt"
+/// in a dir listing version.txt) and a version.txt of hundreds of MB (read
+/// whole and quoted whole in a 134 MB error line).
+#[test]
+fn bad_values_are_refused_before_anything_runs() {
+    let tmp = temp_dir("bad-values");
+    let fixture = fixture_at(tmp.path(), "3.4.23", "bad-values");
+    let data = &fixture.data_dir;
+    let migration = Migration::new("3.5.16", data, &fixture.member).bundled(BUNDLE);
+    let before = fingerprint(data);
+    type Case = (&'static str, Migration, Vec<String>);
+    let cases: Vec<Case> = vec![
+        (
+            "an overflowing --health-timeout",
+            migration
+                .clone()
+                .arg("--health-timeout")
+                .arg("18446744073709551615"),
+            vec![
+                "--health-timeout = \"18446744073709551615\" is invalid".into(),
+                "from 1 to 86400 seconds (24 h)".into(),
+            ],
+        ),
+        (
+            "a --health-timeout over a day",
+            migration.clone().arg("--health-timeout").arg("86401"),
+            vec!["--health-timeout = \"86401\" is invalid".into()],
+        ),
+        (
+            "--port 0",
+            Migration {
+                port: 0,
+                ..migration.clone()
+            },
+            vec!["--port = \"0\" is invalid".into(), "a free port".into()],
+        ),
+        (
+            "--peer-port 0",
+            Migration {
+                peer_port: 0,
+                ..migration.clone()
+            },
+            vec!["--peer-port = \"0\" is invalid".into()],
+        ),
+        (
+            "port 0 in LISTEN_PEER_URLS",
+            migration
+                .clone()
+                .env("LISTEN_PEER_URLS", "http://127.0.0.1:0"),
+            vec![
+                "peer port 0 (127.0.0.1:0, from http://127.0.0.1:0 in --listen-peer-urls".into(),
+                "give a real port in LISTEN_PEER_URLS".into(),
+            ],
+        ),
+    ];
+    for (name, run_it, expected) in cases {
+        let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        let run = run_it.run();
+        run.assert_refused_untouched(data, &before, &expected);
+        println!("{name}: exit {:?}, {}", run.code(), run.last_line());
+    }
+
+    // version.txt a symlink to nowhere: named as such, with the fix.
+    let version_txt = data.join("version.txt");
+    let shown = version_txt.display().to_string();
+    let nowhere = tmp.path().join("moved/version.txt");
+    std::fs::remove_file(&version_txt).expect("rm version.txt");
+    symlink(&nowhere, &version_txt);
+    let before = fingerprint(data);
+    let run = migration.run();
+    run.assert_refused_untouched(
+        data,
+        &before,
+        &[
+            &format!(
+                "{shown} is a symlink to {}, which does not exist",
+                nowhere.display()
+            ),
+            &format!("rm {shown} && echo 3.4.23/etcd3 > {shown}"),
+        ],
+    );
+    assert!(
+        !run.stderr.contains("has no version.txt"),
+        "{}",
+        run.explain()
+    );
+    println!("dangling version.txt: {}", run.last_line());
+
+    // A 128 MiB version.txt (sparse), read with 64 MiB of address space:
+    // refused by its size, which the message gives, and not one byte of
+    // its content.
+    std::fs::remove_file(&version_txt).expect("rm link");
+    let huge = std::fs::File::create(&version_txt).expect("create");
+    huge.set_len(128 << 20).expect("grow");
+    drop(huge);
+    let before = fingerprint(data);
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    let run = migration
+        .clone()
+        .launched_by(
+            ["prlimit".to_string(), format!("--as={SMALL_ADDRESS_SPACE}")],
+            &program,
+        )
+        .run();
+    run.assert_refused_untouched(
+        data,
+        &before,
+        &[
+            &format!("{shown} is 134217728 bytes"),
+            "not a version record",
+            &format!("echo 3.4.23/etcd3 > {shown}"),
+        ],
+    );
+    assert!(
+        run.stderr.len() < 4000 && !run.stderr.contains("\\0"),
+        "the content is not quoted\n{}",
+        run.explain()
+    );
+    println!("huge version.txt: {}", run.last_line());
+}

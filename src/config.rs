@@ -19,6 +19,13 @@ use crate::version::{ParseError, Storage, Version, VersionPair};
 /// Kubernetes tool waited 2 minutes too).
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The `--health-timeout` values accepted, in seconds. Bounded above so
+/// that the deadline (now + timeout) can always be computed (a value near
+/// `u64::MAX` overflowed `Instant` and panicked after an etcd had
+/// started) and because a step that has not taken a write in a day will
+/// not take one.
+pub const HEALTH_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=86_400;
+
 /// What to do once the data dir is at the target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
@@ -372,6 +379,19 @@ where
     let events = data_dir.to_string_lossy().contains("event");
     let client_port = cli.port.unwrap_or(if events { 18631 } else { 18629 });
     let peer_port = cli.peer_port.unwrap_or(if events { 2381 } else { 2380 });
+    // Port 0 binds "any free port": the step's etcd would listen where
+    // nothing (our health check, the advertised peer URL) can find it.
+    for (setting, port) in [("--port", client_port), ("--peer-port", peer_port)] {
+        if port == 0 {
+            return Err(ConfigError::Invalid {
+                setting: setting.to_string(),
+                value: "0".to_string(),
+                reason:
+                    "a step's etcd must listen on a known port; give a free port from 1 to 65535"
+                        .to_string(),
+            });
+        }
+    }
     let local_peer = format!("http://localhost:{peer_port}");
     let listen_peer_urls = pick(
         cli.listen_peer_urls,
@@ -408,17 +428,21 @@ where
     )
     .map(|text| text.split_whitespace().map(str::to_string).collect())
     .unwrap_or_default();
-    let health_timeout = cli
-        .health_timeout
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_HEALTH_TIMEOUT);
-    if health_timeout.is_zero() {
-        return Err(ConfigError::Invalid {
-            setting: "--health-timeout".to_string(),
-            value: "0".to_string(),
-            reason: "a step needs time to start etcd; give at least 1 second".to_string(),
-        });
-    }
+    let health_timeout = match cli.health_timeout {
+        None => DEFAULT_HEALTH_TIMEOUT,
+        Some(secs) if HEALTH_TIMEOUT_RANGE.contains(&secs) => Duration::from_secs(secs),
+        Some(secs) => {
+            return Err(ConfigError::Invalid {
+                setting: "--health-timeout".to_string(),
+                value: secs.to_string(),
+                reason: format!(
+                    "give from {} to {} seconds (24 h): a step needs time to start etcd, and a deadline past that is no deadline",
+                    HEALTH_TIMEOUT_RANGE.start(),
+                    HEALTH_TIMEOUT_RANGE.end()
+                ),
+            })
+        }
+    };
     let log_format = cli
         .log_format
         .parse()
@@ -923,7 +947,27 @@ mod tests {
             (
                 MINIMAL.to_vec(),
                 &["--health-timeout", "0"],
-                "--health-timeout",
+                "--health-timeout = \"0\" is invalid: give from 1 to 86400 seconds",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--health-timeout", "18446744073709551615"],
+                "--health-timeout = \"18446744073709551615\" is invalid: give from 1 to 86400 seconds (24 h)",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--health-timeout", "86401"],
+                "--health-timeout = \"86401\" is invalid",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--port", "0"],
+                "--port = \"0\" is invalid: a step's etcd must listen on a known port",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--peer-port", "0"],
+                "--peer-port = \"0\" is invalid",
             ),
         ];
         for (env, args, expected) in cases {

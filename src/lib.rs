@@ -628,6 +628,18 @@ fn check_ports(config: &Config) -> Result<(), Error> {
         fix: "stop whatever listens there, or give the steps a free loopback port with --port",
     })?;
     for (url, address) in peer_addresses(&config.listen_peer_urls) {
+        // Port 0 binds "any free port", where no advertised peer URL points
+        // (--peer-port 0 is refused with the configuration).
+        if address.port() == 0 {
+            return Err(Error::PortUnavailable {
+                role: "peer",
+                port: 0,
+                address: address.to_string(),
+                setting: format!("{url} in --listen-peer-urls (or $LISTEN_PEER_URLS)"),
+                reason: "port 0 makes etcd listen on whatever port is free, which no peer URL can name".to_string(),
+                fix: "give a real port in LISTEN_PEER_URLS (and the same in INITIAL_ADVERTISE_PEER_URLS and INITIAL_CLUSTER)",
+            });
+        }
         try_bind(address).map_err(|reason| Error::PortUnavailable {
             role: "peer",
             port: address.port(),
