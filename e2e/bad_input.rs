@@ -1326,3 +1326,101 @@ fn bad_values_are_refused_before_anything_runs() {
     );
     println!("huge version.txt: {}", run.last_line());
 }
+
+/// Run outside the image (a dev checkout, a host) with the default or a
+/// relative bin dir, a target the dir lacks was "not bundled (bundled:
+/// none)" with no word of where etcd-migrate had looked. Every such error
+/// names the bin dir it searched, absolute, and `--bin-dir`.
+#[test]
+fn a_release_missing_from_the_bin_dir_names_the_dir_searched_and_bin_dir() {
+    let tmp = temp_dir("bin-dir");
+    let fixture = fixture_at(tmp.path(), "3.4.23", "bin-dir");
+    let data = &fixture.data_dir;
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir bin");
+    symlink(&etcd_binary("3.4.23"), &bin.join("etcd-3.4.23"));
+    let empty = tmp.path().join("empty");
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    let parent = tmp.path().display().to_string();
+    // Started from the temp dir, with the bin dir given relative to it.
+    let from_tmp = |target: &str, dir: &Path, bin_dir: &str| {
+        Migration::new(target, dir, &fixture.member)
+            .bin_dir(Path::new(bin_dir))
+            .launched_by(["env", "-C", parent.as_str()], &program)
+    };
+    let searched = format!("bin dir {}", bin.display());
+    let before = fingerprint(tmp.path());
+    let cases: [(&str, Migration, Vec<String>); 6] = [
+        (
+            "an unbundled target",
+            from_tmp("3.5.16", data, "./bin/"),
+            vec![
+                format!("{searched} (every etcd-<version> there"),
+                "point --bin-dir at their directory".into(),
+                "target etcd 3.5.16 is not bundled (bundled: 3.4.23)".into(),
+            ],
+        ),
+        (
+            "an unbundled target for an empty dir",
+            from_tmp("3.5.16", &empty, "bin"),
+            vec![
+                format!("cannot start the empty data dir {} at the target with the releases in {searched}", empty.display()),
+                "--bin-dir".into(),
+            ],
+        ),
+        (
+            "a bin dir that does not exist",
+            from_tmp("3.5.16", data, "nowhere"),
+            vec![
+                format!("cannot list bin dir {}/nowhere", parent),
+                "point --bin-dir at the directory that holds etcd-<version>".into(),
+            ],
+        ),
+        (
+            "a target --bundled-versions leaves out",
+            from_tmp("3.5.16", data, "bin").bundled("3.4.23"),
+            vec![
+                format!("with the releases --bundled-versions lists, from {searched}"),
+                "--bin-dir".into(),
+            ],
+        ),
+        (
+            "a target --bundled-versions lists but the bin dir lacks",
+            from_tmp("3.5.16", data, "bin").bundled("3.4.23,3.5.16"),
+            vec![
+                format!("{}/etcd-3.5.16 is missing", bin.display()),
+                "point --bin-dir at the directory that holds etcd-<version>".into(),
+            ],
+        ),
+        (
+            "the no-op exec of a target whose server is missing",
+            from_tmp("3.4.23", data, "bin")
+                .bundled("3.4.23")
+                .mode(crate::harness::migrator::Mode::Exec(Vec::new())),
+            vec![
+                format!("{}/etcd-3.4.23 is missing", bin.display()),
+                "point --bin-dir at the directory that holds etcd-<version>".into(),
+            ],
+        ),
+    ];
+    // The no-op's server goes missing only for its own case.
+    for (name, migration, expected) in cases {
+        let hidden = bin.join("etcd-3.4.23.hidden");
+        let noop = name.starts_with("the no-op");
+        if noop {
+            std::fs::rename(bin.join("etcd-3.4.23"), &hidden).expect("hide etcd-3.4.23");
+        }
+        let before = if noop {
+            fingerprint(tmp.path())
+        } else {
+            before.clone()
+        };
+        let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        let run = migration.run();
+        run.assert_refused_untouched(tmp.path(), &before, &expected);
+        println!("{name}: {}", run.last_line());
+        if noop {
+            std::fs::rename(&hidden, bin.join("etcd-3.4.23")).expect("restore etcd-3.4.23");
+        }
+    }
+}

@@ -26,6 +26,9 @@ pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(120);
 /// not take one.
 pub const HEALTH_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=86_400;
 
+/// Where the image keeps `etcd-<v>`, `etcdctl-<v>`, `etcdutl-<v>`.
+pub const DEFAULT_BIN_DIR: &str = "/usr/local/bin";
+
 /// What to do once the data dir is at the target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
@@ -368,6 +371,12 @@ where
         .or_else(|| env("HOSTNAME").map(|host| format!("etcd-{host}")))
         .ok_or(ConfigError::NoName)?;
 
+    // Absolute, so that every message naming a binary names where it was
+    // looked for, whatever the working dir.
+    let bin_dir = match cli.bin_dir {
+        Some(dir) => absolute_setting(&dir.to_string_lossy(), "--bin-dir".to_string())?,
+        None => PathBuf::from(DEFAULT_BIN_DIR),
+    };
     let bundled_versions = cli
         .bundled_versions
         .map(|list| parse_version_list(&list))
@@ -523,9 +532,7 @@ where
         target: VersionPair { version, storage },
         data_dir,
         name,
-        bin_dir: cli
-            .bin_dir
-            .unwrap_or_else(|| PathBuf::from("/usr/local/bin")),
+        bin_dir,
         bundled_versions,
         client_port,
         peer_port,
@@ -690,6 +697,16 @@ mod tests {
                 "the default backup dir sits beside the data dir, not in it ({given})"
             );
         }
+    }
+
+    #[test]
+    fn a_relative_bin_dir_is_made_absolute_for_the_messages_that_name_it() {
+        let cwd = std::env::current_dir().expect("cwd");
+        let config =
+            resolve_with(&["--bin-dir", "./.cache/etcd/bin/"], &MINIMAL).expect("resolves");
+        assert_eq!(config.bin_dir, cwd.join(".cache/etcd/bin"));
+        let config = resolve_with(&[], &MINIMAL).expect("resolves");
+        assert_eq!(config.bin_dir, PathBuf::from(DEFAULT_BIN_DIR));
     }
 
     #[test]

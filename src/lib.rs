@@ -68,7 +68,7 @@ pub enum Error {
     #[error(transparent)]
     DataDir(#[from] DataDirError),
     /// No safe path exists.
-    #[error("no safe path from {current} to {target} in {data_dir}")]
+    #[error("no safe path from {current} to {target} in {data_dir}{looked_in}")]
     Plan {
         /// What version.txt says.
         current: VersionPair,
@@ -76,6 +76,9 @@ pub enum Error {
         target: VersionPair,
         /// The data dir.
         data_dir: String,
+        /// Where the releases were looked for, when that is the problem
+        /// (see [`looked_in`]); empty otherwise.
+        looked_in: String,
         /// Why.
         #[source]
         source: PlanError,
@@ -107,10 +110,12 @@ pub enum Error {
         fix: &'static str,
     },
     /// An empty or missing data dir cannot be started at the target.
-    #[error("cannot start the empty data dir {data_dir} at the target")]
+    #[error("cannot start the empty data dir {data_dir} at the target{looked_in}")]
     FreshTarget {
         /// The data dir.
         data_dir: String,
+        /// Where the releases were looked for (see [`looked_in`]).
+        looked_in: String,
         /// Why.
         #[source]
         source: PlanError,
@@ -279,17 +284,20 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
                 current,
                 target: config.target,
                 data_dir: config.data_dir.display().to_string(),
+                looked_in: looked_in(config, &source),
                 source,
             })?
         }
         DirState::Missing | DirState::Empty => {
             if !bundle.contains(config.target.version) {
+                let source = PlanError::TargetNotBundled {
+                    target: config.target.version,
+                    bundled: bundle.to_string(),
+                };
                 return Err(Error::FreshTarget {
                     data_dir: config.data_dir.display().to_string(),
-                    source: PlanError::TargetNotBundled {
-                        target: config.target.version,
-                        bundled: bundle.to_string(),
-                    },
+                    looked_in: looked_in(config, &source),
+                    source,
                 });
             }
             Plan {
@@ -473,6 +481,32 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         ],
     );
     finish(config)
+}
+
+/// Where the releases were looked for, for a plan that failed for want of
+/// one: outside the image (a dev checkout, a host) the bin dir is often
+/// just the wrong one, and the error must say which dir was searched and
+/// how to name another. Empty for failures no bin dir would cure.
+fn looked_in(config: &Config, err: &PlanError) -> String {
+    let bundle_problem = matches!(
+        err,
+        PlanError::TargetNotBundled { .. }
+            | PlanError::MissingMinor { .. }
+            | PlanError::NoMigrateTool { .. }
+            | PlanError::Stale35Before36 { .. }
+    );
+    if !bundle_problem {
+        return String::new();
+    }
+    let dir = config.bin_dir.display();
+    match &config.bundled_versions {
+        None => format!(
+            " with the releases in bin dir {dir} (every etcd-<version> there; if the binaries are elsewhere, e.g. outside the image, point --bin-dir at their directory)"
+        ),
+        Some(_) => format!(
+            " with the releases --bundled-versions lists, from bin dir {dir} (add the release to --bundled-versions, or drop it to use every etcd-<version> there; if the binaries are elsewhere, point --bin-dir at their directory)"
+        ),
+    }
 }
 
 /// Refuses plans this release cannot or must not carry out, before
@@ -702,13 +736,22 @@ fn finish(config: &Config) -> Result<Outcome, Error> {
     match &config.mode {
         Mode::NoExec | Mode::DryRun => Ok(Outcome::Exit),
         Mode::Exec { etcd_args } => Ok(Outcome::Exec(ExecTarget::new(
-            binaries::path(&config.bin_dir, Binary::etcd(config.target.version)),
+            exec_program(config)?,
             etcd_args,
             &config.data_dir.to_string_lossy(),
             config.listen_client_urls.as_deref(),
             std::env::var_os("ETCD_DATA_DIR").is_some_and(|v| !v.is_empty()),
         ))),
     }
+}
+
+/// The target's server, checked to be there (a stat and an access, so the
+/// no-op hand-over stays fast): a missing one is a precondition (exit 2,
+/// naming the bin dir and `--bin-dir`), not an exec failure (exit 1).
+fn exec_program(config: &Config) -> Result<std::path::PathBuf, Error> {
+    let target = Binary::etcd(config.target.version);
+    binaries::check_present(&config.bin_dir, &[target])?;
+    Ok(binaries::path(&config.bin_dir, target))
 }
 
 /// `--dry-run`: the plan, on stdout, one line per step.
