@@ -1424,3 +1424,199 @@ fn a_release_missing_from_the_bin_dir_names_the_dir_searched_and_bin_dir() {
         }
     }
 }
+
+/// Writes 20 keys with real etcd 3.4.23 into `data`, its WAL in `wal`
+/// (`--wal-dir`), stops it and leaves the dir as the Kubernetes image
+/// does (0700, version.txt); returns what it served.
+fn fixture_with_wal_elsewhere(
+    data: &Path,
+    wal: &Path,
+    member: &Member,
+    log_dir: &Path,
+) -> Keyspace {
+    let wal_flag = format!("--wal-dir={}", wal.display());
+    let mut etcd =
+        EtcdProcess::start_with("3.4.23", member, data, free_port(), log_dir, &[&wal_flag]);
+    let keyspace = block_on(async {
+        etcd.wait_ready().await;
+        let endpoint = etcd.endpoint();
+        let mut client = connect(&endpoint)
+            .await
+            .unwrap_or_else(|err| panic!("connect {endpoint}: {err}"));
+        for i in 0..20 {
+            client
+                .put(format!("/registry/pods/p-{i:02}"), format!("pod {i}"), None)
+                .await
+                .unwrap_or_else(|err| panic!("put on {endpoint}: {err}"));
+        }
+        Keyspace::read(&endpoint).await
+    });
+    etcd.stop();
+    assert_eq!(keyspace.entries.len(), 20);
+    assert!(
+        !data.join("member/wal").exists() && !dir_names(wal).is_empty(),
+        "etcd keeps the WAL in {} only",
+        wal.display()
+    );
+    set_mode(data, 0o700);
+    write_version_txt(data, "3.4.23/etcd3");
+    keyspace
+}
+
+/// `--wal-dir` in the etcd arguments (any Go spelling), `$ETCD_WAL_DIR`, a
+/// config file's `wal-dir`, or `--wal-dir` in `$ETCD_CREDS` was ignored by
+/// the steps: the baseline etcd found no WAL in the data dir, bootstrapped
+/// a fresh cluster on the db, and acknowledged writes were lost. A plan
+/// with steps now refuses each before anything runs, naming the setting and
+/// the way through; the no-op start passes it on to the exec'd etcd; and
+/// the way through (the WAL moved into the data dir) migrates every key.
+#[test]
+fn a_wal_outside_the_data_dir_refuses_steps_and_passes_through_a_no_op() {
+    let tmp = temp_dir("wal-dir");
+    let member = Member::new("wal-dir");
+    let data = tmp.path().join("data");
+    let wal = tmp.path().join("wal");
+    let keyspace = fixture_with_wal_elsewhere(&data, &wal, &member, tmp.path());
+    let (data_shown, wal_shown) = (data.display().to_string(), wal.display().to_string());
+    let config_file = tmp.path().join("etcd.yml");
+    std::fs::write(
+        &config_file,
+        format!(
+            "name: {}\ndata-dir: {data_shown}\nwal-dir: {wal_shown}\n",
+            member.name
+        ),
+    )
+    .expect("write the config file");
+    let file_shown = config_file.display().to_string();
+    let exec = |extra: &[&str]| {
+        let mut args = member.exec_args("http://127.0.0.1:1");
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        Migration::new("3.5.16", &data, &member)
+            .bundled(BUNDLE)
+            .mode(crate::harness::migrator::Mode::Exec(args))
+    };
+    let no_exec = Migration::new("3.5.16", &data, &member).bundled(BUNDLE);
+    let in_args = "--wal-dir in the etcd arguments";
+    let in_file =
+        |from: &str| format!("wal-dir in the etcd config file {file_shown} (from {from})");
+    let cases: Vec<(&str, Migration, String)> = vec![
+        (
+            "--wal-dir=x",
+            exec(&[&format!("--wal-dir={wal_shown}")]),
+            in_args.into(),
+        ),
+        (
+            "--wal-dir x",
+            exec(&["--wal-dir", &wal_shown]),
+            in_args.into(),
+        ),
+        (
+            "-wal-dir=x",
+            exec(&[&format!("-wal-dir={wal_shown}")]),
+            in_args.into(),
+        ),
+        (
+            "-wal-dir x",
+            exec(&["-wal-dir", &wal_shown]),
+            in_args.into(),
+        ),
+        (
+            "$ETCD_WAL_DIR",
+            no_exec.clone().env("ETCD_WAL_DIR", &wal),
+            "$ETCD_WAL_DIR".into(),
+        ),
+        (
+            "--config-file",
+            exec(&["--config-file", &file_shown]),
+            in_file("--config-file in the etcd arguments"),
+        ),
+        (
+            "$ETCD_CONFIG_FILE",
+            no_exec.clone().env("ETCD_CONFIG_FILE", &config_file),
+            in_file("$ETCD_CONFIG_FILE"),
+        ),
+        (
+            "$ETCD_CREDS",
+            no_exec
+                .clone()
+                .env("ETCD_CREDS", format!("--wal-dir {wal_shown}")),
+            "--wal-dir in --etcd-server-extra-args ($ETCD_CREDS)".into(),
+        ),
+    ];
+    // The data dir, the WAL and the config file: none may change.
+    let before = fingerprint(tmp.path());
+    for (name, migration, setting) in &cases {
+        let run = migration.run();
+        run.assert_refused_untouched(
+            tmp.path(),
+            &before,
+            &[
+                &format!(
+                    "{setting} keeps the WAL in {wal_shown}, outside the data dir {data_shown}"
+                ),
+                "would find no WAL",
+                &format!("mv {wal_shown} {data_shown}/member/wal"),
+                &format!("remove {setting}"),
+            ],
+        );
+        println!("{name}: {}", run.last_line());
+    }
+    println!("{} WAL settings refused untouched", cases.len());
+
+    // Given a config file, etcd ignores its flags (the --data-dir we add
+    // included) and serves the file's data-dir, or <name>.etcd: an exec,
+    // even a no-op one, with a file that names no data dir is refused.
+    let bare_file = tmp.path().join("bare.yml");
+    std::fs::write(
+        &bare_file,
+        format!(
+            "name: {}
+",
+            member.name
+        ),
+    )
+    .expect("write");
+    let before = fingerprint(tmp.path());
+    let mut args = member.exec_args("http://127.0.0.1:1");
+    args.extend(["--config-file".to_string(), bare_file.display().to_string()]);
+    let run = Migration::new("3.4.23", &data, &member)
+        .mode(crate::harness::migrator::Mode::Exec(args))
+        .run();
+    run.assert_refused_untouched(
+        tmp.path(),
+        &before,
+        &[
+            &format!("the etcd config file {} (from --config-file in the etcd arguments) sets no data-dir", bare_file.display()),
+            &format!("set `data-dir: {data_shown}` in {}", bare_file.display()),
+        ],
+    );
+    std::fs::remove_file(&bare_file).expect("rm");
+
+    // Already at the target: no etcd runs before the exec, which gets the
+    // flag as it is and serves the data from its WAL.
+    let user_url = format!("http://127.0.0.1:{}", free_port());
+    let mut args = member.exec_args(&user_url);
+    args.push(format!("--wal-dir={wal_shown}"));
+    let noop =
+        Migration::new("3.4.23", &data, &member).mode(crate::harness::migrator::Mode::Exec(args));
+    let running = exec_and_serve(&noop, &user_url);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", running.pid()))
+        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .unwrap_or_default();
+    assert!(
+        cmdline.contains(&format!("--wal-dir={wal_shown}")),
+        "the exec'd etcd gets --wal-dir: {cmdline}"
+    );
+    let served = block_on(Keyspace::read(&user_url));
+    served.assert_kept(&keyspace, None, 0);
+    stop_exec(running);
+
+    // The way through the message gives: the WAL moved into the data dir,
+    // no flag, and the walk keeps every key.
+    std::fs::rename(&wal, data.join("member/wal")).expect("mv the WAL into the data dir");
+    let run = no_exec.run();
+    run.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+    let after = crate::harness::etcd::read_back("3.5.16", &member, &data, tmp.path());
+    after.assert_kept(&keyspace, Some("3.5.16"), 0);
+}

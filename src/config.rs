@@ -4,6 +4,8 @@
 //! build `Config` directly or resolve it against a fake environment.
 
 use std::ffi::OsString;
+use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -91,6 +93,53 @@ pub struct Config {
     /// Settings given both as a flag and as a different env var: the flag
     /// won. `run` logs each, so a manifest's stale env var is visible.
     pub overridden: Vec<Override>,
+    /// etcd settings that keep data outside the data dir, or would make a
+    /// step's etcd run elsewhere: a plan with steps refuses them (the
+    /// no-op and patch paths start no etcd and pass them on).
+    pub data_elsewhere: Vec<DataElsewhere>,
+}
+
+/// An etcd setting the steps cannot honour. Each step runs etcd on the
+/// data dir alone (its `member/` holds the db and, by default, the WAL);
+/// the rebuilding steps restore and swap `member/` as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DataElsewhere {
+    /// The WAL lives outside `<data>/member/wal`. A step's etcd would find
+    /// no WAL and bootstrap a fresh cluster (new IDs, raft history from
+    /// zero) on the db; writes then time out or are lost, and the real WAL
+    /// no longer matches the db (seen on real etcd 3.4).
+    #[error("{setting} keeps the WAL in {}, outside the data dir {}, but each step's etcd runs on the data dir alone: it would find no WAL and bootstrap a fresh cluster on the db, after which writes are lost; stop etcd, move the WAL into the data dir (`mv {} {}`), remove {setting}, migrate, and afterwards, with etcd stopped, move it back and set it again if you want the WAL there", .wal_dir.display(), .data_dir.display(), .wal_dir.display(), .data_dir.join("member/wal").display())]
+    WalDir {
+        /// Where it is set, e.g. `--wal-dir in the etcd arguments`.
+        setting: String,
+        /// The WAL dir (absolute, for the `mv` command).
+        wal_dir: PathBuf,
+        /// The data dir.
+        data_dir: PathBuf,
+    },
+    /// Another data dir than the migrated one.
+    #[error("{setting} names the data dir {theirs:?}, but the data dir being migrated is {}; make them the same (or point --data-dir / $DATA_DIRECTORY at {theirs:?})", .data_dir.display())]
+    DataDir {
+        /// Where it is set.
+        setting: String,
+        /// What it says.
+        theirs: String,
+        /// The data dir.
+        data_dir: PathBuf,
+    },
+    /// A config file for the step etcds: etcd then ignores every flag.
+    #[error("--config-file in --etcd-server-extra-args ($ETCD_CREDS) makes each step's etcd ignore every other flag, the data dir, loopback client URL and peer settings etcd-migrate gives it included; remove it from $ETCD_CREDS and pass the settings it holds (e.g. TLS files) as flags")]
+    ConfigFileForSteps,
+    /// A config file whose data settings cannot be read.
+    #[error("the etcd config file {file} (from {from}) cannot be read ({reason}), so where it keeps the data (data-dir, wal-dir) is unknown; make it readable by etcd-migrate")]
+    UnreadableConfigFile {
+        /// The file.
+        file: String,
+        /// The flag or env var that names it.
+        from: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// A setting given as a flag and, with another value, as its env var.
@@ -152,6 +201,21 @@ pub enum ConfigError {
         /// What the etcd arguments say.
         theirs: String,
         /// What `--data-dir` / `DATA_DIRECTORY` says.
+        ours: PathBuf,
+    },
+    /// The exec'd etcd would take its data dir from a config file that
+    /// names another one (or none).
+    #[error("the etcd config file {file} (from {from}) {says}, and etcd ignores its command-line flags and ETCD_* variables when given a config file, so the exec'd etcd would serve {serves}, not the migrated data dir {}; set `data-dir: {}` in {file}", .ours.display(), .ours.display())]
+    ConfigFileDataDir {
+        /// The file.
+        file: String,
+        /// The flag or env var that names it.
+        from: &'static str,
+        /// "sets data-dir X", "sets no data-dir", "cannot be read (…)".
+        says: String,
+        /// What etcd would serve.
+        serves: String,
+        /// The migrated data dir.
         ours: PathBuf,
     },
     /// Incompatible mode flags.
@@ -430,7 +494,7 @@ where
     let ttl_keys_directory = cli
         .ttl_keys_directory
         .unwrap_or_else(|| format!("{data_prefix}/events"));
-    let extra_args = pick(
+    let extra_args: Vec<String> = pick(
         cli.etcd_server_extra_args,
         "--etcd-server-extra-args",
         "ETCD_CREDS",
@@ -510,6 +574,14 @@ where
         })?,
     };
 
+    let config_file = EtcdConfigFile::find(&cli.etcd_args, &env);
+    let data_elsewhere = find_data_elsewhere(
+        &cli.etcd_args,
+        config_file.as_ref(),
+        &extra_args,
+        &data_dir,
+        &env,
+    );
     let mode = match (cli.dry_run, cli.no_exec) {
         (true, true) => return Err(ConfigError::Modes),
         (true, false) if !cli.etcd_args.is_empty() => {
@@ -522,6 +594,9 @@ where
         (false, true) => Mode::NoExec,
         (false, false) => {
             check_data_dir_arg(&cli.etcd_args, &data_dir, &env)?;
+            if let Some(file) = &config_file {
+                file.check_serves(&data_dir)?;
+            }
             Mode::Exec {
                 etcd_args: cli.etcd_args,
             }
@@ -555,6 +630,7 @@ where
         mode,
         log_format,
         overridden,
+        data_elsewhere,
     })
 }
 
@@ -588,22 +664,220 @@ fn parse_version_list(list: &str) -> Result<Vec<Version>, ConfigError> {
         .collect()
 }
 
-/// The value of `--data-dir` (or `-data-dir`, Go's flag package takes both)
-/// in etcd arguments, if any.
+/// The value of `--data-dir` in etcd arguments, if any (see
+/// [`flag_in_args`]).
 pub fn data_dir_in_args(args: &[String]) -> Option<String> {
+    flag_in_args(args, "data-dir")
+}
+
+/// The value etcd takes for its flag `name` from `args`, as Go's flag
+/// package reads them: `-name v`, `--name v`, `-name=v`, `--name=v`, the
+/// last one winning.
+pub fn flag_in_args(args: &[String], name: &str) -> Option<String> {
+    let mut found = None;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
-        let flag = arg.trim_start_matches('-');
-        if arg.starts_with('-') && flag == "data-dir" {
-            return iter.next().cloned();
+        let Some(flag) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            continue;
+        };
+        if flag == name {
+            found = iter.next().cloned();
+        } else if let Some(value) = flag.strip_prefix(name).and_then(|v| v.strip_prefix('=')) {
+            found = Some(value.to_string());
         }
-        if arg.starts_with('-') {
-            if let Some(value) = flag.strip_prefix("data-dir=") {
-                return Some(value.to_string());
+    }
+    found
+}
+
+/// The most of an etcd config file that is read: a real one is a few
+/// KiB, and only its `data-dir` and `wal-dir` lines matter here.
+const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+
+/// The etcd config file the exec'd etcd (or, with `--no-exec`, the etcd
+/// the manifest starts next in our environment) reads: `--config-file`
+/// in its arguments, else `$ETCD_CONFIG_FILE`. Given one, etcd ignores
+/// every other flag and `ETCD_*` variable (3.3 … 3.5, seen on real etcd),
+/// so its `data-dir` and `wal-dir` say where the data is.
+#[derive(Debug, Clone)]
+struct EtcdConfigFile {
+    /// The path, as given.
+    file: String,
+    /// Where it was named.
+    from: &'static str,
+    /// Its `data-dir` and `wal-dir` values, or why it could not be read.
+    read: Result<(Option<String>, Option<String>), String>,
+}
+
+impl EtcdConfigFile {
+    /// The config file `args` or the environment name, read.
+    fn find(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Option<Self> {
+        let (file, from) = match flag_in_args(args, "config-file") {
+            Some(file) => (file, "--config-file in the etcd arguments"),
+            None => (env("ETCD_CONFIG_FILE")?, "$ETCD_CONFIG_FILE"),
+        };
+        let read = read_config_file(Path::new(&file));
+        Some(EtcdConfigFile { file, from, read })
+    }
+
+    /// Exec mode: the exec'd etcd must serve the migrated data dir, and
+    /// with a config file only the file can say so.
+    fn check_serves(&self, ours: &Path) -> Result<(), ConfigError> {
+        let (says, serves) = match &self.read {
+            Ok((Some(theirs), _)) if paths::same(Path::new(theirs), ours) => return Ok(()),
+            Ok((Some(theirs), _)) => (format!("sets data-dir {theirs:?}"), format!("{theirs:?}")),
+            Ok((None, _)) => (
+                "sets no data-dir".to_string(),
+                "etcd's default, <name>.etcd in its working dir".to_string(),
+            ),
+            Err(reason) => (
+                format!("cannot be read by etcd-migrate ({reason})"),
+                "whatever data-dir it sets".to_string(),
+            ),
+        };
+        Err(ConfigError::ConfigFileDataDir {
+            file: self.file.clone(),
+            from: self.from,
+            says,
+            serves,
+            ours: ours.to_path_buf(),
+        })
+    }
+}
+
+/// The `data-dir` and `wal-dir` an etcd config file sets. A plain line
+/// scan for those two top-level keys, not a YAML parser: etcd's config
+/// file is a flat map and its sample (etcd.conf.yml.sample) writes one
+/// `key: value` per line. Flow style (`{data-dir: x}`) or a multi-line
+/// scalar would go unseen; in exec mode a data-dir unseen is refused (the
+/// file "sets no data-dir"), so only an unseen wal-dir could slip by.
+fn read_config_file(path: &Path) -> Result<(Option<String>, Option<String>), String> {
+    let file = File::open(path).map_err(|err| err.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|err| err.to_string())?;
+    if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(format!(
+            "larger than {MAX_CONFIG_FILE_BYTES} bytes, which no etcd config file is"
+        ));
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let (mut data_dir, mut wal_dir) = (None, None);
+    for line in text.lines() {
+        // Indented lines belong to a nested map, not to etcd's top level.
+        if line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let slot = match key.trim().trim_matches(['"', '\'']) {
+            "data-dir" => &mut data_dir,
+            "wal-dir" => &mut wal_dir,
+            _ => continue,
+        };
+        // A repeated key: the last one is what etcd's YAML reader keeps.
+        *slot = yaml_scalar(value);
+    }
+    Ok((data_dir, wal_dir))
+}
+
+/// A one-line YAML scalar: quoted, or plain up to a ` #` comment; empty,
+/// `~` and `null` are no value (etcd then uses its default).
+fn yaml_scalar(raw: &str) -> Option<String> {
+    let raw = raw.trim();
+    let value = if let Some(rest) = raw.strip_prefix('"') {
+        rest.split('"').next().unwrap_or_default()
+    } else if let Some(rest) = raw.strip_prefix('\'') {
+        rest.split('\'').next().unwrap_or_default()
+    } else {
+        raw.split(" #").next().unwrap_or_default().trim()
+    };
+    match value {
+        "" | "~" | "null" => None,
+        value => Some(value.to_string()),
+    }
+}
+
+/// Every etcd setting that puts data where the steps will not look (see
+/// [`DataElsewhere`]): for the etcd that serves this data dir outside the
+/// steps (exec'd, or started next by the manifest), a `--wal-dir` or
+/// `$ETCD_WAL_DIR`, or a config file's `wal-dir` / other `data-dir`; for
+/// the step etcds themselves, `--config-file`, `--wal-dir` or another
+/// `--data-dir` in `$ETCD_CREDS`, which they get after their own flags.
+/// A WAL dir that is `<data>/member/wal`, etcd's default, is no WAL
+/// elsewhere.
+fn find_data_elsewhere(
+    etcd_args: &[String],
+    config_file: Option<&EtcdConfigFile>,
+    extra_args: &[String],
+    data_dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<DataElsewhere> {
+    let mut found = Vec::new();
+    let default_wal = data_dir.join("member/wal");
+    let wal_dir = |setting: String, value: String, found: &mut Vec<DataElsewhere>| {
+        let wal = Path::new(&value);
+        // Empty is etcd's default (`--wal-dir=` sets nothing).
+        if !value.is_empty() && !paths::same(wal, &default_wal) {
+            found.push(DataElsewhere::WalDir {
+                setting,
+                wal_dir: paths::absolute(wal).unwrap_or_else(|_| wal.to_path_buf()),
+                data_dir: data_dir.to_path_buf(),
+            });
+        }
+    };
+    let other_data_dir = |setting: String, theirs: String, found: &mut Vec<DataElsewhere>| {
+        if !theirs.is_empty() && !paths::same(Path::new(&theirs), data_dir) {
+            found.push(DataElsewhere::DataDir {
+                setting,
+                theirs,
+                data_dir: data_dir.to_path_buf(),
+            });
+        }
+    };
+    match config_file {
+        Some(EtcdConfigFile {
+            file,
+            from,
+            read: Ok((file_data_dir, file_wal_dir)),
+        }) => {
+            let setting = |key: &str| format!("{key} in the etcd config file {file} (from {from})");
+            if let Some(theirs) = file_data_dir {
+                other_data_dir(setting("data-dir"), theirs.clone(), &mut found);
+            }
+            if let Some(wal) = file_wal_dir {
+                wal_dir(setting("wal-dir"), wal.clone(), &mut found);
+            }
+        }
+        Some(EtcdConfigFile {
+            file,
+            from,
+            read: Err(reason),
+        }) => found.push(DataElsewhere::UnreadableConfigFile {
+            file: file.clone(),
+            from,
+            reason: reason.clone(),
+        }),
+        None => {
+            if let Some(wal) = flag_in_args(etcd_args, "wal-dir") {
+                wal_dir("--wal-dir in the etcd arguments".into(), wal, &mut found);
+            } else if let Some(wal) = env("ETCD_WAL_DIR") {
+                wal_dir("$ETCD_WAL_DIR".into(), wal, &mut found);
             }
         }
     }
-    None
+    let in_creds = |flag: &str| format!("{flag} in --etcd-server-extra-args ($ETCD_CREDS)");
+    if flag_in_args(extra_args, "config-file").is_some() {
+        found.push(DataElsewhere::ConfigFileForSteps);
+    }
+    if let Some(wal) = flag_in_args(extra_args, "wal-dir") {
+        wal_dir(in_creds("--wal-dir"), wal, &mut found);
+    }
+    if let Some(theirs) = flag_in_args(extra_args, "data-dir") {
+        other_data_dir(in_creds("--data-dir"), theirs, &mut found);
+    }
+    found
 }
 
 /// The exec'd etcd must serve the dir that was migrated: refuse arguments
@@ -1038,6 +1312,166 @@ mod tests {
             LogFormat::Text
         );
         assert_eq!(hint(&["etcd-migrate"]), LogFormat::Text);
+    }
+
+    #[test]
+    fn finds_an_etcd_flag_in_every_go_spelling_the_last_one_winning() {
+        let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for spelling in [
+            &["--wal-dir=/w"][..],
+            &["--wal-dir", "/w"],
+            &["-wal-dir=/w"],
+            &["-wal-dir", "/w"],
+            &["--wal-dir=/first", "--name", "x", "-wal-dir", "/w"],
+        ] {
+            assert_eq!(
+                flag_in_args(&args(spelling), "wal-dir"),
+                Some("/w".into()),
+                "{spelling:?}"
+            );
+        }
+        assert_eq!(flag_in_args(&args(&["--wal-dirx=/w"]), "wal-dir"), None);
+        assert_eq!(flag_in_args(&args(&["wal-dir=/w"]), "wal-dir"), None);
+        assert_eq!(flag_in_args(&args(&["--wal-dir"]), "wal-dir"), None);
+    }
+
+    /// The settings that locate data, for a data dir at /var/etcd/data.
+    fn elsewhere(args: &[&str], env: &[(&str, &str)]) -> Result<Vec<String>, ConfigError> {
+        let mut all: Vec<(&str, &str)> = vec![
+            ("TARGET_VERSION", "3.5.16"),
+            ("DATA_DIRECTORY", "/var/etcd/data"),
+            ("HOSTNAME", "m1"),
+        ];
+        all.extend_from_slice(env);
+        let config = resolve_with(args, &all)?;
+        Ok(config
+            .data_elsewhere
+            .iter()
+            .map(ToString::to_string)
+            .collect())
+    }
+
+    #[test]
+    fn a_wal_dir_outside_the_data_dir_is_found_wherever_it_is_set() {
+        for (args, env, setting) in [
+            (
+                &["--", "--wal-dir=/w"][..],
+                &[][..],
+                "--wal-dir in the etcd arguments",
+            ),
+            (
+                &["--", "-wal-dir", "/w"],
+                &[],
+                "--wal-dir in the etcd arguments",
+            ),
+            (&["--no-exec"], &[("ETCD_WAL_DIR", "/w")], "$ETCD_WAL_DIR"),
+            (
+                &["--etcd-server-extra-args", "--peer-auto-tls --wal-dir=/w"],
+                &[],
+                "--wal-dir in --etcd-server-extra-args ($ETCD_CREDS)",
+            ),
+        ] {
+            let found = elsewhere(args, env).expect("resolves");
+            assert_eq!(found.len(), 1, "{args:?} {env:?}: {found:?}");
+            for part in [
+                &format!("{setting} keeps the WAL in /w, outside the data dir /var/etcd/data")[..],
+                "mv /w /var/etcd/data/member/wal",
+                &format!("remove {setting}"),
+            ] {
+                assert!(found[0].contains(part), "{found:?} lacks {part}");
+            }
+        }
+        // etcd's own default place, however spelt, is no WAL elsewhere.
+        for args in [
+            &["--", "--wal-dir", "/var/etcd/data/member/wal/"][..],
+            &["--", "--wal-dir="],
+            &["--", "--data-dir", "/var/etcd//data", "--name", "m1"],
+        ] {
+            assert_eq!(
+                elsewhere(args, &[]).expect("resolves"),
+                Vec::<String>::new(),
+                "{args:?}"
+            );
+        }
+        let found = elsewhere(
+            &[
+                "--etcd-server-extra-args",
+                "--config-file /c --data-dir=/other",
+            ],
+            &[],
+        )
+        .expect("resolves");
+        assert!(
+            found.len() == 2
+                && found[0].contains("--config-file in --etcd-server-extra-args")
+                && found[1].contains("--data-dir in --etcd-server-extra-args ($ETCD_CREDS) names the data dir \"/other\""),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_config_file_says_where_the_data_is_for_the_exec_and_the_steps() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let file = tmp.path().join("etcd.yml");
+        let shown = file.display().to_string();
+        let write = |text: &str| std::fs::write(&file, text).expect("write");
+
+        write("# data-dir: /nope\nname: m1\ndata-dir: '/var/etcd/data/' # ours\nwal-dir: \"/w\"\nclient-transport-security:\n  wal-dir: /nested\n");
+        assert_eq!(
+            read_config_file(&file).expect("reads"),
+            (Some("/var/etcd/data/".into()), Some("/w".into()))
+        );
+        // Exec mode: the file names our data dir, so the exec is fine;
+        // its wal-dir is refused only if steps are needed.
+        let found = elsewhere(&["--", "--config-file", &shown], &[]).expect("resolves");
+        assert!(
+            found.len() == 1
+                && found[0].contains(&format!("wal-dir in the etcd config file {shown} (from --config-file in the etcd arguments) keeps the WAL in /w")),
+            "{found:?}"
+        );
+        // Given a config file, etcd ignores --wal-dir and $ETCD_WAL_DIR.
+        write("data-dir: /var/etcd/data\nwal-dir: ~\n");
+        let found = elsewhere(
+            &["--no-exec"],
+            &[("ETCD_CONFIG_FILE", &shown), ("ETCD_WAL_DIR", "/w")],
+        )
+        .expect("resolves");
+        assert!(found.is_empty(), "{found:?}");
+
+        // --no-exec: another data-dir in $ETCD_CONFIG_FILE is refused
+        // with steps only.
+        write("data-dir: /elsewhere\n");
+        let found = elsewhere(&["--no-exec"], &[("ETCD_CONFIG_FILE", &shown)]).expect("resolves");
+        assert!(
+            found.len() == 1 && found[0].contains("names the data dir \"/elsewhere\""),
+            "{found:?}"
+        );
+        // Exec mode: the exec'd etcd would serve another dir, or none.
+        for (text, says) in [
+            ("data-dir: /elsewhere\n", "sets data-dir \"/elsewhere\""),
+            ("name: m1\n", "sets no data-dir"),
+        ] {
+            write(text);
+            let err = elsewhere(&["--", "--config-file", &shown], &[])
+                .expect_err(text)
+                .to_string();
+            for part in [
+                &format!("the etcd config file {shown} (from --config-file in the etcd arguments) {says}")[..],
+                "etcd ignores its command-line flags",
+                &format!("set `data-dir: /var/etcd/data` in {shown}"),
+            ] {
+                assert!(err.contains(part), "{err} lacks {part}");
+            }
+        }
+        std::fs::remove_file(&file).expect("rm");
+        let found = elsewhere(&["--no-exec"], &[("ETCD_CONFIG_FILE", &shown)]).expect("resolves");
+        assert!(
+            found.len() == 1
+                && found[0].contains(&format!(
+                    "the etcd config file {shown} (from $ETCD_CONFIG_FILE) cannot be read"
+                )),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -148,6 +148,10 @@ pub enum Error {
         /// How many members it lists.
         members: usize,
     },
+    /// Steps are needed but etcd's settings keep data where a step's etcd
+    /// will not look (each item says which setting and how to proceed).
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; and: "))]
+    DataElsewhere(Vec<config::DataElsewhere>),
     /// The plan stopped in a step or was interrupted.
     #[error(transparent)]
     Execute(#[from] ExecuteError),
@@ -185,6 +189,7 @@ impl Error {
             | Error::Space(_)
             | Error::Binary(_)
             | Error::MultiMember { .. }
+            | Error::DataElsewhere(_)
             | Error::Busy { .. } => EXIT_PRECONDITION,
             Error::Execute(ExecuteError::Step { .. } | ExecuteError::Baseline { .. }) => {
                 EXIT_STEP_FAILED
@@ -518,6 +523,11 @@ fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
             initial_cluster: config.initial_cluster.clone(),
             members,
         });
+    }
+    // A no-op or patch-only plan starts no etcd before the exec, which
+    // gets these settings as they are; a step would not honour them.
+    if !plan.steps.is_empty() && !config.data_elsewhere.is_empty() {
+        return Err(Error::DataElsewhere(config.data_elsewhere.clone()));
     }
     // Only when etcd will run: a no-op stays fast, and a dry run may look
     // at a data dir whose etcd is serving (and holding the ports) right now.
