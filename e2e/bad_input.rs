@@ -5,7 +5,10 @@
 //! an etcd has to start to find the problem (corrupt data, a port taken
 //! mid-run, a full disk during a step, a NOSPACE alarm), version.txt is
 //! unchanged, no scratch dir or temp file is left, and data that can still
-//! be served reads back as before. Cases already covered elsewhere are not
+//! be served reads back as before. Input that must work however it is
+//! written (a data dir spelt with a trailing slash, `//`, `/./` or
+//! relative) and settings passed through unchanged (a `--wal-dir` on the
+//! no-op exec) are here too. Cases already covered elsewhere are not
 //! repeated: `refusals` (malformed version.txt, unrecorded dir, unknown
 //! target, missing bundled minor, mislabelled and non-executable binary)
 //! and `backups` (a backup the free-space check refuses).
