@@ -5,7 +5,10 @@
 //! an etcd has to start to find the problem (corrupt data, a port taken
 //! mid-run, a full disk during a step, a NOSPACE alarm), version.txt is
 //! unchanged, no scratch dir or temp file is left, and data that can still
-//! be served reads back as before. Cases already covered elsewhere are not
+//! be served reads back as before. Input that must work however it is
+//! written (a data dir spelt with a trailing slash, `//`, `/./` or
+//! relative) and settings passed through unchanged (a `--wal-dir` on the
+//! no-op exec) are here too. Cases already covered elsewhere are not
 //! repeated: `refusals` (malformed version.txt, unrecorded dir, unknown
 //! target, missing bundled minor, mislabelled and non-executable binary)
 //! and `backups` (a backup the free-space check refuses).
@@ -22,14 +25,14 @@ use etcd_client::{AlarmAction, AlarmOptions, AlarmType, DeleteOptions};
 use crate::harness::etcd::{connect, read_back, EtcdProcess};
 use crate::harness::fixture::{self, Fixture, FixtureSpec};
 use crate::harness::keyspace::Keyspace;
-use crate::harness::migrator::{Migration, Outcome};
+use crate::harness::migrator::{Migration, Outcome, Running};
 use crate::harness::mount::Mount;
 use crate::harness::tree::{fingerprint, Tree};
 use crate::harness::v2::{self, V2Key};
 use crate::harness::{
     block_on, dir_names, etcd_binary, free_port, install_script, mode, read_version_txt, set_mode,
-    symlink, temp_dir, write_version_txt, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, VERSION_TEMP,
-    WORK_DIR,
+    symlink, temp_dir, write_version_txt, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, STOP_GRACE,
+    VERSION_TEMP, WORK_DIR,
 };
 
 /// Exit code (README): a step failed.
@@ -1084,4 +1087,539 @@ fn unknown_flags_are_refused_untouched() {
             run.stderr.lines().next().unwrap_or("")
         );
     }
+}
+
+/// How long the exec'd etcd may take to answer on the user's port.
+const EXEC_SERVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts `migration` in exec mode and waits until the etcd it becomes
+/// serves v3 on `user_url`; panics with its output if it exits first or
+/// nothing answers in time.
+fn exec_and_serve(migration: &Migration, user_url: &str) -> Running {
+    let mut running = migration.spawn();
+    let pid = running.pid();
+    let deadline = Instant::now() + EXEC_SERVE_TIMEOUT;
+    loop {
+        if let Some(status) = running.try_status() {
+            panic!(
+                "etcd-migrate (pid {pid}) exited with {status} instead of becoming etcd; stderr:\n{}",
+                running.stderr()
+            );
+        }
+        let served = block_on(async { connect(user_url).await.ok()?.get("k", None).await.ok() });
+        if served.is_some() {
+            return running;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing served v3 on {user_url} within {EXEC_SERVE_TIMEOUT:?}; stderr:\n{}",
+            running.stderr()
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Stops the etcd an exec'd run became, with SIGTERM.
+fn stop_exec(mut running: Running) {
+    running.signal(nix::sys::signal::Signal::SIGTERM);
+    let outcome = running.wait(STOP_GRACE);
+    let by_sigterm = std::os::unix::process::ExitStatusExt::signal(&outcome.status)
+        == Some(nix::sys::signal::Signal::SIGTERM as i32);
+    assert!(
+        outcome.status.success() || by_sigterm,
+        "etcd should stop on SIGTERM\n{}",
+        outcome.explain()
+    );
+}
+
+/// `DATA_DIRECTORY=/var/etcd/data/` crash-looped every start, the no-op one
+/// included: the default backup dir became `/var/etcd/data/.backup`, inside
+/// the data dir, and was refused. Every spelling of one dir (a trailing
+/// slash, `//`, `/./`, a relative path) must work on every path, and etcd
+/// arguments that spell the data dir differently name the same dir.
+#[test]
+fn a_data_dir_spelt_with_slashes_dots_or_relative_works_on_every_path() {
+    let tmp = temp_dir("spelling");
+    let fixture = fixture_at(tmp.path(), "3.4.23", "spelling");
+    let data = &fixture.data_dir;
+    let shown = data.display().to_string();
+    let parent = tmp.path().display().to_string();
+
+    // The no-op start: nothing touched, with a trailing slash or `//`.
+    let before = fingerprint(data);
+    for spelling in [format!("{shown}/"), format!("{parent}//data//")] {
+        let run = Migration::new("3.4.23", Path::new(&spelling), &fixture.member).run();
+        run.assert_code(0);
+        assert_eq!(
+            run.lines_with("already at target").len(),
+            1,
+            "{spelling}\n{}",
+            run.explain()
+        );
+        before.assert_unchanged(&fingerprint(data), &format!("a no-op run on {spelling}"));
+    }
+
+    // A walk ending in exec, the data dir given as `<tmp>//./data/` and
+    // the etcd arguments' --data-dir as `<data>/`: one dir, no conflict.
+    let user_url = format!("http://127.0.0.1:{}", free_port());
+    let mut args = fixture.member.exec_args(&user_url);
+    args.extend(["--data-dir".to_string(), format!("{shown}/")]);
+    let walk = Migration::new(
+        "3.5.16",
+        Path::new(&format!("{parent}//./data/")),
+        &fixture.member,
+    )
+    .bundled(BUNDLE)
+    .mode(crate::harness::migrator::Mode::Exec(args));
+    let running = exec_and_serve(&walk, &user_url);
+    let served = block_on(Keyspace::read(&user_url));
+    served.assert_kept(&fixture.keyspace, 3000);
+    assert!(
+        running.stderr().contains(&format!("data_dir={shown}\n")),
+        "the steps run on the one spelling of the dir; stderr:\n{}",
+        running.stderr()
+    );
+    stop_exec(running);
+    assert_eq!(read_version_txt(data), "3.5.16/etcd3");
+
+    // A rollback (destructive: it takes a backup) from the data dir's
+    // parent as `./data/`: the backup goes beside the data dir.
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    let rollback = Migration::new("3.4.23", Path::new("./data/"), &fixture.member)
+        .bundled(BUNDLE)
+        .launched_by(["env", "-C", parent.as_str()], &program);
+    let run = rollback.run();
+    run.assert_code(0);
+    assert_eq!(run.step_kinds(), ["minor-rollback"], "{}", run.explain());
+    assert_eq!(read_version_txt(data), "3.4.23/etcd3");
+    let backups = dir_names(&tmp.path().join("data.backup"));
+    assert_eq!(
+        backups.len(),
+        1,
+        "one backup beside the data dir: {backups:?}"
+    );
+    assert!(!data.join(".backup").exists() && !data.join(WORK_DIR).exists());
+    let after = crate::harness::etcd::read_back("3.4.23", &fixture.member, data, tmp.path());
+    after.assert_kept(&fixture.keyspace, 3000);
+}
+
+/// The address space `etcd-migrate` gets while it inspects a huge
+/// version.txt: far less than the file, so reading it whole would fail.
+const SMALL_ADDRESS_SPACE: u64 = 64 << 20;
+
+/// Bad values are refused before anything runs: a `--health-timeout` that
+/// overflowed the deadline (a panic, exit 101, after an etcd had started),
+/// port 0, a version.txt symlink to nowhere (reported as "no version.txt"
+/// in a dir listing version.txt) and a version.txt of hundreds of MB (read
+/// whole and quoted whole in a 134 MB error line).
+#[test]
+fn bad_values_are_refused_before_anything_runs() {
+    let tmp = temp_dir("bad-values");
+    let fixture = fixture_at(tmp.path(), "3.4.23", "bad-values");
+    let data = &fixture.data_dir;
+    let migration = Migration::new("3.5.16", data, &fixture.member).bundled(BUNDLE);
+    let before = fingerprint(data);
+    type Case = (&'static str, Migration, Vec<String>);
+    let cases: Vec<Case> = vec![
+        (
+            "an overflowing --health-timeout",
+            migration
+                .clone()
+                .arg("--health-timeout")
+                .arg("18446744073709551615"),
+            vec![
+                "--health-timeout = \"18446744073709551615\" is invalid".into(),
+                "from 1 to 86400 seconds (24 h)".into(),
+            ],
+        ),
+        (
+            "a --health-timeout over a day",
+            migration.clone().arg("--health-timeout").arg("86401"),
+            vec!["--health-timeout = \"86401\" is invalid".into()],
+        ),
+        (
+            "--port 0",
+            Migration {
+                port: 0,
+                ..migration.clone()
+            },
+            vec!["--port = \"0\" is invalid".into(), "a free port".into()],
+        ),
+        (
+            "--peer-port 0",
+            Migration {
+                peer_port: 0,
+                ..migration.clone()
+            },
+            vec!["--peer-port = \"0\" is invalid".into()],
+        ),
+        (
+            "port 0 in LISTEN_PEER_URLS",
+            migration
+                .clone()
+                .env("LISTEN_PEER_URLS", "http://127.0.0.1:0"),
+            vec![
+                "peer port 0 (127.0.0.1:0, from http://127.0.0.1:0 in --listen-peer-urls".into(),
+                "give a real port in LISTEN_PEER_URLS".into(),
+            ],
+        ),
+    ];
+    for (name, run_it, expected) in cases {
+        let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        let run = run_it.run();
+        run.assert_refused_untouched(data, &before, &expected);
+        println!("{name}: exit {:?}, {}", run.code(), run.last_line());
+    }
+
+    // version.txt a symlink to nowhere: named as such, with the fix.
+    let version_txt = data.join("version.txt");
+    let shown = version_txt.display().to_string();
+    let nowhere = tmp.path().join("moved/version.txt");
+    std::fs::remove_file(&version_txt).expect("rm version.txt");
+    symlink(&nowhere, &version_txt);
+    let before = fingerprint(data);
+    let run = migration.run();
+    run.assert_refused_untouched(
+        data,
+        &before,
+        &[
+            &format!(
+                "{shown} is a symlink to {}, which does not exist",
+                nowhere.display()
+            ),
+            &format!("rm {shown} && echo 3.4.23/etcd3 > {shown}"),
+        ],
+    );
+    assert!(
+        !run.stderr.contains("has no version.txt"),
+        "{}",
+        run.explain()
+    );
+    println!("dangling version.txt: {}", run.last_line());
+
+    // A 128 MiB version.txt (sparse), read with 64 MiB of address space:
+    // refused by its size, which the message gives, and not one byte of
+    // its content.
+    std::fs::remove_file(&version_txt).expect("rm link");
+    let huge = std::fs::File::create(&version_txt).expect("create");
+    huge.set_len(128 << 20).expect("grow");
+    drop(huge);
+    let before = fingerprint(data);
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    let run = migration
+        .clone()
+        .launched_by(
+            ["prlimit".to_string(), format!("--as={SMALL_ADDRESS_SPACE}")],
+            &program,
+        )
+        .run();
+    run.assert_refused_untouched(
+        data,
+        &before,
+        &[
+            &format!("{shown} is 134217728 bytes"),
+            "not a version record",
+            &format!("echo 3.4.23/etcd3 > {shown}"),
+        ],
+    );
+    assert!(
+        run.stderr.len() < 4000 && !run.stderr.contains("\\0"),
+        "the content is not quoted\n{}",
+        run.explain()
+    );
+    println!("huge version.txt: {}", run.last_line());
+}
+
+/// Run outside the image (a dev checkout, a host) with the default or a
+/// relative bin dir, a target the dir lacks was "not bundled (bundled:
+/// none)" with no word of where etcd-migrate had looked. Every such error
+/// names the bin dir it searched, absolute, and `--bin-dir`.
+#[test]
+fn a_release_missing_from_the_bin_dir_names_the_dir_searched_and_bin_dir() {
+    let tmp = temp_dir("bin-dir");
+    let fixture = fixture_at(tmp.path(), "3.4.23", "bin-dir");
+    let data = &fixture.data_dir;
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir bin");
+    symlink(&etcd_binary("3.4.23"), &bin.join("etcd-3.4.23"));
+    let empty = tmp.path().join("empty");
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    let parent = tmp.path().display().to_string();
+    // Started from the temp dir, with the bin dir given relative to it.
+    let from_tmp = |target: &str, dir: &Path, bin_dir: &str| {
+        Migration::new(target, dir, &fixture.member)
+            .bin_dir(Path::new(bin_dir))
+            .launched_by(["env", "-C", parent.as_str()], &program)
+    };
+    let searched = format!("bin dir {}", bin.display());
+    let before = fingerprint(tmp.path());
+    let cases: [(&str, Migration, Vec<String>); 6] = [
+        (
+            "an unbundled target",
+            from_tmp("3.5.16", data, "./bin/"),
+            vec![
+                format!("{searched} (every etcd-<version> there"),
+                "point --bin-dir at their directory".into(),
+                "target etcd 3.5.16 is not bundled (bundled: 3.4.23)".into(),
+            ],
+        ),
+        (
+            "an unbundled target for an empty dir",
+            from_tmp("3.5.16", &empty, "bin"),
+            vec![
+                format!("cannot start the empty data dir {} at the target with the releases in {searched}", empty.display()),
+                "--bin-dir".into(),
+            ],
+        ),
+        (
+            "a bin dir that does not exist",
+            from_tmp("3.5.16", data, "nowhere"),
+            vec![
+                format!("cannot list bin dir {}/nowhere", parent),
+                "point --bin-dir at the directory that holds etcd-<version>".into(),
+            ],
+        ),
+        (
+            "a target --bundled-versions leaves out",
+            from_tmp("3.5.16", data, "bin").bundled("3.4.23"),
+            vec![
+                format!("with the releases --bundled-versions lists, from {searched}"),
+                "--bin-dir".into(),
+            ],
+        ),
+        (
+            "a target --bundled-versions lists but the bin dir lacks",
+            from_tmp("3.5.16", data, "bin").bundled("3.4.23,3.5.16"),
+            vec![
+                format!("{}/etcd-3.5.16 is missing", bin.display()),
+                "point --bin-dir at the directory that holds etcd-<version>".into(),
+            ],
+        ),
+        (
+            "the no-op exec of a target whose server is missing",
+            from_tmp("3.4.23", data, "bin")
+                .bundled("3.4.23")
+                .mode(crate::harness::migrator::Mode::Exec(Vec::new())),
+            vec![
+                format!("{}/etcd-3.4.23 is missing", bin.display()),
+                "point --bin-dir at the directory that holds etcd-<version>".into(),
+            ],
+        ),
+    ];
+    // The no-op's server goes missing only for its own case.
+    for (name, migration, expected) in cases {
+        let hidden = bin.join("etcd-3.4.23.hidden");
+        let noop = name.starts_with("the no-op");
+        if noop {
+            std::fs::rename(bin.join("etcd-3.4.23"), &hidden).expect("hide etcd-3.4.23");
+        }
+        let before = if noop {
+            fingerprint(tmp.path())
+        } else {
+            before.clone()
+        };
+        let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        let run = migration.run();
+        run.assert_refused_untouched(tmp.path(), &before, &expected);
+        println!("{name}: {}", run.last_line());
+        if noop {
+            std::fs::rename(&hidden, bin.join("etcd-3.4.23")).expect("restore etcd-3.4.23");
+        }
+    }
+}
+
+/// Writes 20 keys with real etcd 3.4.23 into `data`, its WAL in `wal`
+/// (`--wal-dir`), stops it and leaves the dir as the Kubernetes image
+/// does (0700, version.txt); returns what it served.
+fn fixture_with_wal_elsewhere(
+    data: &Path,
+    wal: &Path,
+    member: &Member,
+    log_dir: &Path,
+) -> Keyspace {
+    let wal_flag = format!("--wal-dir={}", wal.display());
+    let mut etcd =
+        EtcdProcess::start_with("3.4.23", member, data, free_port(), log_dir, &[&wal_flag]);
+    let keyspace = block_on(async {
+        etcd.wait_ready().await;
+        let endpoint = etcd.endpoint();
+        let mut client = connect(&endpoint)
+            .await
+            .unwrap_or_else(|err| panic!("connect {endpoint}: {err}"));
+        for i in 0..20 {
+            client
+                .put(format!("/registry/pods/p-{i:02}"), format!("pod {i}"), None)
+                .await
+                .unwrap_or_else(|err| panic!("put on {endpoint}: {err}"));
+        }
+        Keyspace::read(&endpoint).await
+    });
+    etcd.stop();
+    assert_eq!(keyspace.entries.len(), 20);
+    assert!(
+        !data.join("member/wal").exists() && !dir_names(wal).is_empty(),
+        "etcd keeps the WAL in {} only",
+        wal.display()
+    );
+    set_mode(data, 0o700);
+    write_version_txt(data, "3.4.23/etcd3");
+    keyspace
+}
+
+/// `--wal-dir` in the etcd arguments (any Go spelling), `$ETCD_WAL_DIR`, a
+/// config file's `wal-dir`, or `--wal-dir` in `$ETCD_CREDS` was ignored by
+/// the steps: the baseline etcd found no WAL in the data dir, bootstrapped
+/// a fresh cluster on the db, and acknowledged writes were lost. A plan
+/// with steps now refuses each before anything runs, naming the setting and
+/// the way through; the no-op start passes it on to the exec'd etcd; and
+/// the way through (the WAL moved into the data dir) migrates every key.
+#[test]
+fn a_wal_outside_the_data_dir_refuses_steps_and_passes_through_a_no_op() {
+    let tmp = temp_dir("wal-dir");
+    let member = Member::new("wal-dir");
+    let data = tmp.path().join("data");
+    let wal = tmp.path().join("wal");
+    let keyspace = fixture_with_wal_elsewhere(&data, &wal, &member, tmp.path());
+    let (data_shown, wal_shown) = (data.display().to_string(), wal.display().to_string());
+    let config_file = tmp.path().join("etcd.yml");
+    std::fs::write(
+        &config_file,
+        format!(
+            "name: {}\ndata-dir: {data_shown}\nwal-dir: {wal_shown}\n",
+            member.name
+        ),
+    )
+    .expect("write the config file");
+    let file_shown = config_file.display().to_string();
+    let exec = |extra: &[&str]| {
+        let mut args = member.exec_args("http://127.0.0.1:1");
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        Migration::new("3.5.16", &data, &member)
+            .bundled(BUNDLE)
+            .mode(crate::harness::migrator::Mode::Exec(args))
+    };
+    let no_exec = Migration::new("3.5.16", &data, &member).bundled(BUNDLE);
+    let in_args = "--wal-dir in the etcd arguments";
+    let in_file =
+        |from: &str| format!("wal-dir in the etcd config file {file_shown} (from {from})");
+    let cases: Vec<(&str, Migration, String)> = vec![
+        (
+            "--wal-dir=x",
+            exec(&[&format!("--wal-dir={wal_shown}")]),
+            in_args.into(),
+        ),
+        (
+            "--wal-dir x",
+            exec(&["--wal-dir", &wal_shown]),
+            in_args.into(),
+        ),
+        (
+            "-wal-dir=x",
+            exec(&[&format!("-wal-dir={wal_shown}")]),
+            in_args.into(),
+        ),
+        (
+            "-wal-dir x",
+            exec(&["-wal-dir", &wal_shown]),
+            in_args.into(),
+        ),
+        (
+            "$ETCD_WAL_DIR",
+            no_exec.clone().env("ETCD_WAL_DIR", &wal),
+            "$ETCD_WAL_DIR".into(),
+        ),
+        (
+            "--config-file",
+            exec(&["--config-file", &file_shown]),
+            in_file("--config-file in the etcd arguments"),
+        ),
+        (
+            "$ETCD_CONFIG_FILE",
+            no_exec.clone().env("ETCD_CONFIG_FILE", &config_file),
+            in_file("$ETCD_CONFIG_FILE"),
+        ),
+        (
+            "$ETCD_CREDS",
+            no_exec
+                .clone()
+                .env("ETCD_CREDS", format!("--wal-dir {wal_shown}")),
+            "--wal-dir in --etcd-server-extra-args ($ETCD_CREDS)".into(),
+        ),
+    ];
+    // The data dir, the WAL and the config file: none may change.
+    let before = fingerprint(tmp.path());
+    for (name, migration, setting) in &cases {
+        let run = migration.run();
+        run.assert_refused_untouched(
+            tmp.path(),
+            &before,
+            &[
+                &format!(
+                    "{setting} keeps the WAL in {wal_shown}, outside the data dir {data_shown}"
+                ),
+                "would find no WAL",
+                &format!("mv {wal_shown} {data_shown}/member/wal"),
+                &format!("remove {setting}"),
+            ],
+        );
+        println!("{name}: {}", run.last_line());
+    }
+    println!("{} WAL settings refused untouched", cases.len());
+
+    // Given a config file, etcd ignores its flags (the --data-dir we add
+    // included) and serves the file's data-dir, or <name>.etcd: an exec,
+    // even a no-op one, with a file that names no data dir is refused.
+    let bare_file = tmp.path().join("bare.yml");
+    std::fs::write(
+        &bare_file,
+        format!(
+            "name: {}
+",
+            member.name
+        ),
+    )
+    .expect("write");
+    let before = fingerprint(tmp.path());
+    let mut args = member.exec_args("http://127.0.0.1:1");
+    args.extend(["--config-file".to_string(), bare_file.display().to_string()]);
+    let run = Migration::new("3.4.23", &data, &member)
+        .mode(crate::harness::migrator::Mode::Exec(args))
+        .run();
+    run.assert_refused_untouched(
+        tmp.path(),
+        &before,
+        &[
+            &format!("the etcd config file {} (from --config-file in the etcd arguments) sets no data-dir", bare_file.display()),
+            &format!("set `data-dir: {data_shown}` in {}", bare_file.display()),
+        ],
+    );
+    std::fs::remove_file(&bare_file).expect("rm");
+
+    // Already at the target: no etcd runs before the exec, which gets the
+    // flag as it is and serves the data from its WAL.
+    let user_url = format!("http://127.0.0.1:{}", free_port());
+    let mut args = member.exec_args(&user_url);
+    args.push(format!("--wal-dir={wal_shown}"));
+    let noop =
+        Migration::new("3.4.23", &data, &member).mode(crate::harness::migrator::Mode::Exec(args));
+    let running = exec_and_serve(&noop, &user_url);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", running.pid()))
+        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .unwrap_or_default();
+    assert!(
+        cmdline.contains(&format!("--wal-dir={wal_shown}")),
+        "the exec'd etcd gets --wal-dir: {cmdline}"
+    );
+    let served = block_on(Keyspace::read(&user_url));
+    served.assert_kept(&keyspace, 0);
+    stop_exec(running);
+
+    // The way through the message gives: the WAL moved into the data dir,
+    // no flag, and the walk keeps every key.
+    std::fs::rename(&wal, data.join("member/wal")).expect("mv the WAL into the data dir");
+    let run = no_exec.run();
+    run.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+    let after = crate::harness::etcd::read_back("3.5.16", &member, &data, tmp.path());
+    after.assert_kept(&keyspace, 0);
 }

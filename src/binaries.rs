@@ -21,7 +21,7 @@ pub const VERSION_CHECK_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug, thiserror::Error)]
 pub enum BinError {
     /// The bin dir cannot be listed.
-    #[error("cannot list bin dir {dir}: {source}")]
+    #[error("cannot list bin dir {dir}: {source}; point --bin-dir at the directory that holds etcd-<version>, etcdctl-<version> and etcdutl-<version> (the image's is /usr/local/bin)")]
     List {
         /// The bin dir.
         dir: PathBuf,
@@ -30,7 +30,7 @@ pub enum BinError {
         source: std::io::Error,
     },
     /// A needed binary is absent.
-    #[error("{path} is missing: the plan needs {binary}; add it to the image or pick a target whose path is bundled")]
+    #[error("{path} is missing: the plan needs {binary}; add it to the image or pick a target whose path is bundled (or, outside the image, point --bin-dir at the directory that holds etcd-<version>, etcdctl-<version> and etcdutl-<version>)")]
     Missing {
         /// Where it should be.
         path: PathBuf,

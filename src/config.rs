@@ -4,7 +4,9 @@
 //! build `Config` directly or resolve it against a fake environment.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
@@ -12,11 +14,22 @@ use clap::Parser;
 use crate::backup::{BackupMode, BackupPolicy};
 use crate::executor::TtlLeases;
 use crate::log::LogFormat;
+use crate::paths;
 use crate::version::{ParseError, Storage, Version, VersionPair};
 
 /// How long a step's etcd may take to accept its first write (the
 /// Kubernetes tool waited 2 minutes too).
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The `--health-timeout` values accepted, in seconds. Bounded above so
+/// that the deadline (now + timeout) can always be computed (a value near
+/// `u64::MAX` overflowed `Instant` and panicked after an etcd had
+/// started) and because a step that has not taken a write in a day will
+/// not take one.
+pub const HEALTH_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=86_400;
+
+/// Where the image keeps `etcd-<v>`, `etcdctl-<v>`, `etcdutl-<v>`.
+pub const DEFAULT_BIN_DIR: &str = "/usr/local/bin";
 
 /// What to do once the data dir is at the target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +93,53 @@ pub struct Config {
     /// Settings given both as a flag and as a different env var: the flag
     /// won. `run` logs each, so a manifest's stale env var is visible.
     pub overridden: Vec<Override>,
+    /// etcd settings that keep data outside the data dir, or would make a
+    /// step's etcd run elsewhere: a plan with steps refuses them (the
+    /// no-op and patch paths start no etcd and pass them on).
+    pub data_elsewhere: Vec<DataElsewhere>,
+}
+
+/// An etcd setting the steps cannot honour. Each step runs etcd on the
+/// data dir alone (its `member/` holds the db and, by default, the WAL);
+/// the rebuilding steps restore and swap `member/` as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DataElsewhere {
+    /// The WAL lives outside `<data>/member/wal`. A step's etcd would find
+    /// no WAL and bootstrap a fresh cluster (new IDs, raft history from
+    /// zero) on the db; writes then time out or are lost, and the real WAL
+    /// no longer matches the db (seen on real etcd 3.4).
+    #[error("{setting} keeps the WAL in {}, outside the data dir {}, but each step's etcd runs on the data dir alone: it would find no WAL and bootstrap a fresh cluster on the db, after which writes are lost; stop etcd, move the WAL into the data dir (`mv {} {}`), remove {setting}, migrate, and afterwards, with etcd stopped, move it back and set it again if you want the WAL there", .wal_dir.display(), .data_dir.display(), .wal_dir.display(), .data_dir.join("member/wal").display())]
+    WalDir {
+        /// Where it is set, e.g. `--wal-dir in the etcd arguments`.
+        setting: String,
+        /// The WAL dir (absolute, for the `mv` command).
+        wal_dir: PathBuf,
+        /// The data dir.
+        data_dir: PathBuf,
+    },
+    /// Another data dir than the migrated one.
+    #[error("{setting} names the data dir {theirs:?}, but the data dir being migrated is {}; make them the same (or point --data-dir / $DATA_DIRECTORY at {theirs:?})", .data_dir.display())]
+    DataDir {
+        /// Where it is set.
+        setting: String,
+        /// What it says.
+        theirs: String,
+        /// The data dir.
+        data_dir: PathBuf,
+    },
+    /// A config file for the step etcds: etcd then ignores every flag.
+    #[error("--config-file in --etcd-server-extra-args ($ETCD_CREDS) makes each step's etcd ignore every other flag, the data dir, loopback client URL and peer settings etcd-migrate gives it included; remove it from $ETCD_CREDS and pass the settings it holds (e.g. TLS files) as flags")]
+    ConfigFileForSteps,
+    /// A config file whose data settings cannot be read.
+    #[error("the etcd config file {file} (from {from}) cannot be read ({reason}), so where it keeps the data (data-dir, wal-dir) is unknown; make it readable by etcd-migrate")]
+    UnreadableConfigFile {
+        /// The file.
+        file: String,
+        /// The flag or env var that names it.
+        from: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// A setting given as a flag and, with another value, as its env var.
@@ -141,6 +201,21 @@ pub enum ConfigError {
         /// What the etcd arguments say.
         theirs: String,
         /// What `--data-dir` / `DATA_DIRECTORY` says.
+        ours: PathBuf,
+    },
+    /// The exec'd etcd would take its data dir from a config file that
+    /// names another one (or none).
+    #[error("the etcd config file {file} (from {from}) {says}, and etcd ignores its command-line flags and ETCD_* variables when given a config file, so the exec'd etcd would serve {serves}, not the migrated data dir {}; set `data-dir: {}` in {file}", .ours.display(), .ours.display())]
+    ConfigFileDataDir {
+        /// The file.
+        file: String,
+        /// The flag or env var that names it.
+        from: &'static str,
+        /// "sets data-dir X", "sets no data-dir", "cannot be read (…)".
+        says: String,
+        /// What etcd would serve.
+        serves: String,
+        /// The migrated data dir.
         ours: PathBuf,
     },
     /// Incompatible mode flags.
@@ -345,26 +420,51 @@ where
         "--data-dir",
         "DATA_DIRECTORY",
     )
-    .map(PathBuf::from)
     .ok_or(ConfigError::Missing {
         flag: "--data-dir",
         env: "DATA_DIRECTORY",
         hint: "the etcd data dir to migrate, e.g. /var/etcd/data",
     })?;
+    // One spelling from here on: `/var/etcd/data/`, `//var/etcd/data` and
+    // `./data` run from `/var/etcd` are the same dir, and every path built
+    // from it (the default backup dir, the scratch dir, etcd's --data-dir)
+    // or compared with it must not depend on how the manifest wrote it.
+    let data_dir = absolute_setting(&data_dir, with_env("--data-dir", "DATA_DIRECTORY"))?;
     let name = pick(cli.name, "--name", "ETCD_NAME")
         .or_else(|| env("ETCD_HOSTNAME").map(|host| format!("etcd-{host}")))
         .or_else(|| env("HOSTNAME").map(|host| format!("etcd-{host}")))
         .ok_or(ConfigError::NoName)?;
 
+    // Absolute, so that every message naming a binary names where it was
+    // looked for, whatever the working dir.
+    let bin_dir = match cli.bin_dir {
+        Some(dir) => absolute_setting(&dir.to_string_lossy(), "--bin-dir".to_string())?,
+        None => PathBuf::from(DEFAULT_BIN_DIR),
+    };
     let bundled_versions = cli
         .bundled_versions
         .map(|list| parse_version_list(&list))
         .transpose()?;
 
-    // The Kubernetes image told etcd-events apart by its data dir path.
+    // The Kubernetes image told etcd-events apart by its data dir path
+    // (as given; here the absolute, normalised one, which names the same
+    // dir however it was spelt).
     let events = data_dir.to_string_lossy().contains("event");
     let client_port = cli.port.unwrap_or(if events { 18631 } else { 18629 });
     let peer_port = cli.peer_port.unwrap_or(if events { 2381 } else { 2380 });
+    // Port 0 binds "any free port": the step's etcd would listen where
+    // nothing (our health check, the advertised peer URL) can find it.
+    for (setting, port) in [("--port", client_port), ("--peer-port", peer_port)] {
+        if port == 0 {
+            return Err(ConfigError::Invalid {
+                setting: setting.to_string(),
+                value: "0".to_string(),
+                reason:
+                    "a step's etcd must listen on a known port; give a free port from 1 to 65535"
+                        .to_string(),
+            });
+        }
+    }
     let local_peer = format!("http://localhost:{peer_port}");
     let listen_peer_urls = pick(
         cli.listen_peer_urls,
@@ -394,24 +494,28 @@ where
     let ttl_keys_directory = cli
         .ttl_keys_directory
         .unwrap_or_else(|| format!("{data_prefix}/events"));
-    let extra_args = pick(
+    let extra_args: Vec<String> = pick(
         cli.etcd_server_extra_args,
         "--etcd-server-extra-args",
         "ETCD_CREDS",
     )
     .map(|text| text.split_whitespace().map(str::to_string).collect())
     .unwrap_or_default();
-    let health_timeout = cli
-        .health_timeout
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_HEALTH_TIMEOUT);
-    if health_timeout.is_zero() {
-        return Err(ConfigError::Invalid {
-            setting: "--health-timeout".to_string(),
-            value: "0".to_string(),
-            reason: "a step needs time to start etcd; give at least 1 second".to_string(),
-        });
-    }
+    let health_timeout = match cli.health_timeout {
+        None => DEFAULT_HEALTH_TIMEOUT,
+        Some(secs) if HEALTH_TIMEOUT_RANGE.contains(&secs) => Duration::from_secs(secs),
+        Some(secs) => {
+            return Err(ConfigError::Invalid {
+                setting: "--health-timeout".to_string(),
+                value: secs.to_string(),
+                reason: format!(
+                    "give from {} to {} seconds (24 h): a step needs time to start etcd, and a deadline past that is no deadline",
+                    HEALTH_TIMEOUT_RANGE.start(),
+                    HEALTH_TIMEOUT_RANGE.end()
+                ),
+            })
+        }
+    };
     let log_format = cli
         .log_format
         .parse()
@@ -435,12 +539,18 @@ where
             reason,
         })?,
     };
-    let backup_root = cli.backup_dir.unwrap_or_else(|| {
-        let mut root = data_dir.as_os_str().to_os_string();
-        root.push(".backup");
-        PathBuf::from(root)
-    });
-    if backup_root.starts_with(&data_dir) {
+    let backup_root = match cli.backup_dir {
+        Some(dir) => absolute_setting(&dir.to_string_lossy(), "--backup-dir".to_string())?,
+        // Built from the normalised data dir: `/var/etcd/data/` + ".backup"
+        // would have been `/var/etcd/data/.backup`, inside the data dir.
+        None => {
+            let mut root = data_dir.as_os_str().to_os_string();
+            root.push(".backup");
+            PathBuf::from(root)
+        }
+    };
+    // Compared as resolved paths (symlinks followed where they exist).
+    if paths::is_within(&backup_root, &data_dir) {
         return Err(ConfigError::Invalid {
             setting: "--backup-dir".to_string(),
             value: backup_root.display().to_string(),
@@ -464,6 +574,14 @@ where
         })?,
     };
 
+    let config_file = EtcdConfigFile::find(&cli.etcd_args, &env);
+    let data_elsewhere = find_data_elsewhere(
+        &cli.etcd_args,
+        config_file.as_ref(),
+        &extra_args,
+        &data_dir,
+        &env,
+    );
     let mode = match (cli.dry_run, cli.no_exec) {
         (true, true) => return Err(ConfigError::Modes),
         (true, false) if !cli.etcd_args.is_empty() => {
@@ -476,6 +594,9 @@ where
         (false, true) => Mode::NoExec,
         (false, false) => {
             check_data_dir_arg(&cli.etcd_args, &data_dir, &env)?;
+            if let Some(file) = &config_file {
+                file.check_serves(&data_dir)?;
+            }
             Mode::Exec {
                 etcd_args: cli.etcd_args,
             }
@@ -486,9 +607,7 @@ where
         target: VersionPair { version, storage },
         data_dir,
         name,
-        bin_dir: cli
-            .bin_dir
-            .unwrap_or_else(|| PathBuf::from("/usr/local/bin")),
+        bin_dir,
         bundled_versions,
         client_port,
         peer_port,
@@ -511,6 +630,17 @@ where
         mode,
         log_format,
         overridden,
+        data_elsewhere,
+    })
+}
+
+/// `value` as an absolute, normalised path ([`paths::absolute`]), or the
+/// error naming `setting`.
+fn absolute_setting(value: &str, setting: String) -> Result<PathBuf, ConfigError> {
+    paths::absolute(Path::new(value)).map_err(|err| ConfigError::Invalid {
+        setting,
+        value: value.to_string(),
+        reason: format!("cannot make it an absolute path: {err}"),
     })
 }
 
@@ -534,34 +664,236 @@ fn parse_version_list(list: &str) -> Result<Vec<Version>, ConfigError> {
         .collect()
 }
 
-/// The value of `--data-dir` (or `-data-dir`, Go's flag package takes both)
-/// in etcd arguments, if any.
+/// The value of `--data-dir` in etcd arguments, if any (see
+/// [`flag_in_args`]).
 pub fn data_dir_in_args(args: &[String]) -> Option<String> {
+    flag_in_args(args, "data-dir")
+}
+
+/// The value etcd takes for its flag `name` from `args`, as Go's flag
+/// package reads them: `-name v`, `--name v`, `-name=v`, `--name=v`, the
+/// last one winning.
+pub fn flag_in_args(args: &[String], name: &str) -> Option<String> {
+    let mut found = None;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
-        let flag = arg.trim_start_matches('-');
-        if arg.starts_with('-') && flag == "data-dir" {
-            return iter.next().cloned();
+        let Some(flag) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            continue;
+        };
+        if flag == name {
+            found = iter.next().cloned();
+        } else if let Some(value) = flag.strip_prefix(name).and_then(|v| v.strip_prefix('=')) {
+            found = Some(value.to_string());
         }
-        if arg.starts_with('-') {
-            if let Some(value) = flag.strip_prefix("data-dir=") {
-                return Some(value.to_string());
+    }
+    found
+}
+
+/// The most of an etcd config file that is read: a real one is a few
+/// KiB, and only its `data-dir` and `wal-dir` lines matter here.
+const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+
+/// The etcd config file the exec'd etcd (or, with `--no-exec`, the etcd
+/// the manifest starts next in our environment) reads: `--config-file`
+/// in its arguments, else `$ETCD_CONFIG_FILE`. Given one, etcd ignores
+/// every other flag and `ETCD_*` variable (3.3 … 3.5, seen on real etcd),
+/// so its `data-dir` and `wal-dir` say where the data is.
+#[derive(Debug, Clone)]
+struct EtcdConfigFile {
+    /// The path, as given.
+    file: String,
+    /// Where it was named.
+    from: &'static str,
+    /// Its `data-dir` and `wal-dir` values, or why it could not be read.
+    read: Result<(Option<String>, Option<String>), String>,
+}
+
+impl EtcdConfigFile {
+    /// The config file `args` or the environment name, read.
+    fn find(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Option<Self> {
+        let (file, from) = match flag_in_args(args, "config-file") {
+            Some(file) => (file, "--config-file in the etcd arguments"),
+            None => (env("ETCD_CONFIG_FILE")?, "$ETCD_CONFIG_FILE"),
+        };
+        let read = read_config_file(Path::new(&file));
+        Some(EtcdConfigFile { file, from, read })
+    }
+
+    /// Exec mode: the exec'd etcd must serve the migrated data dir, and
+    /// with a config file only the file can say so.
+    fn check_serves(&self, ours: &Path) -> Result<(), ConfigError> {
+        let (says, serves) = match &self.read {
+            Ok((Some(theirs), _)) if paths::same(Path::new(theirs), ours) => return Ok(()),
+            Ok((Some(theirs), _)) => (format!("sets data-dir {theirs:?}"), format!("{theirs:?}")),
+            Ok((None, _)) => (
+                "sets no data-dir".to_string(),
+                "etcd's default, <name>.etcd in its working dir".to_string(),
+            ),
+            Err(reason) => (
+                format!("cannot be read by etcd-migrate ({reason})"),
+                "whatever data-dir it sets".to_string(),
+            ),
+        };
+        Err(ConfigError::ConfigFileDataDir {
+            file: self.file.clone(),
+            from: self.from,
+            says,
+            serves,
+            ours: ours.to_path_buf(),
+        })
+    }
+}
+
+/// The `data-dir` and `wal-dir` an etcd config file sets. A plain line
+/// scan for those two top-level keys, not a YAML parser: etcd's config
+/// file is a flat map and its sample (etcd.conf.yml.sample) writes one
+/// `key: value` per line. Flow style (`{data-dir: x}`) or a multi-line
+/// scalar would go unseen; in exec mode a data-dir unseen is refused (the
+/// file "sets no data-dir"), so only an unseen wal-dir could slip by.
+fn read_config_file(path: &Path) -> Result<(Option<String>, Option<String>), String> {
+    let file = File::open(path).map_err(|err| err.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|err| err.to_string())?;
+    if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(format!(
+            "larger than {MAX_CONFIG_FILE_BYTES} bytes, which no etcd config file is"
+        ));
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let (mut data_dir, mut wal_dir) = (None, None);
+    for line in text.lines() {
+        // Indented lines belong to a nested map, not to etcd's top level.
+        if line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let slot = match key.trim().trim_matches(['"', '\'']) {
+            "data-dir" => &mut data_dir,
+            "wal-dir" => &mut wal_dir,
+            _ => continue,
+        };
+        // A repeated key: the last one is what etcd's YAML reader keeps.
+        *slot = yaml_scalar(value);
+    }
+    Ok((data_dir, wal_dir))
+}
+
+/// A one-line YAML scalar: quoted, or plain up to a ` #` comment; empty,
+/// `~` and `null` are no value (etcd then uses its default).
+fn yaml_scalar(raw: &str) -> Option<String> {
+    let raw = raw.trim();
+    let value = if let Some(rest) = raw.strip_prefix('"') {
+        rest.split('"').next().unwrap_or_default()
+    } else if let Some(rest) = raw.strip_prefix('\'') {
+        rest.split('\'').next().unwrap_or_default()
+    } else {
+        raw.split(" #").next().unwrap_or_default().trim()
+    };
+    match value {
+        "" | "~" | "null" => None,
+        value => Some(value.to_string()),
+    }
+}
+
+/// Every etcd setting that puts data where the steps will not look (see
+/// [`DataElsewhere`]): for the etcd that serves this data dir outside the
+/// steps (exec'd, or started next by the manifest), a `--wal-dir` or
+/// `$ETCD_WAL_DIR`, or a config file's `wal-dir` / other `data-dir`; for
+/// the step etcds themselves, `--config-file`, `--wal-dir` or another
+/// `--data-dir` in `$ETCD_CREDS`, which they get after their own flags.
+/// A WAL dir that is `<data>/member/wal`, etcd's default, is no WAL
+/// elsewhere.
+fn find_data_elsewhere(
+    etcd_args: &[String],
+    config_file: Option<&EtcdConfigFile>,
+    extra_args: &[String],
+    data_dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<DataElsewhere> {
+    let mut found = Vec::new();
+    let default_wal = data_dir.join("member/wal");
+    let wal_dir = |setting: String, value: String, found: &mut Vec<DataElsewhere>| {
+        let wal = Path::new(&value);
+        // Empty is etcd's default (`--wal-dir=` sets nothing).
+        if !value.is_empty() && !paths::same(wal, &default_wal) {
+            found.push(DataElsewhere::WalDir {
+                setting,
+                wal_dir: paths::absolute(wal).unwrap_or_else(|_| wal.to_path_buf()),
+                data_dir: data_dir.to_path_buf(),
+            });
+        }
+    };
+    let other_data_dir = |setting: String, theirs: String, found: &mut Vec<DataElsewhere>| {
+        if !theirs.is_empty() && !paths::same(Path::new(&theirs), data_dir) {
+            found.push(DataElsewhere::DataDir {
+                setting,
+                theirs,
+                data_dir: data_dir.to_path_buf(),
+            });
+        }
+    };
+    match config_file {
+        Some(EtcdConfigFile {
+            file,
+            from,
+            read: Ok((file_data_dir, file_wal_dir)),
+        }) => {
+            let setting = |key: &str| format!("{key} in the etcd config file {file} (from {from})");
+            if let Some(theirs) = file_data_dir {
+                other_data_dir(setting("data-dir"), theirs.clone(), &mut found);
+            }
+            if let Some(wal) = file_wal_dir {
+                wal_dir(setting("wal-dir"), wal.clone(), &mut found);
+            }
+        }
+        Some(EtcdConfigFile {
+            file,
+            from,
+            read: Err(reason),
+        }) => found.push(DataElsewhere::UnreadableConfigFile {
+            file: file.clone(),
+            from,
+            reason: reason.clone(),
+        }),
+        None => {
+            if let Some(wal) = flag_in_args(etcd_args, "wal-dir") {
+                wal_dir("--wal-dir in the etcd arguments".into(), wal, &mut found);
+            } else if let Some(wal) = env("ETCD_WAL_DIR") {
+                wal_dir("$ETCD_WAL_DIR".into(), wal, &mut found);
             }
         }
     }
-    None
+    let in_creds = |flag: &str| format!("{flag} in --etcd-server-extra-args ($ETCD_CREDS)");
+    if flag_in_args(extra_args, "config-file").is_some() {
+        found.push(DataElsewhere::ConfigFileForSteps);
+    }
+    if let Some(wal) = flag_in_args(extra_args, "wal-dir") {
+        wal_dir(in_creds("--wal-dir"), wal, &mut found);
+    }
+    if let Some(theirs) = flag_in_args(extra_args, "data-dir") {
+        other_data_dir(in_creds("--data-dir"), theirs, &mut found);
+    }
+    found
 }
 
 /// The exec'd etcd must serve the dir that was migrated: refuse arguments
 /// (or an `ETCD_DATA_DIR` that etcd itself would read) naming another.
+/// Compared as paths: `/var/etcd/data/` in the arguments and
+/// `/var/etcd/data` in `DATA_DIRECTORY` are one dir, and so are a symlink
+/// and its target ([`paths::same`]; the exec'd etcd runs in our working
+/// dir, so a relative one is taken from there too).
 fn check_data_dir_arg(
     args: &[String],
-    data_dir: &std::path::Path,
+    data_dir: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
     let theirs = data_dir_in_args(args).or_else(|| env("ETCD_DATA_DIR"));
     match theirs {
-        Some(theirs) if std::path::Path::new(&theirs) != data_dir => {
+        Some(theirs) if !paths::same(Path::new(&theirs), data_dir) => {
             Err(ConfigError::DataDirConflict {
                 theirs,
                 ours: data_dir.to_path_buf(),
@@ -613,6 +945,75 @@ mod tests {
         assert_eq!(config.backup.keep, 3);
         assert_eq!(config.ttl_leases, TtlLeases::Exact);
         assert!(!config.keep_v2_keys);
+    }
+
+    #[test]
+    fn the_data_dir_is_one_absolute_spelling_however_it_was_written() {
+        let cwd = std::env::current_dir().expect("cwd");
+        for (given, expected) in [
+            ("/var/etcd/data/", PathBuf::from("/var/etcd/data")),
+            ("//var//etcd/data", PathBuf::from("/var/etcd/data")),
+            ("/var/./etcd/data/.", PathBuf::from("/var/etcd/data")),
+            ("./rel/path", cwd.join("rel/path")),
+        ] {
+            let env = [
+                ("TARGET_VERSION", "3.5.16"),
+                ("DATA_DIRECTORY", given),
+                ("HOSTNAME", "m1"),
+            ];
+            let config = resolve_with(&[], &env).expect(given);
+            assert_eq!(config.data_dir, expected, "{given}");
+            let mut backup = expected.into_os_string();
+            backup.push(".backup");
+            assert_eq!(
+                config.backup.root,
+                PathBuf::from(backup),
+                "the default backup dir sits beside the data dir, not in it ({given})"
+            );
+        }
+    }
+
+    #[test]
+    fn a_relative_bin_dir_is_made_absolute_for_the_messages_that_name_it() {
+        let cwd = std::env::current_dir().expect("cwd");
+        let config =
+            resolve_with(&["--bin-dir", "./.cache/etcd/bin/"], &MINIMAL).expect("resolves");
+        assert_eq!(config.bin_dir, cwd.join(".cache/etcd/bin"));
+        let config = resolve_with(&[], &MINIMAL).expect("resolves");
+        assert_eq!(config.bin_dir, PathBuf::from(DEFAULT_BIN_DIR));
+    }
+
+    #[test]
+    fn etcd_args_naming_the_data_dir_differently_are_no_conflict() {
+        let env = [
+            ("TARGET_VERSION", "3.5.16"),
+            ("DATA_DIRECTORY", "/var/etcd/data/"),
+            ("HOSTNAME", "m1"),
+        ];
+        for args in [
+            &["--", "--data-dir", "/var/etcd/data"][..],
+            &["--", "--data-dir=//var/etcd/./data/"],
+            &["--", "-data-dir", "/var/etcd/data/member/.."],
+        ] {
+            resolve_with(args, &env).unwrap_or_else(|err| panic!("{args:?}: {err}"));
+        }
+        let with_env_var: Vec<(&str, &str)> = env
+            .iter()
+            .copied()
+            .chain([("ETCD_DATA_DIR", "/var/etcd//data")])
+            .collect();
+        resolve_with(&[], &with_env_var).expect("ETCD_DATA_DIR names the same dir");
+        let err = resolve_with(&["--", "--data-dir=/var/etcd/data2"], &env)
+            .expect_err("another dir")
+            .to_string();
+        assert!(
+            err.contains("--data-dir \"/var/etcd/data2\"") && err.contains("\"/var/etcd/data\""),
+            "{err}"
+        );
+        let err = resolve_with(&["--backup-dir", "/var/etcd/data//b/"], &env)
+            .expect_err("a backup dir inside the data dir")
+            .to_string();
+        assert!(err.contains("outside the data dir"), "{err}");
     }
 
     #[test]
@@ -837,7 +1238,27 @@ mod tests {
             (
                 MINIMAL.to_vec(),
                 &["--health-timeout", "0"],
-                "--health-timeout",
+                "--health-timeout = \"0\" is invalid: give from 1 to 86400 seconds",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--health-timeout", "18446744073709551615"],
+                "--health-timeout = \"18446744073709551615\" is invalid: give from 1 to 86400 seconds (24 h)",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--health-timeout", "86401"],
+                "--health-timeout = \"86401\" is invalid",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--port", "0"],
+                "--port = \"0\" is invalid: a step's etcd must listen on a known port",
+            ),
+            (
+                MINIMAL.to_vec(),
+                &["--peer-port", "0"],
+                "--peer-port = \"0\" is invalid",
             ),
         ];
         for (env, args, expected) in cases {
@@ -891,6 +1312,166 @@ mod tests {
             LogFormat::Text
         );
         assert_eq!(hint(&["etcd-migrate"]), LogFormat::Text);
+    }
+
+    #[test]
+    fn finds_an_etcd_flag_in_every_go_spelling_the_last_one_winning() {
+        let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for spelling in [
+            &["--wal-dir=/w"][..],
+            &["--wal-dir", "/w"],
+            &["-wal-dir=/w"],
+            &["-wal-dir", "/w"],
+            &["--wal-dir=/first", "--name", "x", "-wal-dir", "/w"],
+        ] {
+            assert_eq!(
+                flag_in_args(&args(spelling), "wal-dir"),
+                Some("/w".into()),
+                "{spelling:?}"
+            );
+        }
+        assert_eq!(flag_in_args(&args(&["--wal-dirx=/w"]), "wal-dir"), None);
+        assert_eq!(flag_in_args(&args(&["wal-dir=/w"]), "wal-dir"), None);
+        assert_eq!(flag_in_args(&args(&["--wal-dir"]), "wal-dir"), None);
+    }
+
+    /// The settings that locate data, for a data dir at /var/etcd/data.
+    fn elsewhere(args: &[&str], env: &[(&str, &str)]) -> Result<Vec<String>, ConfigError> {
+        let mut all: Vec<(&str, &str)> = vec![
+            ("TARGET_VERSION", "3.5.16"),
+            ("DATA_DIRECTORY", "/var/etcd/data"),
+            ("HOSTNAME", "m1"),
+        ];
+        all.extend_from_slice(env);
+        let config = resolve_with(args, &all)?;
+        Ok(config
+            .data_elsewhere
+            .iter()
+            .map(ToString::to_string)
+            .collect())
+    }
+
+    #[test]
+    fn a_wal_dir_outside_the_data_dir_is_found_wherever_it_is_set() {
+        for (args, env, setting) in [
+            (
+                &["--", "--wal-dir=/w"][..],
+                &[][..],
+                "--wal-dir in the etcd arguments",
+            ),
+            (
+                &["--", "-wal-dir", "/w"],
+                &[],
+                "--wal-dir in the etcd arguments",
+            ),
+            (&["--no-exec"], &[("ETCD_WAL_DIR", "/w")], "$ETCD_WAL_DIR"),
+            (
+                &["--etcd-server-extra-args", "--peer-auto-tls --wal-dir=/w"],
+                &[],
+                "--wal-dir in --etcd-server-extra-args ($ETCD_CREDS)",
+            ),
+        ] {
+            let found = elsewhere(args, env).expect("resolves");
+            assert_eq!(found.len(), 1, "{args:?} {env:?}: {found:?}");
+            for part in [
+                &format!("{setting} keeps the WAL in /w, outside the data dir /var/etcd/data")[..],
+                "mv /w /var/etcd/data/member/wal",
+                &format!("remove {setting}"),
+            ] {
+                assert!(found[0].contains(part), "{found:?} lacks {part}");
+            }
+        }
+        // etcd's own default place, however spelt, is no WAL elsewhere.
+        for args in [
+            &["--", "--wal-dir", "/var/etcd/data/member/wal/"][..],
+            &["--", "--wal-dir="],
+            &["--", "--data-dir", "/var/etcd//data", "--name", "m1"],
+        ] {
+            assert_eq!(
+                elsewhere(args, &[]).expect("resolves"),
+                Vec::<String>::new(),
+                "{args:?}"
+            );
+        }
+        let found = elsewhere(
+            &[
+                "--etcd-server-extra-args",
+                "--config-file /c --data-dir=/other",
+            ],
+            &[],
+        )
+        .expect("resolves");
+        assert!(
+            found.len() == 2
+                && found[0].contains("--config-file in --etcd-server-extra-args")
+                && found[1].contains("--data-dir in --etcd-server-extra-args ($ETCD_CREDS) names the data dir \"/other\""),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_config_file_says_where_the_data_is_for_the_exec_and_the_steps() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let file = tmp.path().join("etcd.yml");
+        let shown = file.display().to_string();
+        let write = |text: &str| std::fs::write(&file, text).expect("write");
+
+        write("# data-dir: /nope\nname: m1\ndata-dir: '/var/etcd/data/' # ours\nwal-dir: \"/w\"\nclient-transport-security:\n  wal-dir: /nested\n");
+        assert_eq!(
+            read_config_file(&file).expect("reads"),
+            (Some("/var/etcd/data/".into()), Some("/w".into()))
+        );
+        // Exec mode: the file names our data dir, so the exec is fine;
+        // its wal-dir is refused only if steps are needed.
+        let found = elsewhere(&["--", "--config-file", &shown], &[]).expect("resolves");
+        assert!(
+            found.len() == 1
+                && found[0].contains(&format!("wal-dir in the etcd config file {shown} (from --config-file in the etcd arguments) keeps the WAL in /w")),
+            "{found:?}"
+        );
+        // Given a config file, etcd ignores --wal-dir and $ETCD_WAL_DIR.
+        write("data-dir: /var/etcd/data\nwal-dir: ~\n");
+        let found = elsewhere(
+            &["--no-exec"],
+            &[("ETCD_CONFIG_FILE", &shown), ("ETCD_WAL_DIR", "/w")],
+        )
+        .expect("resolves");
+        assert!(found.is_empty(), "{found:?}");
+
+        // --no-exec: another data-dir in $ETCD_CONFIG_FILE is refused
+        // with steps only.
+        write("data-dir: /elsewhere\n");
+        let found = elsewhere(&["--no-exec"], &[("ETCD_CONFIG_FILE", &shown)]).expect("resolves");
+        assert!(
+            found.len() == 1 && found[0].contains("names the data dir \"/elsewhere\""),
+            "{found:?}"
+        );
+        // Exec mode: the exec'd etcd would serve another dir, or none.
+        for (text, says) in [
+            ("data-dir: /elsewhere\n", "sets data-dir \"/elsewhere\""),
+            ("name: m1\n", "sets no data-dir"),
+        ] {
+            write(text);
+            let err = elsewhere(&["--", "--config-file", &shown], &[])
+                .expect_err(text)
+                .to_string();
+            for part in [
+                &format!("the etcd config file {shown} (from --config-file in the etcd arguments) {says}")[..],
+                "etcd ignores its command-line flags",
+                &format!("set `data-dir: /var/etcd/data` in {shown}"),
+            ] {
+                assert!(err.contains(part), "{err} lacks {part}");
+            }
+        }
+        std::fs::remove_file(&file).expect("rm");
+        let found = elsewhere(&["--no-exec"], &[("ETCD_CONFIG_FILE", &shown)]).expect("resolves");
+        assert!(
+            found.len() == 1
+                && found[0].contains(&format!(
+                    "the etcd config file {shown} (from $ETCD_CONFIG_FILE) cannot be read"
+                )),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `version.txt`. It never looks inside etcd's own files.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -79,6 +79,30 @@ pub enum DataDirError {
     EmptyVersionFile {
         /// The file.
         path: PathBuf,
+    },
+    /// `version.txt` is a symlink to nothing.
+    #[error("{path} is a symlink to {}, which does not exist, so the etcd that last ran on this data is unknown; point the link at the real version.txt, or replace it with the version and storage of that etcd, e.g. `rm {path} && echo 3.4.23/etcd3 > {path}`", .target.display())]
+    DanglingVersionFile {
+        /// The link.
+        path: PathBuf,
+        /// Where it points.
+        target: PathBuf,
+    },
+    /// `version.txt` is far larger than any record.
+    #[error("{path} is {size} bytes, but a version.txt holds one <version>/<storage> pair (e.g. `3.4.23/etcd3`, 12 bytes; etcd-migrate reads at most {MAX_VERSION_FILE_BYTES}), so this is not a version record; write the version and storage of the etcd that last ran on this data, e.g. `echo 3.4.23/etcd3 > {path}`")]
+    VersionFileTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size in bytes.
+        size: u64,
+    },
+    /// `version.txt` is a directory, a FIFO or the like.
+    #[error("{path} is {kind}, not a file; move it away and write the version and storage of the etcd that last ran on this data, e.g. `echo 3.4.23/etcd3 > {path}`")]
+    VersionFileNotAFile {
+        /// The entry.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
     },
     /// The path exists but is not a directory.
     #[error("data dir {path} exists but is not a directory; move it away, or point --data-dir (or $DATA_DIRECTORY) at the etcd data directory")]
@@ -204,7 +228,7 @@ pub fn inspect(dir: &Path) -> Result<DirState, DataDirError> {
         Err(err) => return Err(io_err("read", &hold)(err)),
     }
     let path = dir.join(VERSION_FILE);
-    match fs::read(&path) {
+    match read_version_file(&path) {
         Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {
             Err(DataDirError::EmptyVersionFile { path })
         }
@@ -219,7 +243,7 @@ pub fn inspect(dir: &Path) -> Result<DirState, DataDirError> {
                     source,
                 })
         }
-        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+        Err(VersionFileError::Missing) => {
             let mut entries = Vec::new();
             for entry in fs::read_dir(dir).map_err(io_err("list data dir", dir))? {
                 let entry = entry.map_err(io_err("list data dir", dir))?;
@@ -239,8 +263,78 @@ pub fn inspect(dir: &Path) -> Result<DirState, DataDirError> {
                 entries: format!("{}{more}", shown.join(", ")),
             })
         }
-        Err(err) => Err(io_err("read", &path)(err)),
+        Err(VersionFileError::Unusable(err)) => Err(err),
     }
+}
+
+/// The most `version.txt` may hold. A record is 12 bytes (`3.4.23/etcd3`)
+/// and whitespace around it is tolerated, but a file of kilobytes is not a
+/// record: only this much is ever read, so a huge file (hundreds of MB
+/// were read whole, then quoted whole in the error) costs no memory.
+pub const MAX_VERSION_FILE_BYTES: u64 = 4096;
+
+/// Why `version.txt` gave no content to parse.
+enum VersionFileError {
+    /// There is none (no entry at all): the dir is empty or unrecorded.
+    Missing,
+    /// There is one, but it cannot be read as a record.
+    Unusable(DataDirError),
+}
+
+/// The content of `version.txt` at `path`, at most
+/// [`MAX_VERSION_FILE_BYTES`]. A symlink is followed, but one that leads
+/// nowhere is named as such (it is an entry, so the dir is not "without
+/// version.txt"); anything but a regular file is refused before it is
+/// opened (opening a FIFO for reading would wait for a writer forever).
+fn read_version_file(path: &Path) -> Result<Vec<u8>, VersionFileError> {
+    let unusable = |err| VersionFileError::Unusable(err);
+    let entry = match fs::symlink_metadata(path) {
+        Ok(entry) => entry,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(VersionFileError::Missing),
+        Err(err) => return Err(unusable(io_err("stat", path)(err))),
+    };
+    let meta = match fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(err) if entry.file_type().is_symlink() && err.kind() == io::ErrorKind::NotFound => {
+            let target =
+                fs::read_link(path).map_err(|err| unusable(io_err("read link", path)(err)))?;
+            return Err(unusable(DataDirError::DanglingVersionFile {
+                path: path.to_path_buf(),
+                target,
+            }));
+        }
+        Err(err) => return Err(unusable(io_err("stat", path)(err))),
+    };
+    if !meta.is_file() {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else {
+            "a special file (FIFO, socket or device)"
+        };
+        return Err(unusable(DataDirError::VersionFileNotAFile {
+            path: path.to_path_buf(),
+            kind,
+        }));
+    }
+    let too_large = |size| {
+        unusable(DataDirError::VersionFileTooLarge {
+            path: path.to_path_buf(),
+            size,
+        })
+    };
+    if meta.len() > MAX_VERSION_FILE_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    let file = File::open(path).map_err(|err| unusable(io_err("read", path)(err)))?;
+    // Bounded even if the file grew since the stat (or lies about its size).
+    let mut bytes = Vec::new();
+    file.take(MAX_VERSION_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|err| unusable(io_err("read", path)(err)))?;
+    if bytes.len() as u64 > MAX_VERSION_FILE_BYTES {
+        return Err(too_large(meta.len().max(bytes.len() as u64)));
+    }
+    Ok(bytes)
 }
 
 fn truncate(text: &str, max_chars: usize) -> String {
@@ -502,6 +596,63 @@ mod tests {
         assert_eq!(
             inspect(tmp.path()).expect("released"),
             DirState::Recorded("3.4.23/etcd3".parse().expect("pair"))
+        );
+    }
+
+    #[test]
+    fn a_version_txt_that_is_no_record_is_named_without_reading_it_whole() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path();
+        fs::create_dir(dir.join("member")).expect("mkdir");
+        let path = dir.join(VERSION_FILE);
+        let shown = path.display().to_string();
+
+        let nowhere = dir.join("gone/version.txt");
+        std::os::unix::fs::symlink(&nowhere, &path).expect("symlink");
+        let text = inspect(dir).expect_err("dangling").to_string();
+        assert!(
+            text.contains(&format!(
+                "{shown} is a symlink to {}, which does not exist",
+                nowhere.display()
+            )) && text.contains(&format!("rm {shown} && echo 3.4.23/etcd3 > {shown}")),
+            "{text}"
+        );
+        assert!(!text.contains("has no version.txt"), "{text}");
+        // Pointed at a real record, the link is read through.
+        fs::create_dir(dir.join("gone")).expect("mkdir");
+        fs::write(&nowhere, "3.5.16/etcd3\n").expect("write");
+        assert_eq!(
+            inspect(dir).expect("followed"),
+            DirState::Recorded(pair("3.5.16/etcd3"))
+        );
+        fs::remove_file(&path).expect("rm link");
+
+        // Sparse: a GiB on paper, nothing on disk, and never read.
+        let huge = File::create(&path).expect("create");
+        huge.set_len(1 << 30).expect("set_len");
+        let text = inspect(dir).expect_err("huge").to_string();
+        assert!(
+            text.contains(&format!("{shown} is 1073741824 bytes"))
+                && text.contains("not a version record"),
+            "{text}"
+        );
+        assert!(text.len() < 1000, "the message quotes no content: {text}");
+        huge.set_len(MAX_VERSION_FILE_BYTES + 1).expect("set_len");
+        assert!(matches!(
+            inspect(dir),
+            Err(DataDirError::VersionFileTooLarge { size: 4097, .. })
+        ));
+        // At the limit it is read, and refused as malformed (all NULs).
+        huge.set_len(MAX_VERSION_FILE_BYTES).expect("set_len");
+        assert!(matches!(inspect(dir), Err(DataDirError::Malformed { .. })));
+        fs::remove_file(&path).expect("rm");
+
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let text = inspect(dir).expect_err("a FIFO is not read").to_string();
+        assert!(
+            text.contains(&format!("{shown} is a special file")),
+            "{text}"
         );
     }
 

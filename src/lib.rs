@@ -20,6 +20,7 @@ pub mod health;
 pub mod keyspace;
 pub mod log;
 pub mod ondisk;
+pub mod paths;
 pub mod plan;
 pub mod rebuild;
 pub mod supervisor;
@@ -68,7 +69,7 @@ pub enum Error {
     #[error(transparent)]
     DataDir(#[from] DataDirError),
     /// No safe path exists.
-    #[error("no safe path from {current} to {target} in {data_dir}")]
+    #[error("no safe path from {current} to {target} in {data_dir}{looked_in}")]
     Plan {
         /// What version.txt says.
         current: VersionPair,
@@ -76,6 +77,9 @@ pub enum Error {
         target: VersionPair,
         /// The data dir.
         data_dir: String,
+        /// Where the releases were looked for, when that is the problem
+        /// (see [`looked_in`]); empty otherwise.
+        looked_in: String,
         /// Why.
         #[source]
         source: PlanError,
@@ -107,10 +111,12 @@ pub enum Error {
         fix: &'static str,
     },
     /// An empty or missing data dir cannot be started at the target.
-    #[error("cannot start the empty data dir {data_dir} at the target")]
+    #[error("cannot start the empty data dir {data_dir} at the target{looked_in}")]
     FreshTarget {
         /// The data dir.
         data_dir: String,
+        /// Where the releases were looked for (see [`looked_in`]).
+        looked_in: String,
         /// Why.
         #[source]
         source: PlanError,
@@ -179,6 +185,10 @@ pub enum Error {
         /// How many members it lists.
         members: usize,
     },
+    /// Steps are needed but etcd's settings keep data where a step's etcd
+    /// will not look (each item says which setting and how to proceed).
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; and: "))]
+    DataElsewhere(Vec<config::DataElsewhere>),
     /// The plan stopped in a step or was interrupted.
     #[error(transparent)]
     Execute(#[from] ExecuteError),
@@ -219,6 +229,7 @@ impl Error {
             | Error::Mislabelled { .. }
             | Error::AuthEnabled { .. }
             | Error::DataMultiMember { .. }
+            | Error::DataElsewhere(_)
             | Error::Busy { .. } => EXIT_PRECONDITION,
             Error::Execute(ExecuteError::Step { .. } | ExecuteError::Baseline { .. }) => {
                 EXIT_STEP_FAILED
@@ -318,17 +329,20 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
                 current,
                 target: config.target,
                 data_dir: config.data_dir.display().to_string(),
+                looked_in: looked_in(config, &source),
                 source,
             })?
         }
         DirState::Missing | DirState::Empty => {
             if !bundle.contains(config.target.version) {
+                let source = PlanError::TargetNotBundled {
+                    target: config.target.version,
+                    bundled: bundle.to_string(),
+                };
                 return Err(Error::FreshTarget {
                     data_dir: config.data_dir.display().to_string(),
-                    source: PlanError::TargetNotBundled {
-                        target: config.target.version,
-                        bundled: bundle.to_string(),
-                    },
+                    looked_in: looked_in(config, &source),
+                    source,
                 });
             }
             Plan {
@@ -652,6 +666,32 @@ fn check_label(
     })
 }
 
+/// Where the releases were looked for, for a plan that failed for want of
+/// one: outside the image (a dev checkout, a host) the bin dir is often
+/// just the wrong one, and the error must say which dir was searched and
+/// how to name another. Empty for failures no bin dir would cure.
+fn looked_in(config: &Config, err: &PlanError) -> String {
+    let bundle_problem = matches!(
+        err,
+        PlanError::TargetNotBundled { .. }
+            | PlanError::MissingMinor { .. }
+            | PlanError::NoMigrateTool { .. }
+            | PlanError::Stale35Before36 { .. }
+    );
+    if !bundle_problem {
+        return String::new();
+    }
+    let dir = config.bin_dir.display();
+    match &config.bundled_versions {
+        None => format!(
+            " with the releases in bin dir {dir} (every etcd-<version> there; if the binaries are elsewhere, e.g. outside the image, point --bin-dir at their directory)"
+        ),
+        Some(_) => format!(
+            " with the releases --bundled-versions lists, from bin dir {dir} (add the release to --bundled-versions, or drop it to use every etcd-<version> there; if the binaries are elsewhere, point --bin-dir at their directory)"
+        ),
+    }
+}
+
 /// Refuses plans this release cannot or must not carry out, before
 /// anything is touched.
 fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
@@ -661,6 +701,11 @@ fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
             initial_cluster: config.initial_cluster.clone(),
             members,
         });
+    }
+    // A no-op or patch-only plan starts no etcd before the exec, which
+    // gets these settings as they are; a step would not honour them.
+    if !plan.steps.is_empty() && !config.data_elsewhere.is_empty() {
+        return Err(Error::DataElsewhere(config.data_elsewhere.clone()));
     }
     // Only when etcd will run: a no-op stays fast, and a dry run may look
     // at a data dir whose etcd is serving (and holding the ports) right now.
@@ -805,6 +850,18 @@ fn check_ports(config: &Config) -> Result<(), Error> {
         fix: "stop whatever listens there, or give the steps a free loopback port with --port",
     })?;
     for (url, address) in peer_addresses(&config.listen_peer_urls) {
+        // Port 0 binds "any free port", where no advertised peer URL points
+        // (--peer-port 0 is refused with the configuration).
+        if address.port() == 0 {
+            return Err(Error::PortUnavailable {
+                role: "peer",
+                port: 0,
+                address: address.to_string(),
+                setting: format!("{url} in --listen-peer-urls (or $LISTEN_PEER_URLS)"),
+                reason: "port 0 makes etcd listen on whatever port is free, which no peer URL can name".to_string(),
+                fix: "give a real port in LISTEN_PEER_URLS (and the same in INITIAL_ADVERTISE_PEER_URLS and INITIAL_CLUSTER)",
+            });
+        }
         try_bind(address).map_err(|reason| Error::PortUnavailable {
             role: "peer",
             port: address.port(),
@@ -867,13 +924,22 @@ fn finish(config: &Config) -> Result<Outcome, Error> {
     match &config.mode {
         Mode::NoExec | Mode::DryRun => Ok(Outcome::Exit),
         Mode::Exec { etcd_args } => Ok(Outcome::Exec(ExecTarget::new(
-            binaries::path(&config.bin_dir, Binary::etcd(config.target.version)),
+            exec_program(config)?,
             etcd_args,
             &config.data_dir.to_string_lossy(),
             config.listen_client_urls.as_deref(),
             std::env::var_os("ETCD_DATA_DIR").is_some_and(|v| !v.is_empty()),
         ))),
     }
+}
+
+/// The target's server, checked to be there (a stat and an access, so the
+/// no-op hand-over stays fast): a missing one is a precondition (exit 2,
+/// naming the bin dir and `--bin-dir`), not an exec failure (exit 1).
+fn exec_program(config: &Config) -> Result<std::path::PathBuf, Error> {
+    let target = Binary::etcd(config.target.version);
+    binaries::check_present(&config.bin_dir, &[target])?;
+    Ok(binaries::path(&config.bin_dir, target))
 }
 
 /// `--dry-run`: the plan, on stdout, one line per step.

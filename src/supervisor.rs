@@ -20,6 +20,7 @@ use nix::unistd::Pid;
 use tokio::sync::{oneshot, watch};
 
 use crate::log;
+use crate::paths;
 
 /// Signals that ask us to stop: forwarded to the step's etcd as a graceful
 /// stop, then we exit 128+n.
@@ -431,12 +432,10 @@ pub fn socket_holder(inode: u64) -> Option<(i32, String)> {
 /// the Kubernetes wrapper scripts) are not etcd. Each as (pid, command
 /// line). Processes that vanish while being read are skipped.
 pub fn processes_on(data_dir: &Path) -> Vec<(i32, String)> {
-    let dir = data_dir.to_string_lossy().trim_end_matches('/').to_string();
-    let inside = format!("{dir}/");
-    let names_it = |arg: &str| {
-        let path = arg.split_once('=').map_or(arg, |(_, value)| value);
-        path == dir || path.starts_with(&inside)
-    };
+    // Compared as paths, resolved on both sides (crate::paths): an etcd
+    // started with `--data-dir=/var/etcd/data/`, through a symlink, or with
+    // a relative path from its own working dir is on the same data.
+    let dir = paths::resolved(data_dir);
     let own = std::process::id() as i32;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -466,17 +465,107 @@ pub fn processes_on(data_dir: &Path) -> Vec<(i32, String)> {
             .and_then(|a| a.rsplit('/').next())
             .unwrap_or_default();
         let is_etcd = program.starts_with("etcd") && !program.starts_with("etcd-migrate");
-        if is_etcd && args.iter().skip(1).any(|a| names_it(a)) {
+        if !is_etcd {
+            continue;
+        }
+        // Unreadable for another user's process (no ptrace access): its
+        // relative paths then go unread, its absolute ones still count.
+        let cwd = std::fs::read_link(entry.path().join("cwd")).ok();
+        if names_dir(&args[1..], cwd.as_deref(), &dir) {
             found.push((pid, args.join(" ")));
         }
     }
     found
 }
 
+/// Whether `args` (of an etcd, etcdctl or etcdutl) name `dir` (resolved)
+/// or a path inside it: an absolute path as an argument or as a flag's
+/// `=` value, or a relative one given to a flag that takes a dir
+/// (`--data-dir`, `--wal-dir`, `-data-dir x`), taken from `cwd`. Other
+/// relative words (`--name=default`) are not read as paths: for an etcd
+/// whose working dir is the data dir they would all seem to lie inside it.
+fn names_dir(args: &[String], cwd: Option<&Path>, dir: &Path) -> bool {
+    let inside = |path: &str| paths::resolved_from(cwd, Path::new(path)).starts_with(dir);
+    let takes_dir = |flag: &str| flag.starts_with('-') && flag.ends_with("-dir");
+    args.iter().enumerate().any(|(i, arg)| {
+        let (flag, value) = match arg.split_once('=') {
+            Some((flag, value)) => (Some(flag), value),
+            None => (None, arg.as_str()),
+        };
+        if value.starts_with('/') {
+            return inside(value);
+        }
+        let dir_value = match flag {
+            Some(flag) => takes_dir(flag),
+            None => i > 0 && takes_dir(&args[i - 1]),
+        };
+        dir_value && cwd.is_some() && !value.is_empty() && inside(value)
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::processes_on;
+    use super::{names_dir, processes_on};
+    use crate::paths;
+    use std::path::Path;
     use std::process::Command;
+
+    #[test]
+    fn an_etcd_names_the_data_dir_however_its_arguments_spell_it() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        std::fs::create_dir(&data).expect("mkdir");
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&data, &link).expect("symlink");
+        let dir = paths::resolved(&data);
+        let args = |list: &[String]| list.to_vec();
+        let shown = data.display().to_string();
+        let cases: Vec<(Vec<String>, Option<&Path>, bool)> = vec![
+            (args(&[format!("--data-dir={shown}/")]), None, true),
+            (
+                args(&[format!("--data-dir={shown}//member/./wal")]),
+                None,
+                true,
+            ),
+            (
+                args(&["-data-dir".into(), format!("{}", link.display())]),
+                None,
+                true,
+            ),
+            (args(&[format!("{shown}/../data/snapshot.db")]), None, true),
+            (
+                args(&["--data-dir".into(), "./data/".into()]),
+                Some(tmp.path()),
+                true,
+            ),
+            (
+                args(&["--wal-dir=data/member/wal".into()]),
+                Some(tmp.path()),
+                true,
+            ),
+            // A relative path with no known working dir cannot be placed.
+            (args(&["--data-dir=./data".into()]), None, false),
+            // Words that are not paths, even from inside the data dir.
+            (
+                args(&["--name=default".into(), "default".into()]),
+                Some(&data),
+                false,
+            ),
+            (args(&[format!("--data-dir={shown}.backup")]), None, false),
+            (
+                args(&[format!("--data-dir={}", tmp.path().display())]),
+                None,
+                false,
+            ),
+        ];
+        for (list, cwd, expected) in cases {
+            assert_eq!(
+                names_dir(&list, cwd, &dir),
+                expected,
+                "{list:?} from {cwd:?}"
+            );
+        }
+    }
 
     #[test]
     fn processes_on_the_data_dir_are_etcds_naming_it_or_a_path_inside() {
