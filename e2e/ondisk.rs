@@ -17,7 +17,7 @@ use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use etcd_migrate::ondisk::{self, MemberOnDisk, OnDisk, OnDiskError};
@@ -133,9 +133,14 @@ impl Release {
         etcd
     }
 
-    /// Runs `etcdctl` (v3 API) against `endpoint`; its stdout.
-    fn etcdctl(&self, endpoint: &str, args: &[&str], log_dir: &Path) -> String {
-        let out = log_dir.join(format!("etcdctl-{}-{}.out", self.version, free_port()));
+    /// Runs `etcdctl` (v3 API) against `endpoint` with `input` on its
+    /// stdin; its output.
+    fn etcdctl(&self, endpoint: &str, args: &[&str], input: &str, log_dir: &Path) -> String {
+        let tag = free_port();
+        let out = log_dir.join(format!("etcdctl-{}-{tag}.out", self.version));
+        let stdin_path = log_dir.join(format!("etcdctl-{}-{tag}.in", self.version));
+        std::fs::write(&stdin_path, input).expect("write etcdctl input");
+        let stdin = std::fs::File::open(&stdin_path).expect("open etcdctl input");
         let stdout = std::fs::File::create(&out).expect("create etcdctl output");
         let stderr = stdout.try_clone().expect("dup etcdctl output");
         let mut child = Command::new(&self.etcdctl)
@@ -144,7 +149,7 @@ impl Release {
             .arg(format!("--endpoints={endpoint}"))
             .arg("--command-timeout=20s")
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
@@ -308,17 +313,31 @@ async fn v2_request(request: reqwest::RequestBuilder, what: &str) -> Value {
     serde_json::from_str(&body).unwrap_or(Value::Null)
 }
 
-/// Turns v2 auth on: a root user, then `/v2/auth/enable`.
+/// Turns v2 auth on: a root user, then `/v2/auth/enable`. etcd2 refuses
+/// auth ("not capable") until its cluster version is set again after a
+/// restart, which takes a moment: retried until then.
 async fn enable_v2_auth(endpoint: &str) {
     let client = http_client();
-    v2_request(
-        client
+    let deadline = Instant::now() + ETCD_READY_TIMEOUT;
+    loop {
+        let response = client
             .put(format!("{endpoint}/v2/auth/users/root"))
             .header("content-type", "application/json")
-            .body(json!({"user": "root", "password": "pw"}).to_string()),
-        "v2 add root",
-    )
-    .await;
+            .body(json!({"user": "root", "password": "pw"}).to_string())
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("v2 add root: {err}"));
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        if status.is_success() {
+            break;
+        }
+        assert!(
+            body.contains("Not capable") && Instant::now() < deadline,
+            "v2 add root: HTTP {status}: {body}"
+        );
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
     v2_request(
         client.put(format!("{endpoint}/v2/auth/enable")),
         "v2 auth enable",
@@ -434,13 +453,21 @@ fn check_release(release: &Release) {
             let added = add_member_v2(&endpoint, &extra_peer).await;
             return (live, added);
         }
+        // The password on stdin: etcdctl 3.0 knows no `root:pw`.
+        release.etcdctl(
+            &endpoint,
+            &["user", "add", "root", "--interactive=false"],
+            "pw\n",
+            tmp.path(),
+        );
+        // The root role by hand: etcdctl 3.0's `auth enable` does not
+        // create it.
         for args in [
-            &["user", "add", "root:pw"][..],
-            &["role", "add", "root"],
+            &["role", "add", "root"][..],
             &["user", "grant-role", "root", "root"],
             &["auth", "enable"],
         ] {
-            release.etcdctl(&endpoint, args, tmp.path());
+            release.etcdctl(&endpoint, args, "", tmp.path());
         }
         let peer_flag = format!("--peer-urls={extra_peer}");
         let mut args = vec![
@@ -453,7 +480,7 @@ fn check_release(release: &Release) {
         if release.has_learners() {
             args.push("--learner");
         }
-        let output = release.etcdctl(&endpoint, &args, tmp.path());
+        let output = release.etcdctl(&endpoint, &args, "", tmp.path());
         (live, added_id(&output))
     });
     etcd.stop();
