@@ -170,9 +170,9 @@ fn member_dir(data_dir: &Path) -> Option<PathBuf> {
 /// anything. See [`OnDisk`] for where each answer comes from.
 ///
 /// Measured (release build, this project's shared 2-core machine):
-/// - 3.5.16, 64 Mi single 1 KiB puts (65,536 entries, two WAL segments,
-///   ~70 MB of log, no snapshot): 40–105 ms with the page cache warm,
-///   145 ms cold.
+/// - 3.5.16, 65,536 single puts of 1 KiB (64 MiB of values, two WAL
+///   segments, no snapshot): 40–105 ms with the page cache warm, 145 ms
+///   cold.
 /// - 3.5.16, 100 MB of log in 1,024 transactions of 100 puts: 35–40 ms
 ///   warm, 95–125 ms cold (the CRC is the cost).
 /// - 3.3.25, 150,000 v2 keys of 1 KiB: a 117 MB `.snap` streamed plus
