@@ -524,11 +524,12 @@ pub(crate) mod tests {
             PAGE,
         ));
         file.extend(branch_page(4, &[(b"auth", 2), (b"lease", 3)]));
+        // `leasepb.Lease{ID, TTL}`: 1 → 60 s, 2 → 120 s.
         file.extend(leaf_page(
             5,
             &[
-                (0, &1i64.to_be_bytes(), b"x"),
-                (0, &2i64.to_be_bytes(), b"y"),
+                (0, &1i64.to_be_bytes(), &[0x08, 1, 0x10, 60]),
+                (0, &2i64.to_be_bytes(), &[0x08, 2, 0x10, 120]),
             ],
             PAGE,
         ));

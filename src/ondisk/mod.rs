@@ -385,6 +385,137 @@ fn read_bolt(path: &Path, notes: &mut Vec<String>) -> Result<BoltState, OnDiskEr
 mod tests {
     use super::*;
 
+    fn varint(mut v: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(byte);
+                return out;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+
+    fn field_bytes(number: u64, bytes: &[u8]) -> Vec<u8> {
+        let mut out = varint(number << 3 | 2);
+        out.extend(varint(bytes.len() as u64));
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    fn field_varint(number: u64, v: u64) -> Vec<u8> {
+        let mut out = varint(number << 3);
+        out.extend(varint(v));
+        out
+    }
+
+    /// An `InternalRaftRequest` carrying a default v2 PUT.
+    fn v2_put(path: &str, value: &str) -> Vec<u8> {
+        let mut request = field_varint(1, 1);
+        request.extend(field_bytes(2, b"PUT"));
+        request.extend(field_bytes(3, path.as_bytes()));
+        request.extend(field_bytes(4, value.as_bytes()));
+        field_bytes(2, &request)
+    }
+
+    /// A data dir in `layout` (`member` or the 2.0 top level) with the
+    /// snapshot of `snap::tests::STORE` at index 9 and a WAL whose entry 5
+    /// (covered by the snapshot) and entry 10 (after it) set the version.
+    fn built_data_dir(layout: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join(layout);
+        std::fs::create_dir_all(base.join("snap")).unwrap();
+        std::fs::create_dir_all(base.join("wal")).unwrap();
+        std::fs::write(
+            base.join("snap/0000000000000002-0000000000000009.snap"),
+            snap::tests::snap_file(snap::tests::STORE, 9, 2),
+        )
+        .unwrap();
+        let mut metadata = field_varint(1, 0x8e9e05c52164694d);
+        metadata.extend(field_varint(2, 0xcdf818194e3a8c32));
+        let mut records = vec![(1, metadata)];
+        for index in 1..=10 {
+            let payload = match index {
+                5 => v2_put("/0/version", "2.9.9"),
+                10 => v2_put("/0/version", "3.4.0"),
+                _ => Vec::new(),
+            };
+            records.push((2, wal::tests::entry_data(index, &payload)));
+        }
+        records.push((3, field_varint(3, 10)));
+        let (segment, _) = wal::tests::segment(&records, 0);
+        std::fs::write(
+            base.join("wal/0000000000000000-0000000000000000.wal"),
+            segment,
+        )
+        .unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_log_after_the_snapshot_is_replayed_on_it_in_both_layouts() {
+        for layout in ["member", "."] {
+            let dir = built_data_dir(layout);
+            let found = read(dir.path()).unwrap();
+            assert_eq!(found.member_id, Some(0x8e9e05c52164694d), "{layout}");
+            assert_eq!(found.cluster_id, Some(0xcdf818194e3a8c32));
+            assert_eq!(found.cluster_version.as_deref(), Some("3.4.0"));
+            assert_eq!(found.members.len(), 1);
+            assert_eq!(found.members[0].name, "default");
+            assert!(found.v2_auth_enabled && !found.v3_auth_enabled);
+            assert_eq!(found.v2_hidden_paths, ["/_hidden"]);
+            assert_eq!(found.leases, None, "no bolt: etcd2 data");
+            assert!(found.notes.is_empty(), "{:?}", found.notes);
+        }
+    }
+
+    #[test]
+    fn a_broken_newest_snapshot_is_noted_and_passed_over() {
+        let dir = built_data_dir("member");
+        std::fs::write(
+            dir.path()
+                .join("member/snap/0000000000000002-000000000000000a.snap"),
+            b"garbage",
+        )
+        .unwrap();
+        let found = read(dir.path()).unwrap();
+        assert_eq!(found.cluster_version.as_deref(), Some("3.4.0"));
+        assert_eq!(found.notes.len(), 1, "{:?}", found.notes);
+        // With the good one gone too, and the WAL not reaching back to
+        // index 0, nothing can be rebuilt.
+        std::fs::remove_file(
+            dir.path()
+                .join("member/snap/0000000000000002-0000000000000009.snap"),
+        )
+        .unwrap();
+        std::fs::rename(
+            dir.path()
+                .join("member/wal/0000000000000000-0000000000000000.wal"),
+            dir.path()
+                .join("member/wal/0000000000000000-0000000000000005.wal"),
+        )
+        .unwrap();
+        let err = read(dir.path()).unwrap_err();
+        assert!(matches!(err, OnDiskError::NoUsableSnapshot { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_garbage_bolt_file_is_an_error_naming_it() {
+        let dir = built_data_dir("member");
+        let db = dir.path().join("member/snap/db");
+        for garbage in [&b""[..], &[0u8; 8192][..], &[0xffu8; 3000][..]] {
+            std::fs::write(&db, garbage).unwrap();
+            let err = read(dir.path()).unwrap_err();
+            assert!(err.to_string().contains(&db.display().to_string()), "{err}");
+        }
+        std::fs::write(&db, bolt::tests::small_db()).unwrap();
+        let found = read(dir.path()).unwrap();
+        assert!(found.v3_auth_enabled);
+        assert_eq!(found.leases, Some(BTreeMap::from([(1, 60), (2, 120)])));
+    }
+
     #[test]
     fn a_dir_without_etcd_files_reads_as_empty() {
         let dir = tempfile::tempdir().unwrap();
