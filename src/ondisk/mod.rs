@@ -248,6 +248,12 @@ pub fn read(data_dir: &Path) -> Result<OnDisk, OnDiskError> {
     }
     let (v2, v3) = replay.finish();
     notes.extend(v2.problems.iter().cloned());
+    if v2.more_problems > 0 {
+        notes.push(format!(
+            "and {} more undecodable records like those",
+            v2.more_problems
+        ));
+    }
 
     let cluster_version = match (&bolt, v2.version_from_wal) {
         (_, true) => v2.cluster_version.clone(),
