@@ -664,7 +664,7 @@ impl Replay {
     /// Takes in a hard state: entries up to its commit are applied.
     pub fn commit(&mut self, commit: u64) {
         self.commit = self.commit.max(commit);
-        let later = self.pending.split_off(&(self.commit + 1));
+        let later = self.pending.split_off(&self.commit.saturating_add(1));
         let ready = std::mem::replace(&mut self.pending, later);
         for (index, effects) in ready {
             self.apply(index, &effects);
@@ -829,6 +829,8 @@ mod tests {
         replay.entry(&entry(3, ENTRY_NORMAL, &old));
         // A new leader rewrote the log from index 2.
         replay.entry(&entry(2, ENTRY_NORMAL, &new));
+        // A garbage hard state cannot overflow the commit index.
+        replay.commit(u64::MAX);
         let (v2, _) = replay.finish();
         assert_eq!(v2.cluster_version.as_deref(), Some("3.1.0"));
     }
