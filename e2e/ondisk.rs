@@ -44,6 +44,7 @@ const HIDDEN_NODES: [&str; 2] = ["/_hidden-key", "/dir/_hidden-dir"];
 /// Random damages of a killed etcd's last WAL segment and bolt file.
 const WAL_DAMAGES: usize = 100;
 const BOLT_DAMAGES: u64 = 200;
+const SNAP_DAMAGES: usize = 100;
 
 /// Puts done before the SIGKILL: enough to fill a few WAL pages and
 /// leave bolt behind the log.
@@ -616,17 +617,32 @@ fn last_segment(data_dir: &Path) -> (PathBuf, Vec<u8>) {
     (last, bytes[..written].to_vec())
 }
 
+/// The newest `.snap` of a data dir.
+fn newest_snap(data_dir: &Path) -> PathBuf {
+    let mut snaps: Vec<PathBuf> = std::fs::read_dir(data_dir.join("member/snap"))
+        .expect("list member/snap")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+        .collect();
+    snaps.sort();
+    snaps
+        .pop()
+        .unwrap_or_else(|| panic!("no .snap in {}", data_dir.display()))
+}
+
 /// An error must name a file of the data dir.
 fn assert_names_a_file(err: &OnDiskError, data_dir: &Path) {
     let text = err.to_string();
     assert!(text.contains(&data_dir.display().to_string()), "{text}");
 }
 
-/// etcd SIGKILLed while clients write: the data reads without error and
-/// names the member etcd reported. Then a copy's last WAL segment is cut at
-/// hundreds of points (a torn tail: read, noted) and overwritten with
-/// garbage (read or refused naming the segment), and its bolt file is cut
-/// and damaged (read or refused naming the file): never a panic.
+/// etcd SIGKILLed while clients write (taking a snapshot every 50
+/// entries): the data reads without error and names the member etcd
+/// reported. Then in a copy: the last WAL segment is cut at hundreds of
+/// points (a torn tail: read, noted) and overwritten with garbage (read,
+/// or refused naming the segment); the newest `.snap` is cut and damaged
+/// (passed over for an older one, noted); the bolt file is cut and
+/// damaged (read, or refused naming the file). Never a panic.
 #[test]
 fn a_data_dir_whose_etcd_was_killed_mid_write_reads() {
     for version in ["3.3.25", "3.5.16"] {
@@ -634,7 +650,7 @@ fn a_data_dir_whose_etcd_was_killed_mid_write_reads() {
         let tmp = temp_dir(&format!("ondisk-kill-{version}"));
         let data_dir = tmp.path().join("data");
         let member = Member::new(&format!("ondisk-kill-{}", version.replace('.', "-")));
-        let etcd = release.start(&member, &data_dir, tmp.path(), &[]);
+        let etcd = release.start(&member, &data_dir, tmp.path(), &["--snapshot-count=50"]);
         let endpoint = etcd.endpoint();
         let live = block_on(async {
             let live = live_v3(&endpoint).await;
@@ -754,6 +770,46 @@ fn a_data_dir_whose_etcd_was_killed_mid_write_reads() {
         std::fs::write(&segment, &written).expect("restore the segment");
         read(&copy);
 
+        let snap = newest_snap(&copy);
+        let good = std::fs::read(&snap).expect("read the newest snapshot");
+        let mut snap_cuts: Vec<usize> = (0..good.len()).step_by(good.len() / 100 + 1).collect();
+        snap_cuts.extend(good.len().saturating_sub(64)..good.len());
+        for cut in snap_cuts {
+            std::fs::write(&snap, &good[..cut]).expect("cut the snapshot");
+            let found = read(&copy);
+            assert_eq!(
+                found.member_id,
+                Some(live.member_id),
+                "{version}: snapshot cut at {cut}"
+            );
+            assert_eq!(
+                found.members,
+                std::slice::from_ref(&live.member),
+                "{version}: cut at {cut}"
+            );
+            assert!(
+                found.notes.iter().any(|n| n.contains("broken snapshot")),
+                "{version}: a cut at {cut} is noted: {:?}",
+                found.notes
+            );
+        }
+        for _ in 0..SNAP_DAMAGES {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let mut bad = good.clone();
+            let at = (seed as usize) % bad.len();
+            bad[at] ^= (seed >> 56) as u8 | 1;
+            std::fs::write(&snap, &bad).expect("damage the snapshot");
+            let found = read(&copy);
+            assert_eq!(
+                found.members,
+                std::slice::from_ref(&live.member),
+                "{version}: byte {at}"
+            );
+        }
+        std::fs::write(&snap, &good).expect("restore the snapshot");
+
         let db = copy.join("member/snap/db");
         let original = std::fs::read(&db).expect("read db");
         for cut in [
@@ -792,7 +848,7 @@ fn a_data_dir_whose_etcd_was_killed_mid_write_reads() {
         }
         let _ = writeln!(
             std::io::stderr(),
-            "ondisk {version}: {} WAL cuts, {WAL_DAMAGES} WAL and {BOLT_DAMAGES} bolt damages read in {:?}",
+            "ondisk {version}: {} WAL cuts, {WAL_DAMAGES} WAL, {SNAP_DAMAGES} snapshot and {BOLT_DAMAGES} bolt damages read in {:?}",
             cuts.len(),
             started.elapsed()
         );
