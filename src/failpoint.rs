@@ -118,19 +118,26 @@ mod tests {
     use super::ALL;
     use std::collections::BTreeSet;
 
-    /// The names used in `failpoint!("…")` calls across `src/`.
+    /// The names used in `failpoint!("…")` calls across `src/`, module
+    /// dirs (`src/ondisk/`) included.
     fn used() -> BTreeSet<String> {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
         let mut names = BTreeSet::new();
-        for entry in std::fs::read_dir(&src).expect("src/") {
-            let path = entry.expect("entry").path();
-            if path.file_name().and_then(|n| n.to_str()) == Some("failpoint.rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).expect("source");
-            for part in text.split("failpoint!(\"").skip(1) {
-                let name = part.split('"').next().expect("closing quote");
-                names.insert(name.to_string());
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("src/") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                if path.file_name().and_then(|n| n.to_str()) == Some("failpoint.rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).expect("source");
+                for part in text.split("failpoint!(\"").skip(1) {
+                    let name = part.split('"').next().expect("closing quote");
+                    names.insert(name.to_string());
+                }
             }
         }
         names
