@@ -8,6 +8,9 @@
 //!   snapshots, running `etcd-migrate`.
 //! - `walks`: migrations that run steps, in `--no-exec` and exec mode.
 //! - `no_step`: runs that only record (or keep) `version.txt`.
+//! - `ondisk`: `etcd_migrate::ondisk::read` against what live etcd reported
+//!   (ids, version, members, leases, auth, hidden v2 nodes), and on killed
+//!   and damaged data dirs.
 //! - `refusals`: bad input refused with exit 2 and the dir left untouched.
 //! - `failures`: a step that fails, a stop signal mid-step, and the rerun.
 //! - `logging`: `--log-format json`.
@@ -37,6 +40,7 @@ mod fingerprint;
 mod interrupts;
 mod logging;
 mod no_step;
+mod ondisk;
 mod pid1;
 mod refusals;
 mod rollbacks;

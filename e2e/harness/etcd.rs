@@ -134,7 +134,28 @@ impl EtcdProcess {
         log_dir: &Path,
         extra: &[&str],
     ) -> Self {
-        let program = etcd_binary(version);
+        Self::start_program(
+            &etcd_binary(version),
+            version,
+            member,
+            data_dir,
+            client_port,
+            log_dir,
+            extra,
+        )
+    }
+
+    /// [`EtcdProcess::start_with`] of the etcd at `program` (a release
+    /// outside the bin dir), `version` naming it in logs and messages.
+    pub fn start_program(
+        program: &Path,
+        version: &str,
+        member: &Member,
+        data_dir: &Path,
+        client_port: u16,
+        log_dir: &Path,
+        extra: &[&str],
+    ) -> Self {
         let log = log_dir.join(format!("etcd-{version}-{client_port}.log"));
         let out =
             File::create(&log).unwrap_or_else(|err| panic!("create {}: {err}", log.display()));
@@ -142,7 +163,7 @@ impl EtcdProcess {
             .try_clone()
             .unwrap_or_else(|err| panic!("dup {}: {err}", log.display()));
         let client_url = format!("http://127.0.0.1:{client_port}");
-        let mut command = Command::new(&program);
+        let mut command = Command::new(program);
         command
             .arg(format!("--name={}", member.name))
             .arg(format!("--data-dir={}", data_dir.display()))

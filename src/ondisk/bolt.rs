@@ -247,7 +247,11 @@ impl Db {
                 self.pages
             )));
         }
-        let offset = id * self.page_size;
+        // `pages` comes from the file: the arithmetic on ids is checked.
+        let offset = id
+            .checked_mul(self.page_size)
+            .filter(|offset| *offset < self.len)
+            .ok_or_else(|| self.damaged(format!("page {id} lies past the end of the file")))?;
         let mut header = [0u8; PAGE_HEADER];
         self.file
             .read_exact_at(&mut header, offset)
@@ -260,7 +264,10 @@ impl Db {
             header[12..16].try_into().unwrap_or_default(),
         ));
         let size = (overflow + 1) * self.page_size;
-        if id + overflow >= self.pages || offset + size > self.len || size > MAX_PAGE_BYTES {
+        if id.saturating_add(overflow) >= self.pages
+            || offset.saturating_add(size) > self.len
+            || size > MAX_PAGE_BYTES
+        {
             return Err(self.damaged(format!(
                 "page {id} with {overflow} overflow pages runs past the database's end"
             )));
@@ -524,11 +531,12 @@ pub(crate) mod tests {
             PAGE,
         ));
         file.extend(branch_page(4, &[(b"auth", 2), (b"lease", 3)]));
+        // `leasepb.Lease{ID, TTL}`: 1 → 60 s, 2 → 120 s.
         file.extend(leaf_page(
             5,
             &[
-                (0, &1i64.to_be_bytes(), b"x"),
-                (0, &2i64.to_be_bytes(), b"y"),
+                (0, &1i64.to_be_bytes(), &[0x08, 1, 0x10, 60]),
+                (0, &2i64.to_be_bytes(), &[0x08, 2, 0x10, 120]),
             ],
             PAGE,
         ));
@@ -586,6 +594,22 @@ pub(crate) mod tests {
         file[4 * PAGE..5 * PAGE].copy_from_slice(&looped);
         let (_dir, db) = open_bytes(&file);
         let db = db.unwrap();
+        assert!(db.bucket(b"lease").is_err());
+    }
+
+    #[test]
+    fn huge_page_ids_are_errors_not_overflows() {
+        let mut file = small_db();
+        file[..PAGE].copy_from_slice(&meta_page(0, 4, u64::MAX, 10));
+        file[PAGE..2 * PAGE].copy_from_slice(&meta_page(1, 4, u64::MAX, 11));
+        let huge = branch_page(
+            4,
+            &[(b"auth", u64::MAX - 1), (b"lease", u64::MAX / 4096 + 1)],
+        );
+        file[4 * PAGE..5 * PAGE].copy_from_slice(&huge);
+        let (_dir, db) = open_bytes(&file);
+        let db = db.unwrap();
+        assert!(db.bucket(b"auth").is_err());
         assert!(db.bucket(b"lease").is_err());
     }
 

@@ -30,6 +30,10 @@ const KEYS_PREFIX: &str = "/1";
 /// can be enabled.
 const ROOT: &[u8] = b"root";
 
+/// A damaged log could make a note of every entry; the first ones say
+/// what is wrong, the rest are counted.
+pub const MAX_PROBLEMS: usize = 20;
+
 /// `raftpb.ConfChangeType`.
 const CONF_ADD: u64 = 0;
 const CONF_REMOVE: u64 = 1;
@@ -109,8 +113,11 @@ pub struct V2State {
     pub v2_auth: Option<String>,
     /// User-visible paths of hidden nodes.
     pub hidden: BTreeSet<String>,
-    /// Things that did not decode, for the caller's notes.
+    /// Things that did not decode, for the caller's notes (the first
+    /// [`MAX_PROBLEMS`], then only counted).
     pub problems: Vec<String>,
+    /// Problems beyond [`MAX_PROBLEMS`].
+    pub more_problems: u64,
     /// Members' attribute nodes seen in a snapshot before their
     /// `raftAttributes` (the store's children come sorted, so
     /// `attributes` comes first); merged by [`V2State::finish_snapshot`].
@@ -157,20 +164,29 @@ impl V2State {
                         member.peer_urls = raft.peer_urls.unwrap_or_default();
                         member.is_learner = raft.is_learner;
                     }
-                    Err(err) => self
-                        .problems
-                        .push(format!("{path} in the snapshot is not member JSON: {err}")),
+                    Err(err) => {
+                        self.problem(format!("{path} in the snapshot is not member JSON: {err}"))
+                    }
                 },
                 "attributes" => match serde_json::from_str::<AttributesJson>(&value) {
                     Ok(attributes) => {
                         self.pending_attributes.insert(id, attributes);
                     }
-                    Err(err) => self
-                        .problems
-                        .push(format!("{path} in the snapshot is not member JSON: {err}")),
+                    Err(err) => {
+                        self.problem(format!("{path} in the snapshot is not member JSON: {err}"))
+                    }
                 },
                 _ => {}
             }
+        }
+    }
+
+    /// Notes a problem, within [`MAX_PROBLEMS`].
+    fn problem(&mut self, what: String) {
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(what);
+        } else {
+            self.more_problems += 1;
         }
     }
 
@@ -251,7 +267,7 @@ impl V2State {
                             Ok(a) => {
                                 self.set_attributes(id, a.name, a.client_urls.unwrap_or_default())
                             }
-                            Err(err) => self.problems.push(format!(
+                            Err(err) => self.problem(format!(
                                 "a WAL entry publishing {} is not member JSON: {err}",
                                 request.path
                             )),
@@ -467,7 +483,7 @@ enum Effect {
 
 /// Decodes an entry's effects. Undecodable proposals become a problem
 /// note and no effect (etcd would panic on them at apply time).
-fn effects(entry: &Entry<'_>, problems: &mut Vec<String>) -> Vec<Effect> {
+fn effects(entry: &Entry<'_>, state: &mut V2State) -> Vec<Effect> {
     let mut out = Vec::new();
     let result = match entry.kind {
         ENTRY_CONF_CHANGE => conf_change_effects(entry.data, &mut out),
@@ -477,7 +493,7 @@ fn effects(entry: &Entry<'_>, problems: &mut Vec<String>) -> Vec<Effect> {
         _ => Ok(()),
     };
     if let Err(what) = result {
-        problems.push(format!("WAL entry {}: {what}", entry.index));
+        state.problem(format!("WAL entry {}: {what}", entry.index));
         out.clear();
     }
     out
@@ -498,7 +514,9 @@ fn conf_change_effects(data: &[u8], out: &mut Vec<Effect>) -> Result<(), String>
             _ => {}
         }
     }
-    if change.kind != CONF_REMOVE {
+    // A removal carries no context; neither does a conf change raft
+    // proposes itself (none in etcd's use), which changes no member.
+    if change.kind != CONF_REMOVE && !context.is_empty() {
         change.context = Some(
             serde_json::from_slice(context)
                 .map_err(|e| format!("conf change context is not member JSON: {e}"))?,
@@ -635,7 +653,7 @@ impl Replay {
         if entry.index <= self.v2_from {
             return;
         }
-        let effects = effects(entry, &mut self.v2.problems);
+        let effects = effects(entry, &mut self.v2);
         if entry.index <= self.commit {
             self.apply(entry.index, &effects);
         } else if !effects.is_empty() {
@@ -646,7 +664,7 @@ impl Replay {
     /// Takes in a hard state: entries up to its commit are applied.
     pub fn commit(&mut self, commit: u64) {
         self.commit = self.commit.max(commit);
-        let later = self.pending.split_off(&(self.commit + 1));
+        let later = self.pending.split_off(&self.commit.saturating_add(1));
         let ready = std::mem::replace(&mut self.pending, later);
         for (index, effects) in ready {
             self.apply(index, &effects);
@@ -811,6 +829,8 @@ mod tests {
         replay.entry(&entry(3, ENTRY_NORMAL, &old));
         // A new leader rewrote the log from index 2.
         replay.entry(&entry(2, ENTRY_NORMAL, &new));
+        // A garbage hard state cannot overflow the commit index.
+        replay.commit(u64::MAX);
         let (v2, _) = replay.finish();
         assert_eq!(v2.cluster_version.as_deref(), Some("3.1.0"));
     }
@@ -901,8 +921,12 @@ mod tests {
                 replay.entry(&entry(i as u64 + 1, kind, data));
             }
         }
+        for index in 10..100 {
+            replay.entry(&entry(index, ENTRY_CONF_CHANGE, b"\xff"));
+        }
         let (v2, _) = replay.finish();
-        assert!(!v2.problems.is_empty());
+        assert_eq!(v2.problems.len(), MAX_PROBLEMS, "notes are bounded");
+        assert!(v2.more_problems > 0);
         assert!(v2.members.is_empty());
     }
 }
