@@ -615,11 +615,22 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
 
     fn back_up(&self, pair: VersionPair) -> Result<(), StepError> {
         let started = Instant::now();
+        log::info(
+            "backup start",
+            &[
+                (
+                    "dir",
+                    self.settings.backup.root.display().to_string().into(),
+                ),
+                ("holds", pair.to_string().into()),
+            ],
+        );
         let path = backup::create(
             self.settings.data_dir,
             self.settings.backup,
             pair,
             SystemTime::now(),
+            &backup::never_stop,
         )
         .map_err(StepError::Backup)?;
         log::info(
@@ -628,6 +639,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 ("path", path.display().to_string().into()),
                 ("holds", pair.to_string().into()),
                 ("ms", log::ms(started.elapsed())),
+                ("verify", backup::verify_command(&path).into()),
                 (
                     "restore",
                     backup::restore_command(self.settings.data_dir, &path).into(),

@@ -114,7 +114,9 @@ pub enum Error {
         #[source]
         source: PlanError,
     },
-    /// The filesystems cannot take the backup or the scratch copies.
+    /// The backup or the scratch copies cannot be made: no space, a
+    /// backup dir inside the data dir or not writable, a link in the data
+    /// dir that loops or leads into the copy.
     #[error(transparent)]
     Space(#[from] backup::BackupError),
     /// A needed binary is absent or wrong.
@@ -496,10 +498,13 @@ fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
         BackupMode::Never => false,
     };
     if backup || destructive {
-        backup::check_free_space(
+        // The write probe only when the run will write: a dry run changes
+        // nothing, not even a probe file.
+        backup::check_before_run(
             &config.data_dir,
             backup.then_some(config.backup.root.as_path()),
             destructive,
+            config.mode != Mode::DryRun,
         )?;
     }
     Ok(())

@@ -576,8 +576,12 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
 
         let copying = Instant::now();
         create_private_dir(&converted)?;
-        crate::backup::copy_dir(&data_dir.join("member"), &converted.join("member"))
-            .map_err(|e| work_err("copy the data for conversion", e))?;
+        crate::backup::copy_dir(
+            &data_dir.join("member"),
+            &converted.join("member"),
+            &crate::backup::never_stop,
+        )
+        .map_err(|e| work_err("copy the data for conversion", e))?;
         log::info(
             "data copied for conversion",
             &[("step", label.into()), ("ms", log::ms(copying.elapsed()))],
