@@ -1,9 +1,12 @@
 //! Backups before destructive steps, on real etcd: retention of the newest
-//! `--backup-keep`, names and modes, the logged restore command bringing
-//! the pre-rollback data back, the free-space check refusing a backup that
-//! cannot fit, and pruning never taking the backup just made.
+//! `--backup-keep`, names and modes, the manifest `sha256sum -c` accepts,
+//! the logged restore command bringing the pre-rollback data back, the
+//! free-space check refusing a backup that cannot fit, pruning never
+//! taking the backup just made nor another data dir's, a backup dir inside
+//! the data dir however its path is spelled, and a data dir whose
+//! `member/` (and `member/wal`) are symlinks backed up as their content.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
@@ -15,7 +18,8 @@ use crate::harness::migrator::{field, Migration, Outcome};
 use crate::harness::mount::Mount;
 use crate::harness::tree::fingerprint;
 use crate::harness::{
-    dir_names, mode, read_version_txt, temp_dir, write_version_txt, Member, WORK_DIR,
+    dir_names, mode, read_version_txt, set_mode, symlink, temp_dir, write_version_txt, Member,
+    WORK_DIR,
 };
 
 const BUNDLE: &str = "3.3.25,3.4.23,3.5.16";
@@ -59,6 +63,35 @@ fn is_backup_name(name: &str, pair: &str) -> bool {
     stamp_ok && suffix_ok
 }
 
+/// Asserts `backup` verifies with `sha256sum -c MANIFEST.sha256` (run in
+/// it, as the logged `verify` command does) and names `data` as its source.
+fn assert_verifies(backup: &Path, data: &Path) {
+    let output = Command::new("sha256sum")
+        .args(["--strict", "-c", "MANIFEST.sha256"])
+        .current_dir(backup)
+        .output()
+        .unwrap_or_else(|err| panic!("run sha256sum in {}: {err}", backup.display()));
+    assert!(
+        output.status.success(),
+        "sha256sum -c in {} failed: {}{}",
+        backup.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let listed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        listed.contains("version.txt: OK") && listed.contains("member/snap/db: OK"),
+        "the manifest lists the data: {listed}"
+    );
+    let source = std::fs::read_to_string(backup.join("SOURCE"))
+        .unwrap_or_else(|err| panic!("read SOURCE of {}: {err}", backup.display()));
+    let canonical = std::fs::canonicalize(data).expect("canonical data dir");
+    assert_eq!(
+        source.trim_end_matches('\n'),
+        canonical.display().to_string()
+    );
+}
+
 #[test]
 fn backups_are_kept_newest_first_up_to_backup_keep() {
     let tmp = temp_dir("retention");
@@ -66,6 +99,12 @@ fn backups_are_kept_newest_first_up_to_backup_keep() {
     let member = Member::new("retention");
     fixture::build(FixtureSpec::small("3.4.23"), &data, &member, tmp.path());
     let root = tmp.path().join("data.backup");
+    // A backup the release before SOURCE existed left in the default root:
+    // this data dir's, so it counts and, oldest, goes first.
+    let legacy = root.join("20000101T000000Z-3.4.23-etcd3");
+    std::fs::create_dir_all(&legacy).expect("mkdir the legacy backup");
+    write_version_txt(&legacy, "3.4.23/etcd3");
+    set_mode(&root, 0o700);
     let run = |target: &str, extra: &[&str]| {
         let mut migration = Migration::new(target, &data, &member)
             .bundled(BUNDLE)
@@ -107,6 +146,7 @@ fn backups_are_kept_newest_first_up_to_backup_keep() {
         first.display()
     );
     assert!(!first.exists());
+    assert!(!legacy.exists(), "the default root's legacy backup counted");
     assert!(
         is_backup_name(&kept[0], "3.4.23/etcd3") && is_backup_name(&kept[1], "3.5.16/etcd3"),
         "names say when and what: {kept:?}"
@@ -120,6 +160,7 @@ fn backups_are_kept_newest_first_up_to_backup_keep() {
             !backup.join(WORK_DIR).exists(),
             "{name} holds scratch space"
         );
+        assert_verifies(&backup, &data);
     }
     assert!(
         !kept.iter().any(|name| name.starts_with(".tmp-")),
@@ -231,6 +272,13 @@ fn pruning_never_removes_the_backup_just_taken() {
     let later_named = root.join(format!("{stamp}-3.5.16-etcd3"));
     std::fs::create_dir_all(&later_named).expect("mkdir the later-named backup");
     write_version_txt(&later_named, "3.5.16/etcd3");
+    // This data dir's, as its SOURCE says, so it counts against the keep.
+    let canonical = std::fs::canonicalize(&data).expect("canonical data dir");
+    std::fs::write(
+        later_named.join("SOURCE"),
+        format!("{}\n", canonical.display()),
+    )
+    .expect("write SOURCE");
 
     let run = Migration::new("3.4.23", &data, &member)
         .bundled(BUNDLE)
@@ -256,4 +304,172 @@ fn pruning_never_removes_the_backup_just_taken() {
         .to_string_lossy()
         .into_owned();
     assert_eq!(dir_names(&root), [name]);
+}
+
+/// Two data dirs sharing one `--backup-dir` (with `--backup-keep 1`) each
+/// prune only their own backups; a backup without `SOURCE` there (an older
+/// release's, whoever's it was) is left alone.
+#[test]
+fn two_data_dirs_sharing_a_backup_dir_prune_only_their_own() {
+    let tmp = temp_dir("shared-backups");
+    let shared = tmp.path().join("shared");
+    let legacy = shared.join("20000101T000000Z-3.4.23-etcd3");
+    std::fs::create_dir_all(&legacy).expect("mkdir the legacy backup");
+    write_version_txt(&legacy, "3.4.23/etcd3");
+    let dirs: Vec<(PathBuf, Member)> = ["a", "b"]
+        .iter()
+        .map(|tag| {
+            let data = tmp.path().join(format!("data-{tag}"));
+            let member = Member::new(&format!("shared-{tag}"));
+            fixture::build(FixtureSpec::small("3.4.23"), &data, &member, tmp.path());
+            (data, member)
+        })
+        .collect();
+    let run = |(data, member): &(PathBuf, Member), target: &str, extra: &[&str]| {
+        let mut migration = Migration::new(target, data, member)
+            .bundled(BUNDLE)
+            .arg("--backup-dir")
+            .arg(&shared)
+            .arg("--backup-keep")
+            .arg("1");
+        for arg in extra {
+            migration = migration.arg(*arg);
+        }
+        let run = migration.run();
+        run.assert_code(0);
+        backup_taken(&run).unwrap_or_else(|| panic!("a backup\n{}", run.explain()))
+    };
+
+    let a1 = run(&dirs[0], "3.3.25", &[]);
+    let b1 = run(&dirs[1], "3.3.25", &[]);
+    assert!(a1.exists(), "b's prune removed a's backup {}", a1.display());
+    let a2 = run(&dirs[0], "3.4.23", &["--backup", "always"]);
+    assert!(!a1.exists(), "a's own older backup is pruned");
+    assert!(b1.exists() && a2.exists() && legacy.exists());
+    let mut expected: Vec<String> = [&legacy, &b1, &a2]
+        .iter()
+        .map(|p| p.file_name().expect("name").to_string_lossy().into_owned())
+        .collect();
+    expected.sort();
+    assert_eq!(dir_names(&shared), expected);
+    assert_verifies(&b1, &dirs[1].0);
+    assert_verifies(&a2, &dirs[0].0);
+}
+
+/// A backup dir that is inside the data dir, named through a symlink, a
+/// relative path or `..`, passed a textual check and the copy filled the
+/// disk with copies of itself. Resolved paths are compared now: refused
+/// with exit 2 before anything runs.
+#[test]
+fn a_backup_dir_inside_the_data_dir_by_any_spelling_is_refused_untouched() {
+    let tmp = temp_dir("inside");
+    let data = tmp.path().join("data");
+    let member = Member::new("inside");
+    fixture::build(FixtureSpec::small("3.4.23"), &data, &member, tmp.path());
+    symlink(&data, &tmp.path().join("link"));
+    let before = fingerprint(&data);
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    let cases: [(&str, PathBuf, bool); 3] = [
+        ("through a symlink", tmp.path().join("link/backups"), false),
+        (
+            "through ..",
+            tmp.path().join("nowhere/../data/backups"),
+            false,
+        ),
+        // Relative to the working directory, which is the temp dir.
+        ("relative", PathBuf::from("data/backups"), true),
+    ];
+    for (name, root, relative) in cases {
+        let mut migration = Migration::new("3.3.25", &data, &member)
+            .bundled(BUNDLE)
+            .arg("--backup-dir")
+            .arg(&root);
+        if relative {
+            migration = migration.launched_by(
+                ["env".into(), "-C".into(), tmp.path().as_os_str().to_owned()],
+                &program,
+            );
+        }
+        let run = migration.run();
+        run.assert_refused_untouched(
+            &data,
+            &before,
+            &[
+                &format!("backup dir {} is inside the data dir", root.display()),
+                "point --backup-dir outside the data dir",
+            ],
+        );
+        println!("{name}: {}", run.last_line());
+    }
+}
+
+/// A data dir whose `member/` is a symlink (and `member/wal` inside it
+/// another, to a second disk) was backed up as the symlink: the "backup"
+/// pointed at the data it was to protect. It now holds the content,
+/// verifies, and its restore command gives back data the old release
+/// serves as it was.
+#[test]
+fn a_symlinked_member_dir_is_backed_up_as_its_content() {
+    let tmp = temp_dir("linked-member");
+    let built = tmp.path().join("built");
+    let member = Member::new("linked-member");
+    let fixture = fixture::build(FixtureSpec::small("3.4.23"), &built, &member, tmp.path());
+    // data/member -> disk/member, disk/member/wal -> wal-disk/wal.
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).expect("mkdir data");
+    set_mode(&data, 0o700);
+    std::fs::rename(built.join("version.txt"), data.join("version.txt")).expect("mv version.txt");
+    let disk = tmp.path().join("disk");
+    std::fs::create_dir(&disk).expect("mkdir disk");
+    std::fs::rename(built.join("member"), disk.join("member")).expect("mv member");
+    let wal_disk = tmp.path().join("wal-disk");
+    std::fs::create_dir(&wal_disk).expect("mkdir wal disk");
+    std::fs::rename(disk.join("member/wal"), wal_disk.join("wal")).expect("mv wal");
+    symlink(&wal_disk.join("wal"), &disk.join("member/wal"));
+    symlink(&disk.join("member"), &data.join("member"));
+
+    let run = Migration::new("3.5.16", &data, &member)
+        .bundled(BUNDLE)
+        .arg("--backup")
+        .arg("always")
+        .arg("--log-format")
+        .arg("json")
+        .run();
+    run.assert_code(0);
+    let lines = run.json_lines();
+    let taken = lines
+        .iter()
+        .find(|line| line.get("msg").and_then(Value::as_str) == Some("backup taken"))
+        .unwrap_or_else(|| panic!("no backup taken line\n{}", run.explain()));
+    let backup = PathBuf::from(taken.get("path").and_then(Value::as_str).expect("path"));
+    for dir in ["member", "member/wal", "member/snap"] {
+        let meta = std::fs::symlink_metadata(backup.join(dir)).expect("stat");
+        assert!(
+            meta.is_dir(),
+            "{dir} in the backup is a directory, not a link"
+        );
+    }
+    assert_verifies(&backup, &data);
+
+    let restore = taken
+        .get("restore")
+        .and_then(Value::as_str)
+        .expect("restore command");
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg(restore)
+        .output()
+        .expect("run sh");
+    assert!(
+        output.status.success(),
+        "{restore:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(read_version_txt(&data), "3.4.23/etcd3");
+    assert_eq!(dir_names(&data), ["member", "version.txt"]);
+    // The baseline read (3.4.23 serving the data once) came before the
+    // backup: its health write is in it.
+    let after = read_back("3.4.23", &member, &data, tmp.path());
+    after.assert_kept(&fixture.keyspace, 3000);
 }

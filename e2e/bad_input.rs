@@ -408,6 +408,32 @@ fn open_to_others(path: &Path) -> bool {
 /// The uid the unreadable-dir case runs etcd-migrate as (`nobody`).
 const OTHER_UID: u32 = 65534;
 
+/// `migration` launched as [`OTHER_UID`] through `setpriv`, with a copy of
+/// etcd-migrate in `tmp` if that user cannot reach the built one.
+fn run_as_other(migration: Migration, tmp: &Path) -> Migration {
+    let mut program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    if !open_to_others(&program) {
+        let copy = tmp.join("etcd-migrate");
+        let status = Command::new("install")
+            .args(["-m", "0755"])
+            .arg(&program)
+            .arg(&copy)
+            .status()
+            .expect("run install");
+        assert!(status.success(), "install {}", copy.display());
+        program = copy;
+    }
+    migration.launched_by(
+        [
+            "setpriv".to_string(),
+            format!("--reuid={OTHER_UID}"),
+            format!("--regid={OTHER_UID}"),
+            "--clear-groups".to_string(),
+        ],
+        &program,
+    )
+}
+
 #[test]
 fn a_data_dir_another_user_owns_is_refused_untouched() {
     let tmp = temp_dir("unreadable");
@@ -418,27 +444,7 @@ fn a_data_dir_another_user_owns_is_refused_untouched() {
     set_mode(tmp.path(), 0o755);
     assert_eq!(mode(data), 0o700);
     let migration = Migration::new("3.5.16", data, &fixture.member).bundled(BUNDLE);
-    let mut program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
-    if !open_to_others(&program) {
-        let copy = tmp.path().join("etcd-migrate");
-        let status = Command::new("install")
-            .args(["-m", "0755"])
-            .arg(&program)
-            .arg(&copy)
-            .status()
-            .expect("run install");
-        assert!(status.success(), "install {}", copy.display());
-        program = copy;
-    }
-    let as_other = migration.launched_by(
-        [
-            "setpriv".to_string(),
-            format!("--reuid={OTHER_UID}"),
-            format!("--regid={OTHER_UID}"),
-            "--clear-groups".to_string(),
-        ],
-        &program,
-    );
+    let as_other = run_as_other(migration, tmp.path());
     let before = fingerprint(data);
     let run = as_other.run();
     run.assert_refused_untouched(
@@ -784,6 +790,85 @@ fn disk_full_during_the_backup_removes_the_half_backup_and_names_the_backup_dir(
         root.display(),
         run.explain()
     );
+}
+
+/// A backup dir that cannot be written (a read-only mount, a file where
+/// a directory must be created, a dir another user owns) failed the run
+/// with exit 3 after work; the run now proves it writable by creating a
+/// file there (or where it would be created) and refuses with exit 2
+/// before anything runs.
+#[test]
+fn an_unwritable_backup_dir_is_refused_before_anything_runs() {
+    let tmp = temp_dir("backup-unwritable");
+    let fixture = fixture_at(tmp.path(), "3.4.23", "backup-unwritable");
+    let data = &fixture.data_dir;
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let read_only = Mount::read_only_bind(&empty, &tmp.path().join("ro"));
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "not a directory").expect("write");
+    let ro = read_only.path.display().to_string();
+    let cases: [(PathBuf, String); 3] = [
+        (
+            read_only.path.clone(),
+            format!("backup dir {ro} cannot be written: it is on a read-only filesystem; mount {ro} read-write"),
+        ),
+        (
+            read_only.path.join("backups"),
+            format!("{ro}, where it would be created, is on a read-only filesystem; mount {ro} read-write"),
+        ),
+        (
+            file.join("backups"),
+            format!(
+                "{0}, where it would be created, is not a directory, so it cannot hold one; move {0} out of the way",
+                file.display()
+            ),
+        ),
+    ];
+    let before = fingerprint(data);
+    for (root, expected) in &cases {
+        // A rollback: destructive, so backed up by default.
+        let run = Migration::new("3.3.25", data, &fixture.member)
+            .bundled(BUNDLE)
+            .arg("--backup-dir")
+            .arg(root)
+            .run();
+        run.assert_refused_untouched(data, &before, &[expected, "--backup never"]);
+        println!("backup dir {}: {}", root.display(), run.last_line());
+    }
+    assert!(dir_names(&read_only.path).is_empty());
+
+    // Root passes every permission check; another user meets the mode.
+    set_mode(tmp.path(), 0o755);
+    let status = Command::new("chown")
+        .args(["-R", &OTHER_UID.to_string()])
+        .arg(data)
+        .status()
+        .expect("run chown");
+    assert!(status.success(), "chown {}", data.display());
+    let roots_only = tmp.path().join("roots-only");
+    std::fs::create_dir(&roots_only).expect("mkdir");
+    set_mode(&roots_only, 0o755);
+    let before = fingerprint(data);
+    let migration = Migration::new("3.3.25", data, &fixture.member)
+        .bundled(BUNDLE)
+        .arg("--backup-dir")
+        .arg(roots_only.join("backups"));
+    let run = run_as_other(migration, tmp.path()).run();
+    run.assert_refused_untouched(
+        data,
+        &before,
+        &[
+            &format!(
+                "backup dir {} cannot be written: creating a file in {} failed",
+                roots_only.join("backups").display(),
+                roots_only.display()
+            ),
+            &format!("make {} writable by uid {OTHER_UID}", roots_only.display()),
+        ],
+    );
+    assert!(dir_names(&roots_only).is_empty());
+    drop(read_only);
 }
 
 #[test]

@@ -3,10 +3,14 @@
 //! dies at once; its etcd and tools get SIGTERM from the parent-death
 //! signal), then rerun to the same target, which must converge: exit 0, the
 //! target recorded, the fixture's keyspace, no scratch dir, no process
-//! left. One more run is stopped with SIGTERM during a rollback.
+//! left. One more run is stopped with SIGTERM during a rollback. And a
+//! termination signal is honoured at once where a run used to wait: in
+//! the backup copy (exit 143, the partial copy removed, no etcd started)
+//! and in a version check that hangs; a version check that leaves a
+//! process holding its output no longer hangs the run.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
@@ -14,9 +18,11 @@ use tempfile::TempDir;
 use crate::harness::etcd::read_back;
 use crate::harness::fixture::{self, Fixture, FixtureSpec, LEASE_TTL_SECS};
 use crate::harness::migrator::{is_ours, Migration, Outcome};
+use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, assert_v2_copy, read_back_v2, V2Fixture};
 use crate::harness::{
-    read_version_txt, temp_dir, wait_for_no_process_on, Member, STOP_GRACE, VERSION_TEMP, WORK_DIR,
+    dir_names, etcd_binary, install_script, processes_mentioning, read_version_txt, symlink,
+    temp_dir, wait_for_no_process_on, wait_until, Member, STOP_GRACE, VERSION_TEMP, WORK_DIR,
 };
 
 /// How long a run may take to reach the line it is stopped at.
@@ -456,4 +462,193 @@ fn a_data_dir_copied_after_a_crash_at_the_swap_is_finished_not_wiped() {
     on_copy.data_dir = copy.clone();
     rerun_finishes_the_swap(&on_copy, "3.3.25/etcd2");
     case.assert_v2_copy_in(&copy);
+}
+
+// ---- a termination signal where a run used to wait ----
+
+/// How long after SIGTERM the run may take to exit 143. It takes
+/// milliseconds (a copy chunk, or the signal thread's wake-up); the
+/// bound leaves room for a loaded 2-core machine, and the measured time
+/// is printed.
+const TERMINATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs `migration`, sends SIGTERM once a line `matches`, and asserts the
+/// run exits 143 within [`TERMINATION_TIMEOUT`]. Returns the run.
+fn terminate_after(migration: &Migration, what: &str, matches: impl Fn(&str) -> bool) -> Outcome {
+    let mut running = migration.spawn();
+    running.wait_for_line(what, LINE_TIMEOUT, matches);
+    let sent = Instant::now();
+    running.signal(Signal::SIGTERM);
+    let outcome = running.wait(STOP_GRACE * 2);
+    let took = sent.elapsed();
+    eprintln!("[{what}] SIGTERM to exit: {took:?}");
+    outcome
+        .assert_code(143)
+        .assert_stderr_has("stopped by SIGTERM");
+    assert!(
+        took < TERMINATION_TIMEOUT,
+        "SIGTERM took {took:?} to end the run\n{}",
+        outcome.explain()
+    );
+    outcome
+}
+
+/// Regression: a SIGTERM during the backup copy waited for the whole copy
+/// and then started the next etcd. The copy asks between files and
+/// between 1 MiB chunks: the run exits 143, the partial copy is gone, no
+/// etcd started, the data dir is as it was. The data is padded to 2 GiB
+/// (a sparse file: the copy reads zeros fast but must write them all) so
+/// the copy is far from done when the signal comes.
+#[test]
+fn sigterm_during_the_backup_copy_exits_143_and_starts_no_etcd() {
+    let tmp = temp_dir("term-backup");
+    let member = Member::new("term-backup");
+    let data = tmp.path().join("data");
+    fixture::build(FixtureSpec::small("3.4.23"), &data, &member, tmp.path());
+    // Fingerprinted without the padding, whose 2 GiB would take the tree
+    // hash a minute; the padding is checked by size and time.
+    let before = fingerprint(&data).content();
+    let padding = data.join("padding");
+    let file = std::fs::File::create(&padding).expect("create the padding");
+    file.set_len(2 << 30).expect("size the padding");
+    drop(file);
+    let padded = std::fs::metadata(&padding).expect("stat the padding");
+    let migration = Migration::new("3.3.25", &data, &member).bundled("3.3.25,3.4.23");
+
+    let stopped = terminate_after(&migration, "backup start", |line| {
+        is_ours(line, "backup start")
+    });
+    assert!(
+        stopped.lines_with("backup taken").is_empty(),
+        "the copy finished before the signal: pad the data more\n{}",
+        stopped.explain()
+    );
+    assert!(
+        stopped.lines_with("etcd started").is_empty()
+            && stopped.lines_with("step start").is_empty(),
+        "no etcd starts after the signal\n{}",
+        stopped.explain()
+    );
+    stopped.assert_stderr_has("in the backup before it");
+    let root = tmp.path().join("data.backup");
+    assert!(
+        dir_names(&root).is_empty(),
+        "the partial copy is removed: {:?}",
+        dir_names(&root)
+    );
+    let after = std::fs::metadata(&padding).expect("stat the padding");
+    assert_eq!(
+        (after.len(), after.modified().ok()),
+        (padded.len(), padded.modified().ok())
+    );
+    std::fs::remove_file(&padding).expect("remove the padding");
+    before.assert_unchanged(
+        &fingerprint(&data).content(),
+        "a run stopped during its backup",
+    );
+    wait_for_no_process_on(&data, ORPHANS_GONE_TIMEOUT);
+}
+
+/// A bin dir of links to the real binaries of `versions`, with
+/// `etcd-<fake>` replaced by `script` (`{real}` stands for the real
+/// binary, `{holder}` for a copy of `sleep` whose path names the temp dir,
+/// so the test can find what it leaves running).
+fn bin_dir_with_fake(
+    tmp: &Path,
+    versions: &[&str],
+    fake: &str,
+    script: &str,
+) -> (PathBuf, PathBuf) {
+    let bin = tmp.join("bin");
+    std::fs::create_dir(&bin).expect("mkdir bin");
+    for version in versions {
+        for tool in ["etcd", "etcdctl", "etcdutl"] {
+            let name = format!("{tool}-{version}");
+            let real = etcd_binary(version).with_file_name(&name);
+            if real.exists() && name != format!("etcd-{fake}") {
+                symlink(&real, &bin.join(&name));
+            }
+        }
+    }
+    // Copied by install(1), a process of its own, like install_script
+    // (see there: no write fd of ours may leak into another test's exec).
+    let holder = tmp.join("holder-sleep");
+    let status = std::process::Command::new("install")
+        .args(["-m", "0755", "/bin/sleep"])
+        .arg(&holder)
+        .status()
+        .expect("run install");
+    assert!(status.success(), "install {}", holder.display());
+    let body = script
+        .replace("{real}", &etcd_binary(fake).display().to_string())
+        .replace("{holder}", &holder.display().to_string());
+    install_script(&bin.join(format!("etcd-{fake}")), &body);
+    (bin, holder)
+}
+
+/// Waits until no process runs `holder`, which the run must have killed.
+fn assert_holder_gone(holder: &Path) {
+    let needle = holder.display().to_string();
+    wait_until(
+        &format!("the left-behind {needle} to be gone"),
+        ORPHANS_GONE_TIMEOUT,
+        || processes_mentioning(&needle).is_empty().then_some(()),
+    );
+}
+
+/// Regression: an `etcd-<v>` whose `--version` leaves a child holding its
+/// stdout made the run wait for end-of-file on the pipe for ever, deaf to
+/// SIGTERM. The output is now taken a second after the check exits, the
+/// child's process group is killed, and the run goes on (this fake answers
+/// with the real release's words and runs the real etcd otherwise).
+#[test]
+fn a_version_check_that_leaves_a_child_holding_stdout_does_not_hang_the_run() {
+    let tmp = temp_dir("version-holder");
+    let member = Member::new("version-holder");
+    let data = tmp.path().join("data");
+    fixture::build(FixtureSpec::small("3.4.23"), &data, &member, tmp.path());
+    let (bin, holder) = bin_dir_with_fake(
+        tmp.path(),
+        &["3.4.23", "3.5.16"],
+        "3.5.16",
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then\n  {real} --version\n  {holder} 3600 &\n  exit 0\nfi\nexec {real} \"$@\"\n",
+    );
+    let started = Instant::now();
+    let run = Migration::new("3.5.16", &data, &member)
+        .bin_dir(&bin)
+        .bundled("3.4.23,3.5.16")
+        .run();
+    run.assert_code(0)
+        .assert_stderr_has("a version check left a process holding its output");
+    eprintln!("run with a holding version check: {:?}", started.elapsed());
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+    assert_holder_gone(&holder);
+}
+
+/// A SIGTERM while a version check hangs ends the run at once (exit 143,
+/// nothing touched) and kills the check with its process group.
+#[test]
+fn sigterm_during_a_hung_version_check_exits_143_at_once() {
+    let tmp = temp_dir("version-hung");
+    let member = Member::new("version-hung");
+    let data = tmp.path().join("data");
+    fixture::build(FixtureSpec::small("3.4.23"), &data, &member, tmp.path());
+    let (bin, holder) = bin_dir_with_fake(
+        tmp.path(),
+        &["3.4.23", "3.5.16"],
+        "3.5.16",
+        "#!/bin/sh\n{holder} 3600\n",
+    );
+    let before = fingerprint(&data);
+    let migration = Migration::new("3.5.16", &data, &member)
+        .bin_dir(&bin)
+        .bundled("3.4.23,3.5.16");
+    let stopped = terminate_after(&migration, "the plan", |line| is_ours(line, "plan"));
+    assert!(
+        stopped.lines_with("etcd started").is_empty(),
+        "{}",
+        stopped.explain()
+    );
+    before.assert_unchanged(&fingerprint(&data), "a run stopped in its version check");
+    assert_holder_gone(&holder);
 }

@@ -1,21 +1,32 @@
 //! This module owns the bin dir: which releases it bundles (`etcd-<semver>`
 //! files), whether each binary a plan needs is there and executable, and
-//! whether each reports the release its name claims.
+//! whether each reports the release its name claims (with a deadline that
+//! no leftover process holding a pipe can stretch, and a termination
+//! signal honoured at once).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use nix::unistd::{access, AccessFlags};
+use tokio::sync::watch;
 
+use crate::log;
 use crate::plan::{Binary, Bundle, Tool};
-use crate::supervisor::{Supervisor, SupervisorError};
+use crate::supervisor::{Child, Supervisor, SupervisorError};
 use crate::version::Version;
 
 /// How long `<binary> version` may take. A Go binary answers in ~10 ms;
 /// 20 s covers a cold page cache on a slow disk.
 pub const VERSION_CHECK_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long a version check's output may stay open after its process
+/// exited. A binary's own pipes close when it exits; only a process it
+/// left behind keeps them open, and that is not worth waiting for.
+pub const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 
 /// Why a binary cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +83,14 @@ pub enum BinError {
     /// The check process could not be run.
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
+    /// A termination signal came while the binaries were checked.
+    #[error("stopped by {signal} while checking {path}; nothing was touched")]
+    Interrupted {
+        /// The signal.
+        signal: Signal,
+        /// The binary whose check was awaited.
+        path: PathBuf,
+    },
 }
 
 /// The path of a binary in the bin dir.
@@ -169,62 +188,183 @@ fn version_command(bin_dir: &Path, binary: Binary) -> (Command, &'static str) {
     (command, prefix)
 }
 
+/// A version check under way: its process, the output its pipes have
+/// given so far, and how many of the two pipes have closed.
+struct Check {
+    binary: Binary,
+    prefix: &'static str,
+    child: Child,
+    output: Arc<Mutex<Vec<u8>>>,
+    closed: watch::Receiver<usize>,
+}
+
+impl Check {
+    fn output(&self) -> String {
+        let bytes = self
+            .output
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// Reads a check's pipe into `output` until it closes, then counts it
+/// closed. A process the check left behind may hold the pipe open for
+/// ever: nothing waits for this thread, and it ends with the process.
+fn capture(mut stream: impl Read, output: Arc<Mutex<Vec<u8>>>, closed: Arc<watch::Sender<usize>>) {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(read) => output
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .extend_from_slice(&chunk[..read]),
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    closed.send_modify(|count| *count += 1);
+}
+
 /// Runs every binary's version command at once (they are independent) and
-/// checks each reports the release its name claims.
+/// checks each reports the release its name claims. Every wait has a
+/// deadline that does not hang on a pipe: a check's output is taken when
+/// its process has exited and its pipes closed, or [`OUTPUT_GRACE`] after
+/// the exit (a process it left behind holds them; its process group is
+/// killed). A check that does not exit within [`VERSION_CHECK_TIMEOUT`] is
+/// killed with its group. A termination signal (`termination` turning
+/// `Some`) kills every check's group and returns
+/// [`BinError::Interrupted`] at once.
 pub async fn verify_reported_versions(
     supervisor: &Supervisor,
     bin_dir: &Path,
     binaries: &[Binary],
+    termination: watch::Receiver<Option<Signal>>,
 ) -> Result<(), BinError> {
-    let mut running = Vec::new();
+    let deadline = tokio::time::Instant::now() + VERSION_CHECK_TIMEOUT;
+    let mut checks = Vec::new();
     for &binary in binaries {
         let (mut command, prefix) = version_command(bin_dir, binary);
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = supervisor.spawn(&mut command)?;
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
-        let reader = std::thread::spawn(move || {
-            let mut text = String::new();
-            for stream in [
-                stdout.map(|s| Box::new(s) as Box<dyn Read + Send>),
-                stderr.map(|s| Box::new(s) as Box<dyn Read + Send>),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let mut bytes = Vec::new();
-                let mut stream = stream;
-                let _ = stream.read_to_end(&mut bytes);
-                text.push_str(&String::from_utf8_lossy(&bytes));
-            }
-            text
-        });
-        running.push((binary, prefix, child, reader));
-    }
-    let mut first_error = None;
-    for (binary, prefix, mut child, reader) in running {
-        let path = path(bin_dir, binary);
-        let status = match tokio::time::timeout(VERSION_CHECK_TIMEOUT, child.wait()).await {
-            Ok(status) => status,
-            Err(_) => {
-                child.kill().await?;
-                first_error.get_or_insert(BinError::NoVersion {
-                    path,
-                    binary,
-                    reason: format!("no answer within {VERSION_CHECK_TIMEOUT:?}"),
-                });
-                continue;
+        let mut child = match supervisor.spawn(&mut command) {
+            Ok(child) => child,
+            Err(err) => {
+                kill_groups(&mut checks);
+                return Err(err.into());
             }
         };
-        let output = reader.join().unwrap_or_default();
-        if let Err(err) = check_reported(&path, binary, prefix, status, &output) {
-            first_error.get_or_insert(err);
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let (closed_sender, closed) = watch::channel(0usize);
+        let closed_sender = Arc::new(closed_sender);
+        let streams: [Option<Box<dyn Read + Send>>; 2] = [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ];
+        for stream in streams.into_iter().flatten() {
+            let output = Arc::clone(&output);
+            let closed = Arc::clone(&closed_sender);
+            std::thread::spawn(move || capture(stream, output, closed));
+        }
+        checks.push(Check {
+            binary,
+            prefix,
+            child,
+            output,
+            closed,
+        });
+    }
+    let mut first_error = None;
+    for i in 0..checks.len() {
+        let result = {
+            let mut termination = termination.clone();
+            let check = &mut checks[i];
+            tokio::select! {
+                biased;
+                signal = termination.wait_for(Option::is_some) => match signal.ok().and_then(|s| *s) {
+                    Some(signal) => Err(signal),
+                    // No sender, no signal can come: just finish the check.
+                    None => Ok(finish(check, bin_dir, deadline).await),
+                },
+                outcome = finish(check, bin_dir, deadline) => Ok(outcome),
+            }
+        };
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                first_error.get_or_insert(err);
+            }
+            Err(signal) => {
+                kill_groups(&mut checks);
+                return Err(BinError::Interrupted {
+                    signal,
+                    path: path(bin_dir, checks[i].binary),
+                });
+            }
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Kills what is left of every check: its process and anything it left in
+/// its process group.
+fn kill_groups(checks: &mut [Check]) {
+    for check in checks {
+        check.child.kill_group();
+    }
+}
+
+/// Waits for one check (its exit by `deadline`, then its output) and
+/// judges what it reported.
+async fn finish(
+    check: &mut Check,
+    bin_dir: &Path,
+    deadline: tokio::time::Instant,
+) -> Result<(), BinError> {
+    let path = path(bin_dir, check.binary);
+    let status = match tokio::time::timeout_at(deadline, check.child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            check.child.kill_group();
+            check.child.kill().await?;
+            return Err(BinError::NoVersion {
+                path,
+                binary: check.binary,
+                reason: format!(
+                    "no answer within {VERSION_CHECK_TIMEOUT:?}; it was killed with its process group"
+                ),
+            });
+        }
+    };
+    let closed = |count: &usize| *count == 2;
+    if tokio::time::timeout(OUTPUT_GRACE, check.closed.wait_for(closed))
+        .await
+        .is_err()
+    {
+        // It exited, but something it started holds its output open: the
+        // answer is in, the rest is not ours to wait for.
+        check.child.kill_group();
+        log::warn(
+            "a version check left a process holding its output; killed its process group",
+            &[
+                ("binary", path.display().to_string().into()),
+                ("pid", check.child.pid().into()),
+            ],
+        );
+        // The group's SIGKILL closes the pipes; a process that left the
+        // group keeps them, and its output is not waited for.
+        let _ = tokio::time::timeout(OUTPUT_GRACE, check.closed.wait_for(closed)).await;
+    }
+    check_reported(&path, check.binary, check.prefix, status, &check.output())
 }
 
 fn check_reported(

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::binaries;
 use crate::dialect::StepEtcd;
@@ -17,6 +18,14 @@ use crate::executor::{Launcher, RunningEtcd, StepError, Tools};
 use crate::log;
 use crate::plan::Binary;
 use crate::supervisor::{Child, ExitStatus, Supervisor, SupervisorError, STOP_GRACE};
+
+/// How long an exited process's output may take to reach end-of-file
+/// before its last lines are read for a report. Its pipes close as it
+/// exits; only a process it left behind keeps them open.
+const RELAY_DRAIN: Duration = Duration::from_secs(1);
+
+/// How often the drain looks whether the relays are done.
+const RELAY_POLL: Duration = Duration::from_millis(5);
 
 /// How many of a process's first output lines an error report quotes: a
 /// bad flag is reported on the first line, before pages of usage text.
@@ -310,10 +319,20 @@ impl RunningEtcd for ProcessEtcd {
 
     fn recent_output(&mut self) -> Vec<String> {
         // Once the child is gone its pipes close: let the relays drain the
-        // last lines (usually the panic that explains the exit) first.
+        // last lines (usually the panic that explains the exit) first. A
+        // process it left behind may hold a pipe open for ever, so the
+        // wait has a deadline; a relay still running then is left to end
+        // with that process.
         if self.child.try_status().is_some() {
+            let deadline = Instant::now() + RELAY_DRAIN;
+            while self.relays.iter().any(|relay| !relay.is_finished()) && Instant::now() < deadline
+            {
+                std::thread::sleep(RELAY_POLL);
+            }
             for relay in self.relays.drain(..) {
-                let _ = relay.join();
+                if relay.is_finished() {
+                    let _ = relay.join();
+                }
             }
         }
         self.output

@@ -474,8 +474,26 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 BackupMode::Never => false,
             };
             if wants_backup && !backed_up {
-                self.back_up(recorded).map_err(|err| fail(recorded, err))?;
+                match self.back_up(recorded) {
+                    Ok(()) => {}
+                    Err(Failure::Interrupted(signal)) => {
+                        return Err(ExecuteError::Interrupted {
+                            signal,
+                            during: Some(format!("{label} ({step}), in the backup before it")),
+                            recorded,
+                        })
+                    }
+                    Err(Failure::Step(err)) => return Err(fail(recorded, err)),
+                }
                 backed_up = true;
+                // A signal that came as the copy finished: no etcd starts.
+                if let Some(signal) = *self.termination.borrow() {
+                    return Err(ExecuteError::Interrupted {
+                        signal,
+                        during: None,
+                        recorded,
+                    });
+                }
             }
             let started = Instant::now();
             log::info(
@@ -668,21 +686,40 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         Ok(())
     }
 
-    fn back_up(&self, pair: VersionPair) -> Result<(), StepError> {
+    /// Takes the backup. The copy runs on this thread, so it asks the
+    /// termination channel itself, between files and between chunks: a
+    /// signal stops it within a chunk's time and removes the partial copy.
+    fn back_up(&self, pair: VersionPair) -> Result<(), Failure> {
         let started = Instant::now();
+        log::info(
+            "backup start",
+            &[
+                (
+                    "dir",
+                    self.settings.backup.root.display().to_string().into(),
+                ),
+                ("holds", pair.to_string().into()),
+            ],
+        );
+        let stop = || *self.termination.borrow();
         let path = backup::create(
             self.settings.data_dir,
             self.settings.backup,
             pair,
             SystemTime::now(),
+            &stop,
         )
-        .map_err(StepError::Backup)?;
+        .map_err(|err| match err {
+            backup::BackupError::Interrupted { signal, .. } => Failure::Interrupted(signal),
+            err => Failure::Step(StepError::Backup(err)),
+        })?;
         log::info(
             "backup taken",
             &[
                 ("path", path.display().to_string().into()),
                 ("holds", pair.to_string().into()),
                 ("ms", log::ms(started.elapsed())),
+                ("verify", backup::verify_command(&path).into()),
                 (
                     "restore",
                     backup::restore_command(self.settings.data_dir, &path).into(),

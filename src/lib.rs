@@ -121,7 +121,9 @@ pub enum Error {
         #[source]
         source: PlanError,
     },
-    /// The filesystems cannot take the backup or the scratch copies.
+    /// The backup or the scratch copies cannot be made: no space, a
+    /// backup dir inside the data dir or not writable, a link in the data
+    /// dir that loops or leads into the copy.
     #[error(transparent)]
     Space(#[from] backup::BackupError),
     /// A needed binary is absent or wrong.
@@ -410,11 +412,16 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     // Each binary proves it is the release its name claims before the
     // first one touches the data.
     let verifying = Instant::now();
-    runtime.block_on(binaries::verify_reported_versions(
+    let verified = runtime.block_on(binaries::verify_reported_versions(
         &supervisor,
         &config.bin_dir,
         &needed,
-    ))?;
+        supervisor.termination(),
+    ));
+    match verified {
+        Err(BinError::Interrupted { signal, .. }) => return Err(Error::Interrupted(signal)),
+        other => other?,
+    }
     log::info(
         "binaries verified",
         &[
@@ -719,10 +726,13 @@ fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
         BackupMode::Never => false,
     };
     if backup || destructive {
-        backup::check_free_space(
+        // The write probe only when the run will write: a dry run changes
+        // nothing, not even a probe file.
+        backup::check_before_run(
             &config.data_dir,
             backup.then_some(config.backup.root.as_path()),
             destructive,
+            config.mode != Mode::DryRun,
         )?;
     }
     Ok(())
@@ -732,12 +742,16 @@ fn check_preconditions(config: &Config, plan: &Plan) -> Result<(), Error> {
 /// to end: after a SIGKILL of an earlier etcd-migrate, its etcd and tools
 /// got SIGTERM from their parent-death signal and may still be stopping,
 /// holding the WAL lock and the ports. Anything still there after that is
-/// not ours to stop: refuse, naming it.
+/// not ours to stop: refuse, naming it. No signal thread runs yet, so a
+/// termination signal is looked for on every round (it stays pending).
 fn wait_for_processes_on(data_dir: &Path) -> Result<(), Error> {
     let started = Instant::now();
     let deadline = started + supervisor::STOP_GRACE;
     let mut logged = false;
     loop {
+        if let Some(signal) = supervisor::take_pending_termination() {
+            return Err(Error::Interrupted(signal));
+        }
         let found = supervisor::processes_on(data_dir);
         let Some((pid, command)) = found.first().cloned() else {
             if logged {

@@ -629,8 +629,14 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
 
         let copying = Instant::now();
         create_private_dir(&converted)?;
-        crate::backup::copy_dir(&data_dir.join("member"), &converted.join("member"))
-            .map_err(|e| work_err("copy the data for conversion", e))?;
+        let stop = || *self.termination.borrow();
+        crate::backup::copy_dir(&data_dir.join("member"), &converted.join("member"), &stop)
+            .map_err(|e| match e {
+                crate::backup::BackupError::Interrupted { signal, .. } => {
+                    Failure::Interrupted(signal)
+                }
+                e => work_err("copy the data for conversion", e),
+            })?;
         log::info(
             "data copied for conversion",
             &[("step", label.into()), ("ms", log::ms(copying.elapsed()))],

@@ -10,6 +10,7 @@ use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -112,9 +113,20 @@ pub fn block_signals() -> Result<SigSet, SupervisorError> {
     Ok(original)
 }
 
+/// The termination signal the signal thread has taken, as a number (0:
+/// none). The thread takes a signal off the pending set, so without this a
+/// signal that came after the last check of the run (on the way to exec)
+/// would be seen by nobody, and etcd would start anyway.
+static TAKEN_TERMINATION: AtomicI32 = AtomicI32::new(0);
+
 /// A termination signal that arrived while nobody was waiting for one (e.g.
-/// before exec), taken off the pending set.
+/// before exec): one the signal thread took, or one still pending, taken
+/// off the pending set.
 pub fn take_pending_termination() -> Option<Signal> {
+    let taken = TAKEN_TERMINATION.load(Ordering::SeqCst);
+    if taken != 0 {
+        return Signal::try_from(taken).ok();
+    }
     let pending = SigSet::from_iter(
         TERMINATION_SIGNALS
             .iter()
@@ -268,6 +280,7 @@ impl Inner {
             match set.wait() {
                 Ok(Signal::SIGCHLD) => self.reap(),
                 Ok(sig) => {
+                    TAKEN_TERMINATION.store(sig as i32, Ordering::SeqCst);
                     log::warn(
                         "received signal, stopping",
                         &[("signal", sig.as_str().into())],
@@ -377,6 +390,16 @@ impl Child {
             ],
         );
         self.kill().await.map(|status| (status, true))
+    }
+
+    /// SIGKILL to the child's whole process group (it leads one: [`Supervisor::spawn`]
+    /// puts it in its own), which reaches whatever it started and left
+    /// behind, even after the child itself is gone: the kernel hands out no
+    /// pid that is still a live group's id, so the group is still the
+    /// child's while any member lives. Waits for nothing.
+    pub fn kill_group(&mut self) {
+        // ESRCH: the group is empty; nothing is left to stop.
+        let _ = signal::killpg(self.pid, Signal::SIGKILL);
     }
 
     /// SIGKILL, then wait up to [`KILL_GRACE`] for the reaper.
