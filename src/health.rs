@@ -24,7 +24,7 @@ use std::time::Duration;
 use etcd_client::{AlarmAction, AlarmType, Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use crate::executor::{Health, HealthError};
-use crate::keyspace::{self, Fingerprint, Ours};
+use crate::keyspace::{self, Fingerprint, KnownLeases, Ours};
 use crate::log::error_chain;
 use crate::version::Storage;
 
@@ -187,10 +187,12 @@ impl Health for EtcdHealth {
         &self,
         endpoint: &str,
         storage: Storage,
+        known: &KnownLeases,
     ) -> impl Future<Output = Result<Fingerprint, String>> {
         let endpoint = endpoint.to_string();
         let ours = self.ours.borrow().clone();
-        async move { keyspace::read_fingerprint(&endpoint, storage, &ours).await }
+        let known = known.clone();
+        async move { keyspace::read_fingerprint(&endpoint, storage, &ours, &known).await }
     }
 
     fn write(
