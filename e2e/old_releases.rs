@@ -274,7 +274,7 @@ fn every_adjacent_transition_on_real_releases_keeps_keys_leases_and_ttls() {
         if not_run.is_empty() {
             String::new()
         } else {
-            " (set ETCD_EXTRA_BIN_DIR to a dir holding etcd-<version> of 2.2.1, 2.3.7, 3.0.17, 3.1.20, 3.2.32 and etcdctl-<version> of the 3.x ones)".to_string()
+            " (ETCD_EXTRA_BIN_DIR must name a dir holding etcd-<version> of 2.2.1, 2.3.7, 3.0.17, 3.1.20, 3.2.32 and etcdctl-<version> of the 3.x ones)".to_string()
         }
     ));
     assert!(failed.is_empty(), "failed cases: {failed:#?}");
