@@ -27,6 +27,10 @@
 //!   etcd3 data, v2 directories with a TTL.
 //! - `bad_input`: bad input and a bad environment (version.txt, binaries,
 //!   permissions, ports, corrupt data, full disks, alarms, flags).
+//! - `old_releases`: every adjacent transition 2.2 … 3.5 up and down, the
+//!   storage migration at 3.0 … 3.4 and the whole walk, with the releases
+//!   the registries lack taken from `$ETCD_EXTRA_BIN_DIR` (a case without
+//!   its binaries says NOT RUN).
 
 mod harness;
 
@@ -40,6 +44,7 @@ mod fingerprint;
 mod interrupts;
 mod logging;
 mod no_step;
+mod old_releases;
 mod ondisk;
 mod pid1;
 mod refusals;

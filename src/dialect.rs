@@ -2,7 +2,7 @@
 //! command line an intermediate etcd gets for a step. Pure, so every
 //! release's line is checked in a table test without running it.
 
-use crate::version::{Storage, Version};
+use crate::version::{Minor, Storage, Version};
 
 /// Raft heartbeat for an isolated single-member step, in ms. Every release
 /// 2.2.1 … 3.5.30 accepts it; with the election timeout below it cuts start
@@ -70,7 +70,15 @@ impl StepEtcd<'_> {
         // starts sooner, and 3.5 does not replay history from a 2.x cluster
         // version and come up "not capable" of v3 (ETCD-NOTES; fixed
         // upstream only after 3.5.30, etcd PR 17860).
-        args.push("--snapshot-count=1".to_string());
+        //
+        // Not for 2.2: its snapshot races its shutdown, and a SIGTERM
+        // that lands while one is being saved makes it die with exit 1
+        // ("save snapshot error: write …wal: file already closed"):
+        // measured in 7 of 20 stops right after a write; 0 of 30 on
+        // 2.3.7, 0 of 20 on 3.0.17, 0 of 20 on 2.2.1 without the flag.
+        if self.version.minor_line() > Minor::new(2, 2) {
+            args.push("--snapshot-count=1".to_string());
+        }
         if let Some(token) = self.new_cluster_token {
             args.push("--initial-cluster-state=new".to_string());
             args.push(format!("--initial-cluster-token={token}"));
@@ -135,7 +143,11 @@ mod tests {
         ];
         for (version, storage, enable_v2) in rows {
             let args = step(version, storage);
-            let mut expected: Vec<String> = common.iter().map(|s| s.to_string()).collect();
+            let mut expected: Vec<String> = common
+                .iter()
+                .filter(|arg| !(version == "2.2.1" && **arg == "--snapshot-count=1"))
+                .map(|s| s.to_string())
+                .collect();
             if enable_v2 {
                 expected.push("--enable-v2=true".into());
             }

@@ -4,10 +4,10 @@
 //! log with a `[etcd-<v>]` prefix while keeping the last lines for error
 //! reports, and stopping it through the supervisor.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -147,6 +147,12 @@ impl Launcher for ProcessLauncher {
             })?;
         crate::failpoint!("etcd-after-spawn");
         Ok(etcd)
+    }
+
+    fn granted_leases(&self, data_dir: &Path) -> Result<Option<BTreeMap<i64, i64>>, String> {
+        crate::ondisk::read(data_dir)
+            .map(|on_disk| on_disk.leases)
+            .map_err(|err| err.to_string())
     }
 }
 

@@ -8,6 +8,7 @@
 //! traits below, so a test can make step N fail in each way and check what
 //! was recorded. The steps that rebuild data live in `rebuild`.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
@@ -18,7 +19,7 @@ use tokio::sync::watch;
 use crate::backup::{self, BackupMode, BackupPolicy};
 use crate::datadir::DataDirError;
 use crate::dialect::StepEtcd;
-use crate::keyspace::{Fingerprint, Ours};
+use crate::keyspace::{Fingerprint, KnownLeases, Ours};
 use crate::log;
 use crate::plan::{Binary, Plan, Step};
 use crate::supervisor::{ExitStatus, SupervisorError};
@@ -43,6 +44,12 @@ pub trait Launcher {
     /// `data_dir` records, read offline before an etcd starts on it: the
     /// v2 API lists none of them, so the reads must ask for each.
     fn hidden_v2_paths(&self, data_dir: &Path) -> Vec<String>;
+    /// The TTL each lease of the data in `data_dir` was granted (lease id →
+    /// seconds), read offline while no etcd runs on it; `Ok(None)` where
+    /// the data holds no lease table (no bolt database). For a release
+    /// that cannot tell a lease's TTL (3.0 has no LeaseTimeToLive), read
+    /// just before it starts on the data.
+    fn granted_leases(&self, data_dir: &Path) -> Result<Option<BTreeMap<i64, i64>>, String>;
 }
 
 /// A step's running etcd.
@@ -101,12 +108,14 @@ pub trait Health {
     ) -> impl Future<Output = Result<(), HealthError>>;
 
     /// Reads the whole keyspace through `storage`'s API (and the hidden v2
-    /// nodes named in `hidden`) and fingerprints it.
+    /// nodes named in `hidden`) and fingerprints it; `known` holds the
+    /// leases' TTLs where the release cannot tell them (3.0).
     fn fingerprint(
         &self,
         endpoint: &str,
         storage: Storage,
         hidden: &[String],
+        known: &KnownLeases,
     ) -> impl Future<Output = Result<Fingerprint, String>>;
 
     /// What the health writes of this run put into the keyspace, for the
@@ -413,6 +422,10 @@ pub(crate) struct Serving<E> {
     pub(crate) healthy_after: Duration,
     /// The hidden v2 nodes the data it serves recorded when it started.
     pub(crate) hidden_v2: Vec<String>,
+    /// The leases' TTLs where the release cannot tell them (3.0): what
+    /// the data recorded, counted from `started`, and what the step
+    /// granted itself since.
+    pub(crate) known: KnownLeases,
 }
 
 /// How a step's etcd is to be started, beyond the shared settings.
@@ -658,10 +671,11 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
     ) -> Result<Fingerprint, Failure> {
         let endpoint = serving.endpoint.clone();
         let hidden = serving.hidden_v2.clone();
+        let known = serving.known.clone();
         self.while_serving(
             serving,
             "fingerprint the keyspace",
-            self.health.fingerprint(&endpoint, storage, &hidden),
+            self.health.fingerprint(&endpoint, storage, &hidden, &known),
         )
         .await
     }
@@ -786,6 +800,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             extra_args: settings.extra_args,
         };
         let hidden_v2 = self.launcher.hidden_v2_paths(run.data_dir);
+        let granted = self.granted_leases(run);
         let started = Instant::now();
         let mut etcd = self.launcher.launch(&spec)?;
         let pid = etcd.pid();
@@ -831,6 +846,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                         started,
                         healthy_after: started.elapsed(),
                         hidden_v2,
+                        known: KnownLeases::granted_at(&granted, started),
                     });
                 }
                 Race::Done(Err(HealthError::Refused { reason, remedy })) => {
@@ -883,6 +899,44 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             }
         };
         Err(failure)
+    }
+
+    /// What `run`'s data records of its leases' TTLs, when `run`'s release
+    /// cannot tell them (etcd3 data under 3.0): read offline, before that
+    /// etcd starts. A read that fails is logged and leaves them unknown:
+    /// the fingerprint then takes every leased key as one that may expire
+    /// at any moment, which weakens the check but loses nothing.
+    fn granted_leases(&self, run: Run<'_>) -> BTreeMap<i64, i64> {
+        if run.storage != Storage::Etcd3 || run.version.has_lease_time_to_live() {
+            return BTreeMap::new();
+        }
+        let reading = Instant::now();
+        match self.launcher.granted_leases(run.data_dir) {
+            Ok(granted) => {
+                let granted = granted.unwrap_or_default();
+                log::info(
+                    "lease TTLs read from the data",
+                    &[
+                        ("version", run.version.to_string().into()),
+                        ("data_dir", run.data_dir.display().to_string().into()),
+                        ("leases", granted.len().into()),
+                        ("ms", log::ms(reading.elapsed())),
+                    ],
+                );
+                granted
+            }
+            Err(err) => {
+                log::warn(
+                    "cannot read the leases' TTLs from the data; its leased keys count as expiring at any moment",
+                    &[
+                        ("version", run.version.to_string().into()),
+                        ("data_dir", run.data_dir.display().to_string().into()),
+                        ("error", err.into()),
+                    ],
+                );
+                BTreeMap::new()
+            }
+        }
     }
 
     /// Stops a serving etcd and logs how the step's etcd went.
@@ -1157,6 +1211,13 @@ mod tests {
                 stopped: false,
             })
         }
+        fn granted_leases(&self, data_dir: &Path) -> Result<Option<BTreeMap<i64, i64>>, String> {
+            self.journal
+                .borrow_mut()
+                .events
+                .push(format!("read leases {}", data_dir.display()));
+            Ok(Some([(7, 3600)].into()))
+        }
     }
 
     impl RunningEtcd for FakeEtcd {
@@ -1222,7 +1283,14 @@ mod tests {
             _endpoint: &str,
             _storage: Storage,
             _hidden: &[String],
+            known: &KnownLeases,
         ) -> impl Future<Output = Result<Fingerprint, String>> {
+            if !known.is_empty() {
+                self.journal
+                    .borrow_mut()
+                    .events
+                    .push(format!("fingerprint with {} known leases", known.len()));
+            }
             // The etcd serving now is the one launched last.
             let serving = self
                 .journal
@@ -1289,11 +1357,30 @@ mod tests {
         signal: Option<Signal>,
         record_fails: bool,
     ) -> Outcome {
-        let bundle =
-            Bundle::new(["3.3.25", "3.4.23", "3.5.16"].map(|s| s.parse().expect("version")));
+        walk_between(
+            &["3.3.25", "3.4.23", "3.5.16"],
+            "3.3.25/etcd3",
+            "3.5.16/etcd3",
+            behaviours,
+            signal,
+            record_fails,
+        )
+    }
+
+    /// The walk from `current` to `target` with `bundled` releases and
+    /// each release's behaviour given.
+    fn walk_between(
+        bundled: &[&str],
+        current: &str,
+        target: &str,
+        behaviours: Vec<(Version, Behaviour)>,
+        signal: Option<Signal>,
+        record_fails: bool,
+    ) -> Outcome {
+        let bundle = Bundle::new(bundled.iter().map(|s| s.parse().expect("version")));
         let plan = plan(
-            "3.3.25/etcd3".parse().expect("pair"),
-            "3.5.16/etcd3".parse().expect("pair"),
+            current.parse().expect("pair"),
+            target.parse().expect("pair"),
             &bundle,
         )
         .expect("plans");
@@ -1371,6 +1458,34 @@ mod tests {
                 "launch 3.5.16",
                 "stop 3.5.16",
                 "record 3.5.16/etcd3"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_release_without_lease_time_to_live_reads_with_the_ttls_the_data_recorded() {
+        // 3.0 cannot tell a lease's TTL: the data's own record of them is
+        // read offline before 3.0 starts on it, and handed to every read
+        // through that etcd; 3.1 is asked instead.
+        let outcome = walk_between(
+            &["3.0.17", "3.1.20"],
+            "3.0.17/etcd3",
+            "3.1.20/etcd3",
+            Vec::new(),
+            None,
+            false,
+        );
+        assert!(outcome.result.is_ok(), "{:?}", outcome.result);
+        assert_eq!(
+            outcome.events,
+            [
+                "read leases /data",
+                "launch 3.0.17",
+                "fingerprint with 1 known leases",
+                "stop 3.0.17",
+                "launch 3.1.20",
+                "stop 3.1.20",
+                "record 3.1.20/etcd3"
             ]
         );
     }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use etcd_client::{AlarmAction, AlarmType, Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use crate::executor::{Health, HealthError};
-use crate::keyspace::{self, Fingerprint, Ours};
+use crate::keyspace::{self, Fingerprint, KnownLeases, Ours};
 use crate::log::error_chain;
 use crate::version::Storage;
 
@@ -188,11 +188,13 @@ impl Health for EtcdHealth {
         endpoint: &str,
         storage: Storage,
         hidden: &[String],
+        known: &KnownLeases,
     ) -> impl Future<Output = Result<Fingerprint, String>> {
         let endpoint = endpoint.to_string();
         let ours = self.ours.borrow().clone();
         let hidden = hidden.to_vec();
-        async move { keyspace::read_fingerprint(&endpoint, storage, &ours, &hidden).await }
+        let known = known.clone();
+        async move { keyspace::read_fingerprint(&endpoint, storage, &ours, &hidden, &known).await }
     }
 
     fn write(

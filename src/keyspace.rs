@@ -73,8 +73,76 @@ const V3_PAGE: i64 = 200;
 const V3_MAX_MESSAGE: usize = 512 * 1024 * 1024;
 
 /// The gRPC status code UNIMPLEMENTED: what 3.0 … 3.2 answer to a lease
-/// list (LeaseLeases came in 3.3).
+/// list (LeaseLeases came in 3.3), and 3.0 to a lease's time-to-live
+/// (LeaseTimeToLive came in 3.1).
 const GRPC_UNIMPLEMENTED: i32 = 12;
+
+/// What is known of leases' TTLs without asking etcd: each lease's TTL and
+/// the moment it counts from. etcd 3.0 has no LeaseTimeToLive, so a read
+/// through it learns from the keys only which lease each is bound to. The
+/// TTL comes from here instead:
+/// - the TTL the data recorded for the lease when its etcd last stopped
+///   (`ondisk`: bolt's lease bucket), counted from that etcd's start,
+///   because etcd gives every lease its full granted TTL again whenever it
+///   starts (the lessor's promote, on becoming leader; a moment after the
+///   start, so the start is the earlier, safe end);
+/// - the TTL of a lease this run granted itself (the storage migration),
+///   counted from just before the grant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KnownLeases {
+    ttls: BTreeMap<i64, (i64, Instant)>,
+}
+
+impl KnownLeases {
+    /// Nothing known.
+    pub fn new() -> Self {
+        KnownLeases::default()
+    }
+
+    /// Every lease of `granted` (id → TTL in seconds), counted from
+    /// `since`.
+    pub fn granted_at(granted: &BTreeMap<i64, i64>, since: Instant) -> Self {
+        KnownLeases {
+            ttls: granted
+                .iter()
+                .map(|(id, ttl)| (*id, (*ttl, since)))
+                .collect(),
+        }
+    }
+
+    /// Adds one lease of `ttl` seconds, counted from `since`.
+    pub fn insert(&mut self, lease: i64, ttl: i64, since: Instant) {
+        self.ttls.insert(lease, (ttl, since));
+    }
+
+    /// Adds every lease `other` knows.
+    pub fn extend(&mut self, other: KnownLeases) {
+        self.ttls.extend(other.ttls);
+    }
+
+    /// How many leases are known.
+    pub fn len(&self) -> usize {
+        self.ttls.len()
+    }
+
+    /// True when none is.
+    pub fn is_empty(&self) -> bool {
+        self.ttls.is_empty()
+    }
+
+    /// The seconds `lease` has left at the latest, if it is known: its TTL
+    /// less the whole seconds begun since it started counting (never less
+    /// than 0), so it never says more than etcd would.
+    pub fn remaining(&self, lease: i64) -> Option<i64> {
+        let (ttl, since) = self.ttls.get(&lease)?;
+        let elapsed = since.elapsed();
+        let begun = elapsed.as_secs() + u64::from(elapsed.subsec_nanos() > 0);
+        Some(
+            ttl.saturating_sub(i64::try_from(begun).unwrap_or(i64::MAX))
+                .max(0),
+        )
+    }
+}
 
 /// Per-request deadline for keyspace calls: a page of a large keyspace.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -732,16 +800,23 @@ pub async fn v3_client(endpoint: &str) -> Result<etcd_client::Client, String> {
 /// Reads every v3 key, a page at a time, handing each to `sink` with the
 /// remaining TTL of its lease (a key whose lease has just run out, not yet
 /// deleted by etcd, comes with 0), so a fingerprint never holds the
-/// keyspace in memory. This run's health keys are left out. Returns the
-/// seconds left on each lease a key is bound to.
+/// keyspace in memory. This run's health keys are left out. Where the
+/// release has no LeaseTimeToLive (3.0), the TTL comes from `known`; a
+/// leased key whose lease is not known there either comes without one
+/// (`ttl: None`, `lease` set): it may expire at any moment, for all this
+/// read can tell. Returns the seconds left on each lease a key is bound
+/// to, where they are known.
 async fn read_v3_with(
     client: &etcd_client::Client,
     ours: &Ours,
+    known: &KnownLeases,
     sink: &mut dyn FnMut(Entry),
 ) -> Result<BTreeMap<i64, i64>, String> {
     let mut kv = client.kv_client().max_decoding_message_size(V3_MAX_MESSAGE);
     let mut lease_client = client.lease_client();
-    let mut ttl_of_lease: BTreeMap<i64, i64> = BTreeMap::new();
+    let mut ttl_of_lease: BTreeMap<i64, Option<i64>> = BTreeMap::new();
+    // Asked once: a release that lacks the call lacks it for every lease.
+    let mut has_time_to_live = true;
     let mut start: Vec<u8> = vec![0];
     let mut revision = 0;
     loop {
@@ -763,14 +838,20 @@ async fn read_v3_with(
             }
             let ttl = match kv.lease() {
                 0 => None,
-                lease => Some(match ttl_of_lease.get(&lease) {
+                lease => match ttl_of_lease.get(&lease) {
                     Some(ttl) => *ttl,
                     None => {
-                        let ttl = lease_ttl(&mut lease_client, lease).await?;
+                        let asked = if has_time_to_live {
+                            lease_ttl(&mut lease_client, lease).await?
+                        } else {
+                            None
+                        };
+                        has_time_to_live &= asked.is_some();
+                        let ttl = asked.or_else(|| known.remaining(lease));
                         ttl_of_lease.insert(lease, ttl);
                         ttl
                     }
-                }),
+                },
             };
             sink(Entry {
                 key: kv.key().to_vec(),
@@ -787,16 +868,27 @@ async fn read_v3_with(
             _ => break,
         }
     }
-    Ok(ttl_of_lease)
+    Ok(ttl_of_lease
+        .into_iter()
+        .filter_map(|(lease, ttl)| Some((lease, ttl?)))
+        .collect())
 }
 
-/// Seconds left on a lease; 0 once it has run out (or is unknown).
-async fn lease_ttl(client: &mut etcd_client::LeaseClient, lease: i64) -> Result<i64, String> {
-    let answer = client
-        .time_to_live(lease, None)
-        .await
-        .map_err(|err| format!("v3 lease {lease:x} time-to-live: {err}"))?;
-    Ok(answer.ttl().max(0))
+/// Seconds left on a lease; 0 once it has run out (or is unknown to
+/// etcd); `None` where the release has no LeaseTimeToLive (3.0).
+async fn lease_ttl(
+    client: &mut etcd_client::LeaseClient,
+    lease: i64,
+) -> Result<Option<i64>, String> {
+    match client.time_to_live(lease, None).await {
+        Ok(answer) => Ok(Some(answer.ttl().max(0))),
+        Err(etcd_client::Error::GRpcStatus(status))
+            if i32::from(status.code()) == GRPC_UNIMPLEMENTED =>
+        {
+            Ok(None)
+        }
+        Err(err) => Err(format!("v3 lease {lease:x} time-to-live: {err}")),
+    }
 }
 
 /// Every lease alive with its seconds left (this run's health leases left
@@ -822,9 +914,10 @@ async fn read_leases(
         if ours.holds_lease(lease.id()) {
             continue;
         }
+        // A release that lists leases (3.3+) also tells their TTLs.
         let ttl = match known.get(&lease.id()) {
             Some(ttl) => *ttl,
-            None => lease_ttl(&mut lease_client, lease.id()).await?,
+            None => lease_ttl(&mut lease_client, lease.id()).await?.unwrap_or(0),
         };
         leases.insert(lease.id(), ttl);
     }
@@ -845,12 +938,14 @@ pub struct Read {
 /// Reads everything a step's etcd serves of data in `storage`: every
 /// entry, for etcd3 data the v2 side store too (where the release serves
 /// the v2 API), and the fingerprint of the read; this run's health keys
-/// and leases are left out.
+/// and leases are left out. `known`: the leases' TTLs, for a release that
+/// cannot tell them (see [`KnownLeases`]).
 pub async fn read_all(
     endpoint: &str,
     storage: Storage,
     ours: &Ours,
     hidden: &[String],
+    known: &KnownLeases,
 ) -> Result<Read, String> {
     let started = Instant::now();
     match storage {
@@ -866,8 +961,8 @@ pub async fn read_all(
         Storage::Etcd3 => {
             let client = v3_client(endpoint).await?;
             let mut entries = Vec::new();
-            let known = read_v3_with(&client, ours, &mut |entry| entries.push(entry)).await?;
-            let leases = read_leases(&client, &known, ours).await?;
+            let ttls = read_v3_with(&client, ours, known, &mut |entry| entries.push(entry)).await?;
+            let leases = read_leases(&client, &ttls, ours).await?;
             let side = read_v2(endpoint, ours, hidden).await?;
             let side_fingerprint = side
                 .as_ref()
@@ -891,16 +986,21 @@ pub async fn read_fingerprint(
     storage: Storage,
     ours: &Ours,
     hidden: &[String],
+    known: &KnownLeases,
 ) -> Result<Fingerprint, String> {
     match storage {
-        Storage::Etcd2 => Ok(read_all(endpoint, storage, ours, hidden).await?.fingerprint),
+        Storage::Etcd2 => Ok(read_all(endpoint, storage, ours, hidden, known)
+            .await?
+            .fingerprint),
         Storage::Etcd3 => {
             let started = Instant::now();
             let client = v3_client(endpoint).await?;
             let mut fingerprint = Fingerprint::empty(storage);
-            let known =
-                read_v3_with(&client, ours, &mut |entry| fingerprint.add(&entry, started)).await?;
-            let leases = read_leases(&client, &known, ours).await?;
+            let ttls = read_v3_with(&client, ours, known, &mut |entry| {
+                fingerprint.add(&entry, started)
+            })
+            .await?;
+            let leases = read_leases(&client, &ttls, ours).await?;
             let side = read_v2(endpoint, ours, hidden)
                 .await?
                 .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
@@ -1163,6 +1263,37 @@ mod tests {
                 ("/p".to_string(), None),
             ]
         );
+    }
+
+    #[test]
+    fn a_known_lease_counts_down_from_its_start_and_never_says_more_than_etcd() {
+        let now = Instant::now();
+        let granted: BTreeMap<i64, i64> = [(7, 3600), (8, 5)].into();
+        let mut known = KnownLeases::granted_at(&granted, now - Duration::from_millis(2500));
+        // 2.5 s since the start: three seconds begun.
+        assert_eq!(known.remaining(7), Some(3597));
+        assert_eq!(known.remaining(8), Some(2));
+        assert_eq!(known.remaining(9), None, "not known");
+        known.insert(9, 10, now - Duration::from_secs(60));
+        assert_eq!(known.remaining(9), Some(0), "ran out: 0, not negative");
+        assert_eq!(known.len(), 3);
+        // A leased key whose TTL is unknown may expire at any moment: a
+        // later read without it passes.
+        let read = Instant::now() - Duration::from_millis(10);
+        let unknown = Entry {
+            ttl: None,
+            lease: 11,
+            ..entry("/registry/events/e", "1")
+        };
+        let before = Fingerprint::new(Storage::Etcd3, &[entry("a", "1"), unknown], None, read);
+        before
+            .check_kept_by(&Fingerprint::new(
+                Storage::Etcd3,
+                &[entry("a", "1")],
+                None,
+                Instant::now(),
+            ))
+            .expect("an unknown TTL may have run out");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::datadir::{self, DataDirError, WORK_DIR};
 use crate::executor::{
     Executor, Failure, Health, Launcher, Progress, Run, Serving, StepError, Tools, TtlLeases,
 };
-use crate::keyspace::{self, Entry, Fingerprint, Ours};
+use crate::keyspace::{self, Entry, Fingerprint, KnownLeases, Ours};
 use crate::log;
 use crate::plan::Binary;
 use crate::version::{Storage, Version, VersionPair};
@@ -350,11 +350,12 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let endpoint = serving.endpoint.clone();
         let ours = self.health.ours();
         let hidden = serving.hidden_v2.clone();
+        let known = serving.known.clone();
         let read = self
             .while_serving(
                 &mut serving,
                 "read the keyspace",
-                keyspace::read_all(&endpoint, run.storage, &ours, &hidden),
+                keyspace::read_all(&endpoint, run.storage, &ours, &hidden, &known),
             )
             .await?;
         let read_at = Instant::now();
@@ -512,6 +513,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let before = before.unwrap_or(&source);
         check_v2_compatible(&read.entries)
             .and_then(|()| check_v2_side_fits(&read.entries, &read.v2_side))
+            .and_then(|()| check_ttls_known(&read.entries, serve))
             .map_err(|detail| work_err("check that every v3 key fits the v2 store", detail))?;
         log::info(
             "v3 keyspace read",
@@ -558,7 +560,13 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             .while_serving(
                 &mut serving,
                 "read the new v2 store back",
-                keyspace::read_all(&endpoint, Storage::Etcd2, &ours, &hidden_written),
+                keyspace::read_all(
+                    &endpoint,
+                    Storage::Etcd2,
+                    &ours,
+                    &hidden_written,
+                    &KnownLeases::new(),
+                ),
             )
             .await?;
         let after = copy.fingerprint;
@@ -661,12 +669,16 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         report_expired(label, &plan.expired);
         let leased = plan.groups.values().map(Vec::len).sum::<usize>();
         let ours = self.health.ours();
-        self.while_serving(
-            &mut serving,
-            "attach leases to TTL keys",
-            apply_leases(&endpoint, &plan, &ours, &hidden_without_ttl(&v2, &plan)),
-        )
-        .await?;
+        let granted = self
+            .while_serving(
+                &mut serving,
+                "attach leases to TTL keys",
+                apply_leases(&endpoint, &plan, &ours, &hidden_without_ttl(&v2, &plan)),
+            )
+            .await?;
+        // 3.0 cannot tell these leases' TTLs; the reads below take them
+        // from what was granted.
+        serving.known.extend(granted);
         log::info(
             "leases attached",
             &[
@@ -678,11 +690,12 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         );
         crate::failpoint!("migration-after-leases");
 
+        let known = serving.known.clone();
         let converted_read = self
             .while_serving(
                 &mut serving,
                 "read the v3 keyspace",
-                keyspace::read_all(&endpoint, Storage::Etcd3, &ours, &serving_hidden),
+                keyspace::read_all(&endpoint, Storage::Etcd3, &ours, &serving_hidden, &known),
             )
             .await?;
         let (v3, after) = (converted_read.entries, converted_read.fingerprint);
@@ -868,6 +881,21 @@ pub fn check_v2_side_fits(v3: &[Entry], v2_side: &[Entry]) -> Result<(), String>
     Ok(())
 }
 
+/// Every leased v3 key must come with its TTL, since the v2 store needs
+/// one (a key written without it would never expire). Only a release
+/// without LeaseTimeToLive (3.0, `serve`) can leave it unknown, and only
+/// when the data's own record of the lease could not be read.
+fn check_ttls_known(entries: &[Entry], serve: Version) -> Result<(), String> {
+    match entries.iter().find(|e| e.lease != 0 && e.ttl.is_none()) {
+        None => Ok(()),
+        Some(entry) => Err(format!(
+            "the TTL of lease {:x} (on {:?}) is unknown: etcd {serve} cannot tell it (no LeaseTimeToLive) and the data's lease table could not be read (see the warning above), and a v2 key written without its TTL would never expire; restore the data's member/snap/db from a backup if it is damaged, or let the lease expire (or revoke it) before rolling back",
+            entry.lease,
+            String::from_utf8_lossy(&entry.key)
+        )),
+    }
+}
+
 fn report_expired(label: &str, expired: &[String]) {
     if expired.is_empty() {
         return;
@@ -940,12 +968,15 @@ fn hidden_without_ttl(v2: &[Entry], plan: &LeasePlan) -> Vec<Entry> {
 /// Grants one lease per group and re-puts its keys under it; puts the
 /// hidden keys `etcdctl migrate` skipped (`hidden`, and those of the
 /// groups); deletes the expired keys that it copied without a TTL.
+/// Returns the leases granted, each TTL counted from just before its
+/// grant.
 async fn apply_leases(
     endpoint: &str,
     plan: &LeasePlan,
     ours: &Ours,
     hidden: &[Entry],
-) -> Result<(), String> {
+) -> Result<KnownLeases, String> {
+    let mut granted = KnownLeases::new();
     let mut client = keyspace::v3_client(endpoint).await?;
     // A health key of this run whose removal failed is still in the v2
     // store until its TTL runs out, and `etcdctl migrate` copied it
@@ -970,10 +1001,12 @@ async fn apply_leases(
             .map_err(|e| format!("delete expired {key}: {e}"))?;
     }
     for (ttl, entries) in &plan.groups {
+        let asked = Instant::now();
         let lease = client
             .lease_grant(*ttl, None)
             .await
             .map_err(|e| format!("grant a {ttl} s lease: {e}"))?;
+        granted.insert(lease.id(), lease.ttl(), asked);
         for entry in entries {
             // Only if `etcdctl migrate` copied it: a key the v2 store purged
             // after we read it must not come back, even briefly. A hidden
@@ -1004,7 +1037,7 @@ async fn apply_leases(
             })?;
         }
     }
-    Ok(())
+    Ok(granted)
 }
 
 /// The v3 keys that came from v2 must match it exactly, and every leased
@@ -1159,6 +1192,27 @@ mod tests {
             "{err}"
         );
         assert!(check_v2_compatible(&[e("/a//b", "1", None)]).is_err());
+    }
+
+    #[test]
+    fn a_leased_key_without_a_known_ttl_is_not_written_to_v2_forever() {
+        let serve: Version = "3.0.17".parse().expect("version");
+        let known = Entry {
+            lease: 7,
+            ..e("/registry/events/a", "1", Some(3500))
+        };
+        assert!(check_ttls_known(&[e("/p", "1", None), known.clone()], serve).is_ok());
+        let unknown = Entry {
+            lease: 0x2a,
+            ..e("/registry/events/b", "2", None)
+        };
+        let err = check_ttls_known(&[known, unknown], serve).expect_err("refused");
+        assert!(
+            err.contains("lease 2a")
+                && err.contains("/registry/events/b")
+                && err.contains("3.0.17"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -123,6 +123,13 @@ impl Version {
         self.minor_line() >= Minor::new(3, 0) && self.minor_line() <= Minor::new(3, 4)
     }
 
+    /// True when this release answers LeaseTimeToLive (3.1+): 3.0's lease
+    /// service has only grant, revoke and keep-alive, so a key's lease id
+    /// is all it tells (ETCD-NOTES).
+    pub fn has_lease_time_to_live(self) -> bool {
+        self.minor_line() >= Minor::new(3, 1)
+    }
+
     /// True when this release ships `etcdutl` (3.5+), which took over
     /// offline operations such as `snapshot restore` from `etcdctl`.
     pub fn has_etcdutl(self) -> bool {
@@ -331,5 +338,6 @@ mod tests {
         assert!(v("3.0.17").has_etcdctl_migrate() && v("3.4.23").has_etcdctl_migrate());
         assert!(!v("2.3.7").has_etcdctl_migrate() && !v("3.5.1").has_etcdctl_migrate());
         assert!(!v("3.4.23").has_etcdutl() && v("3.5.1").has_etcdutl());
+        assert!(!v("3.0.17").has_lease_time_to_live() && v("3.1.20").has_lease_time_to_live());
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::time::Instant;
 
 use etcd_client::{GetOptions, LeaseTimeToLiveOptions};
 
@@ -21,6 +22,12 @@ pub const HEALTH_LEASE_TTL_SECS: i64 = 60;
 pub fn is_health_key(key: &[u8]) -> bool {
     let key = key.strip_prefix(b"/").unwrap_or(key);
     key.starts_with(&HEALTH_KEY_PREFIX.as_bytes()[1..])
+}
+
+/// True for etcd's answer to a call its release does not have (gRPC
+/// UNIMPLEMENTED: LeaseLeases before 3.3, LeaseTimeToLive before 3.1).
+fn unimplemented(err: &etcd_client::Error) -> bool {
+    matches!(err, etcd_client::Error::GRpcStatus(status) if i32::from(status.code()) == 12)
 }
 
 /// A key's value and the lease it is attached to (0: none).
@@ -68,8 +75,24 @@ pub struct Keyspace {
 }
 
 impl Keyspace {
-    /// Reads every key and lease from the etcd at `endpoint`.
+    /// Reads every key and lease from the etcd at `endpoint` (3.1+: 3.0
+    /// cannot tell a lease's TTL, see [`Keyspace::read_granted`]).
     pub async fn read(endpoint: &str) -> Keyspace {
+        Keyspace::read_granted(endpoint, &BTreeMap::new(), Instant::now()).await
+    }
+
+    /// Reads every key and lease from the etcd at `endpoint`, any release
+    /// 3.0+: where it cannot list leases (3.0 … 3.2), they are the ones
+    /// its keys name; where it cannot tell a lease's TTL (3.0), the TTL is
+    /// the one in `granted` (the data's own record of it, or the grant),
+    /// and what is left of it counts from `since` (when that etcd started
+    /// or the lease was granted: etcd gives every lease its full TTL again
+    /// when it starts).
+    pub async fn read_granted(
+        endpoint: &str,
+        granted: &BTreeMap<i64, i64>,
+        since: Instant,
+    ) -> Keyspace {
         let mut client = connect(endpoint)
             .await
             .unwrap_or_else(|err| panic!("connect {endpoint}: {err}"));
@@ -106,28 +129,46 @@ impl Keyspace {
                 )
             })
             .collect();
-        let ids: Vec<i64> = client
-            .leases()
-            .await
-            .unwrap_or_else(|err| panic!("list leases on {endpoint}: {err}"))
-            .leases()
-            .iter()
-            .map(|lease| lease.id())
-            .collect();
+        let ids: BTreeSet<i64> = match client.leases().await {
+            Ok(listed) => listed.leases().iter().map(|lease| lease.id()).collect(),
+            Err(err) if unimplemented(&err) => response
+                .kvs()
+                .iter()
+                .map(|kv| kv.lease())
+                .filter(|lease| *lease != 0)
+                .collect(),
+            Err(err) => panic!("list leases on {endpoint}: {err}"),
+        };
         let mut leases = BTreeMap::new();
         for id in ids {
-            let lease = client
+            let lease = match client
                 .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
                 .await
-                .unwrap_or_else(|err| panic!("time-to-live of lease {id:x} on {endpoint}: {err}"));
-            leases.insert(
-                id,
-                Lease {
+            {
+                Ok(lease) => Lease {
                     granted_ttl: lease.granted_ttl(),
                     remaining_ttl: lease.ttl(),
                     keys: lease.keys().iter().cloned().collect(),
                 },
-            );
+                Err(err) if unimplemented(&err) => {
+                    let granted_ttl = *granted.get(&id).unwrap_or_else(|| {
+                        panic!("{endpoint} cannot tell the TTL of lease {id:x} (no LeaseTimeToLive) and it was not given")
+                    });
+                    let elapsed = since.elapsed().as_secs_f64().ceil() as i64;
+                    Lease {
+                        granted_ttl,
+                        remaining_ttl: granted_ttl - elapsed,
+                        keys: response
+                            .kvs()
+                            .iter()
+                            .filter(|kv| kv.lease() == id)
+                            .map(|kv| kv.key().to_vec())
+                            .collect(),
+                    }
+                }
+                Err(err) => panic!("time-to-live of lease {id:x} on {endpoint}: {err}"),
+            };
+            leases.insert(id, lease);
         }
         Keyspace {
             entries,

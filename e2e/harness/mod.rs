@@ -50,24 +50,46 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
-/// The path of a real binary, e.g. `binary("etcd-3.4.23")`. Fails the test
-/// (never skips it) when the binary is absent.
-pub fn binary(name: &str) -> PathBuf {
-    let path = bin_dir().join(name);
-    let usable = std::fs::metadata(&path)
+/// The dir `$ETCD_EXTRA_BIN_DIR` names, if set: releases the suite's fetch
+/// cannot reach (2.2.1, 2.3.7, 3.0.17, 3.1.20, 3.2.32 as upstream release
+/// tarballs unpacked into a dir), for the tests in `old_releases`.
+pub fn extra_bin_dir() -> Option<PathBuf> {
+    std::env::var_os("ETCD_EXTRA_BIN_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+}
+
+/// True for an executable file.
+fn is_executable(path: &Path) -> bool {
+    std::fs::metadata(path)
         .map(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false);
-    assert!(
-        usable,
-        "{} is missing or not executable: the e2e tests run real etcd binaries; \
-         run `images/fetch-etcd.sh` (it fills {}), or point $ETCD_BIN_DIR at a dir \
-         holding etcd-<version> files",
-        path.display(),
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(".cache/etcd/bin")
-            .display()
-    );
-    path
+        .unwrap_or(false)
+}
+
+/// Where `name` is: the bin dir, else the extra bin dir; `None` when
+/// neither holds it as an executable file.
+pub fn find_binary(name: &str) -> Option<PathBuf> {
+    std::iter::once(bin_dir())
+        .chain(extra_bin_dir())
+        .map(|dir| dir.join(name))
+        .find(|path| is_executable(path))
+}
+
+/// The path of a real binary, e.g. `binary("etcd-3.4.23")`, from the bin
+/// dir (or the extra bin dir). Fails the test (never skips it) when the
+/// binary is absent.
+pub fn binary(name: &str) -> PathBuf {
+    find_binary(name).unwrap_or_else(|| {
+        panic!(
+            "{} is missing or not executable: the e2e tests run real etcd binaries; \
+             run `images/fetch-etcd.sh` (it fills {}), or point $ETCD_BIN_DIR at a dir \
+             holding etcd-<version> files (releases it cannot fetch: $ETCD_EXTRA_BIN_DIR)",
+            bin_dir().join(name).display(),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(".cache/etcd/bin")
+                .display()
+        )
+    })
 }
 
 /// Every release the suite runs, from the default list of

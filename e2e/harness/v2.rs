@@ -188,15 +188,27 @@ impl V2Keyspace {
     }
 }
 
-/// Starts `etcd-<version>` as `member` on `data_dir` with the v2 API on
-/// (a flag from 3.4 on; on by default before).
-fn start_with_v2(version: &str, member: &Member, data_dir: &Path, log_dir: &Path) -> EtcdProcess {
-    let extra: &[&str] = if version.starts_with("3.3.") {
-        &[]
-    } else {
+/// The flags that turn the v2 API on for `etcd-<version>`: 3.4 and 3.5
+/// serve it only with `--enable-v2=true`; 2.x and 3.0 … 3.3 always do, and
+/// before 3.4 the flag does not exist (etcd refuses to start with it).
+pub fn v2_flags(version: &str) -> &'static [&'static str] {
+    if version.starts_with("3.4.") || version.starts_with("3.5.") {
         &["--enable-v2=true"]
-    };
-    EtcdProcess::start_with(version, member, data_dir, free_port(), log_dir, extra)
+    } else {
+        &[]
+    }
+}
+
+/// Starts `etcd-<version>` as `member` on `data_dir` with the v2 API on.
+fn start_with_v2(version: &str, member: &Member, data_dir: &Path, log_dir: &Path) -> EtcdProcess {
+    EtcdProcess::start_with(
+        version,
+        member,
+        data_dir,
+        free_port(),
+        log_dir,
+        v2_flags(version),
+    )
 }
 
 /// Starts `etcd-<version>` as `member` on `data_dir` with the v2 API on,
@@ -317,12 +329,14 @@ pub fn build_paced(
     batches: &[Vec<V2Key>],
     pause: Duration,
 ) -> V2Fixture {
-    let extra: &[&str] = if version.starts_with("3.3.") {
-        &[]
-    } else {
-        &["--enable-v2=true"]
-    };
-    let mut etcd = EtcdProcess::start_with(version, member, data_dir, free_port(), log_dir, extra);
+    let mut etcd = EtcdProcess::start_with(
+        version,
+        member,
+        data_dir,
+        free_port(),
+        log_dir,
+        v2_flags(version),
+    );
     let (keys, served) = block_on(async {
         etcd.wait_ready_v2().await;
         let endpoint = etcd.endpoint();

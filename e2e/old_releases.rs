@@ -1,0 +1,611 @@
+//! Every adjacent transition of the supported paths on real etcd,
+//! including the releases the registries do not have (2.2.1, 2.3.7,
+//! 3.0.17, 3.1.20, 3.2.32): they come from the dir `$ETCD_EXTRA_BIN_DIR`
+//! names (upstream release tarballs unpacked into a dir). Each case builds
+//! a small data dir with its first release (etcd2: v2 keys, some with
+//! TTLs; etcd3: v3 keys, keys on two leases, and keys written through the
+//! v2 API, one with a TTL), runs etcd-migrate to its target, and reads the
+//! result back with the target release: every key with its value, every
+//! lease or TTL within what the time elapsed allows, nothing else.
+//!
+//! - up: 2.2 → 2.3 → 3.0 (etcd2), 3.0 → 3.1 → 3.2 → 3.3 → 3.4 → 3.5 (etcd3);
+//! - the storage migration at each of 3.0 … 3.4;
+//! - down: 3.5 → 3.4 → 3.3 → 3.2 → 3.1 → 3.0, and 3.0/etcd3 → 2.2.1/etcd2;
+//! - the Kubernetes 1.5 → 1.6 path (2.2.1/etcd2 → 3.0.17/etcd3) and the
+//!   whole walk 2.2.1/etcd2 → 3.5.16/etcd3.
+//!
+//! A case whose binaries are missing is not run, and says so on stderr
+//! (not captured by the test runner), with the summary at the end: never
+//! a silent pass. The cases run in a few threads at once
+//! (`OLD_RELEASES_THREADS`, 3 by default).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use etcd_client::PutOptions;
+
+use crate::harness::etcd::{connect, EtcdProcess};
+use crate::harness::keyspace::Keyspace;
+use crate::harness::migrator::Migration;
+use crate::harness::v2::{self, read_back_v2, v2_flags, V2Fixture, V2Key, V2Keyspace};
+use crate::harness::{
+    block_on, extra_bin_dir, find_binary, free_port, read_version_txt, set_mode, symlink, temp_dir,
+    write_version_txt, Member, WORK_DIR,
+};
+
+/// The etcd3 fixture's leases: one of an hour (events), one of 20 minutes
+/// (node leases).
+const LONG_LEASE_SECS: i64 = 3600;
+const SHORT_LEASE_SECS: i64 = 1200;
+
+/// What must be left of a lease after a case (minutes at most pass).
+const MIN_REMAINING_TTL: i64 = 900;
+
+/// TTLs may read up to this much shorter than the time elapsed allows:
+/// etcd rounds them (v2 up, v3 down), and a step restarts the count.
+const TTL_MARGIN_SECS: i64 = 5;
+
+/// How long one etcd-migrate run of a case may take (the whole walk is 8
+/// steps, ~5 s on an idle machine).
+const CASE_MIGRATE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The v2 keys written into etcd3 data: a flannel-style config and a lock
+/// with a TTL.
+const FLANNEL: &str = "/coreos.com/network/config";
+const LOCK: &str = "/legacy/lock";
+
+/// What a case's data holds before the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Data {
+    /// etcd2 storage: v2 keys in nested dirs, some with TTLs.
+    Etcd2,
+    /// etcd3 storage: v3 keys, keys on two leases, and v2 keys.
+    Etcd3,
+}
+
+/// One transition.
+#[derive(Debug, Clone)]
+struct Case {
+    /// What version.txt holds before (its release writes the fixture).
+    from: &'static str,
+    /// The target pair.
+    to: &'static str,
+    /// Every release the path runs.
+    releases: &'static [&'static str],
+    /// The kinds of the steps the plan must have.
+    steps: &'static [&'static str],
+}
+
+impl Case {
+    fn name(&self) -> String {
+        match self.steps {
+            [kind] => format!("{} -> {} ({kind})", self.from, self.to),
+            steps => format!("{} -> {} ({} steps)", self.from, self.to, steps.len()),
+        }
+    }
+
+    fn data(&self) -> Data {
+        if self.from.ends_with("/etcd2") {
+            Data::Etcd2
+        } else {
+            Data::Etcd3
+        }
+    }
+
+    fn first_release(&self) -> &'static str {
+        release_of(self.from)
+    }
+
+    fn target_release(&self) -> &'static str {
+        release_of(self.to)
+    }
+
+    /// The binaries the case runs that are nowhere to be found: each
+    /// release's etcd, and the etcdctl of 3.x ones (`migrate`, `snapshot`;
+    /// a 2.x etcdctl is never run).
+    fn missing(&self) -> Vec<String> {
+        self.releases
+            .iter()
+            .flat_map(|v| {
+                let tools = if v.starts_with("2.") {
+                    vec![format!("etcd-{v}")]
+                } else {
+                    vec![format!("etcd-{v}"), format!("etcdctl-{v}")]
+                };
+                tools
+            })
+            .filter(|name| find_binary(name).is_none())
+            .collect()
+    }
+}
+
+fn release_of(pair: &'static str) -> &'static str {
+    pair.split('/').next().unwrap_or(pair)
+}
+
+const UP: &[&str] = &["minor-upgrade"];
+const DOWN: &[&str] = &["minor-rollback"];
+const STORAGE: &[&str] = &["storage-migration"];
+
+/// Every case, in the order they are started.
+fn cases() -> Vec<Case> {
+    let case = |from, to, releases, steps| Case {
+        from,
+        to,
+        releases,
+        steps,
+    };
+    vec![
+        // The longest first, so the pool ends together.
+        case(
+            "2.2.1/etcd2",
+            "3.5.16/etcd3",
+            &[
+                "2.2.1", "2.3.7", "3.0.17", "3.1.20", "3.2.32", "3.3.25", "3.4.23", "3.5.16",
+            ],
+            &[
+                "minor-upgrade",
+                "minor-upgrade",
+                "storage-migration",
+                "minor-upgrade",
+                "minor-upgrade",
+                "minor-upgrade",
+                "minor-upgrade",
+                "minor-upgrade",
+            ],
+        ),
+        // Kubernetes 1.5 -> 1.6 and back.
+        case(
+            "2.2.1/etcd2",
+            "3.0.17/etcd3",
+            &["2.2.1", "2.3.7", "3.0.17"],
+            &["minor-upgrade", "minor-upgrade", "storage-migration"],
+        ),
+        case(
+            "3.0.17/etcd3",
+            "2.2.1/etcd2",
+            &["3.0.17", "2.2.1"],
+            &["rollback-to-etcd2"],
+        ),
+        // Up.
+        case("2.2.1/etcd2", "2.3.7/etcd2", &["2.2.1", "2.3.7"], UP),
+        case("2.3.7/etcd2", "3.0.17/etcd2", &["2.3.7", "3.0.17"], UP),
+        case("3.0.17/etcd3", "3.1.20/etcd3", &["3.0.17", "3.1.20"], UP),
+        case("3.1.20/etcd3", "3.2.32/etcd3", &["3.1.20", "3.2.32"], UP),
+        case("3.2.32/etcd3", "3.3.25/etcd3", &["3.2.32", "3.3.25"], UP),
+        case("3.3.25/etcd3", "3.4.23/etcd3", &["3.3.25", "3.4.23"], UP),
+        case("3.4.23/etcd3", "3.5.16/etcd3", &["3.4.23", "3.5.16"], UP),
+        // The storage migration at each release that has `etcdctl migrate`.
+        case("3.0.17/etcd2", "3.0.17/etcd3", &["3.0.17"], STORAGE),
+        case("3.1.20/etcd2", "3.1.20/etcd3", &["3.1.20"], STORAGE),
+        case("3.2.32/etcd2", "3.2.32/etcd3", &["3.2.32"], STORAGE),
+        case("3.3.25/etcd2", "3.3.25/etcd3", &["3.3.25"], STORAGE),
+        case("3.4.23/etcd2", "3.4.23/etcd3", &["3.4.23"], STORAGE),
+        // Down.
+        case("3.5.16/etcd3", "3.4.23/etcd3", &["3.5.16", "3.4.23"], DOWN),
+        case("3.4.23/etcd3", "3.3.25/etcd3", &["3.4.23", "3.3.25"], DOWN),
+        case("3.3.25/etcd3", "3.2.32/etcd3", &["3.3.25", "3.2.32"], DOWN),
+        case("3.2.32/etcd3", "3.1.20/etcd3", &["3.2.32", "3.1.20"], DOWN),
+        case("3.1.20/etcd3", "3.0.17/etcd3", &["3.1.20", "3.0.17"], DOWN),
+    ]
+}
+
+/// A line on the test process's own stderr: the test runner captures
+/// `eprintln!` of a passing test, and a case that could not run must be
+/// seen.
+fn say(line: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "old_releases: {line}");
+    let _ = stderr.flush();
+}
+
+/// How a case ended.
+enum Ended {
+    Passed(Duration),
+    Failed(String),
+    NotRun(String),
+}
+
+#[test]
+fn every_adjacent_transition_on_real_releases_keeps_keys_leases_and_ttls() {
+    let queue: Mutex<VecDeque<Case>> = Mutex::new(cases().into());
+    let results: Mutex<Vec<(String, Ended)>> = Mutex::new(Vec::new());
+    let threads = std::env::var("OLD_RELEASES_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(3);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let Some(case) = queue
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .pop_front()
+                else {
+                    return;
+                };
+                let ended = run_case(&case);
+                match &ended {
+                    Ended::Passed(took) => say(&format!("PASS {} in {took:.1?}", case.name())),
+                    Ended::Failed(why) => say(&format!("FAIL {}: {why}", case.name())),
+                    Ended::NotRun(why) => say(&format!(
+                        "NOT RUN for want of binaries: {} ({why})",
+                        case.name()
+                    )),
+                }
+                results
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .push((case.name(), ended));
+            });
+        }
+    });
+    let results = results
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let passed = results
+        .iter()
+        .filter(|(_, e)| matches!(e, Ended::Passed(_)))
+        .count();
+    let failed: Vec<&String> = results
+        .iter()
+        .filter(|(_, e)| matches!(e, Ended::Failed(_)))
+        .map(|(name, _)| name)
+        .collect();
+    let not_run: Vec<(&String, &String)> = results
+        .iter()
+        .filter_map(|(name, e)| match e {
+            Ended::NotRun(why) => Some((name, why)),
+            _ => None,
+        })
+        .collect();
+    for (name, why) in &not_run {
+        say(&format!("NOT RUN for want of binaries: {name} ({why})"));
+    }
+    say(&format!(
+        "{} cases: {passed} passed, {} failed, {} NOT RUN for want of binaries{}",
+        results.len(),
+        failed.len(),
+        not_run.len(),
+        if not_run.is_empty() {
+            String::new()
+        } else {
+            " (ETCD_EXTRA_BIN_DIR must name a dir holding etcd-<version> of 2.2.1, 2.3.7, 3.0.17, 3.1.20, 3.2.32 and etcdctl-<version> of the 3.x ones)".to_string()
+        }
+    ));
+    assert!(failed.is_empty(), "failed cases: {failed:#?}");
+}
+
+/// Runs one case, its panics caught as its failure.
+fn run_case(case: &Case) -> Ended {
+    let missing = case.missing();
+    if !missing.is_empty() {
+        let why = match extra_bin_dir() {
+            Some(dir) => format!("{} has no {}", dir.display(), missing.join(", ")),
+            None => format!(
+                "set ETCD_EXTRA_BIN_DIR to a dir with {}",
+                missing.join(", ")
+            ),
+        };
+        return Ended::NotRun(why);
+    }
+    let started = Instant::now();
+    match std::panic::catch_unwind(|| check_case(case)) {
+        Ok(()) => Ended::Passed(started.elapsed()),
+        Err(payload) => Ended::Failed(
+            payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic without a message".to_string()),
+        ),
+    }
+}
+
+/// A bin dir holding links to every binary of the case's releases, from
+/// the bin dir and the extra one: etcd-migrate takes one `--bin-dir`.
+fn linked_bin_dir(case: &Case, dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir(&bin).unwrap_or_else(|err| panic!("mkdir {}: {err}", bin.display()));
+    for version in case.releases {
+        for tool in ["etcd", "etcdctl", "etcdutl"] {
+            let name = format!("{tool}-{version}");
+            if let Some(path) = find_binary(&name) {
+                symlink(&path, &bin.join(&name));
+            }
+        }
+    }
+    bin
+}
+
+/// What a case expects of the v2 store: each leaf's value and, if it
+/// expires, its TTL and when that began to count.
+type V2Expected = BTreeMap<String, (String, Option<(i64, Instant)>)>;
+
+/// The fixture a case starts from.
+enum Fixture {
+    Etcd2(V2Fixture),
+    Etcd3(V3Fixture),
+}
+
+/// etcd3 data: what its etcd served when the fixture was written.
+struct V3Fixture {
+    /// The v3 keyspace.
+    keyspace: Keyspace,
+    /// Each lease's TTL and when it was granted.
+    leases: BTreeMap<i64, (i64, Instant)>,
+    /// The keys written through the v2 API.
+    v2_side: V2Expected,
+}
+
+fn check_case(case: &Case) {
+    let tag = format!("old-{}-{}", case.from, case.to).replace(['/', '.'], "_");
+    let tmp = temp_dir(&tag);
+    let data = tmp.path().join("data");
+    let member = Member::new(&tag);
+    let from = case.first_release();
+    let fixture = match case.data() {
+        Data::Etcd2 => Fixture::Etcd2(v2::build(
+            from,
+            &data,
+            &member,
+            tmp.path(),
+            &v2::kubernetes_like(12, &[SHORT_LEASE_SECS, LONG_LEASE_SECS], 4),
+        )),
+        Data::Etcd3 => Fixture::Etcd3(build_v3(
+            from,
+            &data,
+            &member,
+            tmp.path(),
+            case.to.ends_with("/etcd2"),
+        )),
+    };
+    let bin = linked_bin_dir(case, tmp.path());
+    let (to_version, to_storage) = (case.target_release(), release_storage(case.to));
+    let run = Migration::new(to_version, &data, &member)
+        .bin_dir(&bin)
+        .arg("--target-storage")
+        .arg(to_storage)
+        .spawn()
+        .wait(CASE_MIGRATE_TIMEOUT);
+    run.assert_code(0);
+    assert_eq!(run.step_kinds(), case.steps, "{}", run.explain());
+    assert_eq!(read_version_txt(&data), case.to, "{}", run.explain());
+    assert!(!data.join(WORK_DIR).exists(), "the scratch dir is removed");
+    // Every etcd stops on SIGTERM with its data saved (2.2.1 once died in
+    // a snapshot it was given no time to finish).
+    assert!(
+        run.lines_with("etcd healthy but stopped uncleanly")
+            .is_empty(),
+        "an etcd did not stop cleanly\n{}",
+        run.explain()
+    );
+
+    match (&fixture, to_storage) {
+        (Fixture::Etcd2(fixture), "etcd2") => {
+            let v2 = read_back_v2(to_version, &member, &data, tmp.path());
+            assert_v2_holds(&v2, &v2_expected(fixture), "the etcd2 data");
+        }
+        (Fixture::Etcd2(fixture), _) => {
+            let (v3, read_at, v2_after) = read_back_v3(to_version, &member, &data, tmp.path());
+            v3.assert_no_health_key();
+            v2::assert_migrated(&v3, fixture, read_at, &BTreeSet::new(), false);
+            v2_after.assert_empty();
+        }
+        (Fixture::Etcd3(fixture), "etcd2") => {
+            let v2 = read_back_v2(to_version, &member, &data, tmp.path());
+            let mut expected = fixture.v2_side.clone();
+            for (key, entry) in &fixture.keyspace.entries {
+                let path = format!("/{}", String::from_utf8_lossy(key).trim_start_matches('/'));
+                let ttl = (entry.lease != 0).then(|| fixture.leases[&entry.lease]);
+                let value = String::from_utf8(entry.value.clone())
+                    .unwrap_or_else(|_| panic!("{path}: the fixture for etcd2 holds text only"));
+                expected.insert(path, (value, ttl));
+            }
+            assert_v2_holds(&v2, &expected, "the v3 keys and v2 keys rebuilt as etcd2");
+        }
+        (Fixture::Etcd3(fixture), _) => {
+            let (v3, _, v2_side) = read_back_v3(to_version, &member, &data, tmp.path());
+            v3.assert_kept(&fixture.keyspace, MIN_REMAINING_TTL);
+            v3.assert_revisions_kept(&fixture.keyspace);
+            assert_v2_holds(&v2_side, &fixture.v2_side, "the v2 store of etcd3 data");
+        }
+    }
+}
+
+fn release_storage(pair: &'static str) -> &'static str {
+    pair.split('/').nth(1).unwrap_or("etcd3")
+}
+
+/// What the v2 fixture wrote, as expected of a v2 store.
+fn v2_expected(fixture: &V2Fixture) -> V2Expected {
+    fixture
+        .keys
+        .iter()
+        .map(|written| {
+            (
+                written.key.path.clone(),
+                (
+                    written.key.value.clone(),
+                    written.key.ttl.map(|ttl| (ttl, written.sent)),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Asserts the v2 store holds exactly `expected` (health keys under
+/// their own TTL aside): each value, no TTL where none was written, and a
+/// TTL no longer than written and no shorter than the time elapsed since
+/// allows.
+fn assert_v2_holds(v2: &V2Keyspace, expected: &V2Expected, what: &str) {
+    let leaves = v2.without_health_key();
+    let mut problems = Vec::new();
+    for (path, (value, ttl)) in expected {
+        let Some(node) = leaves.get(path) else {
+            problems.push(format!("{path} is missing"));
+            continue;
+        };
+        if &node.value != value {
+            problems.push(format!("{path}: value {value:?} became {:?}", node.value));
+        }
+        match (ttl, node.expiration.is_some(), node.ttl) {
+            (None, false, _) => {}
+            (None, true, got) => problems.push(format!("{path} had no TTL but has {got:?}")),
+            (Some((want, _)), false, _) => problems.push(format!(
+                "{path} had a TTL of {want} s but has none: it would never expire"
+            )),
+            (Some((want, since)), true, got) => {
+                let elapsed = since.elapsed().as_secs_f64().ceil() as i64;
+                let low = want - elapsed - TTL_MARGIN_SECS;
+                let got = got.unwrap_or(0);
+                if got <= low || got > *want {
+                    problems.push(format!(
+                        "{path}: TTL {got} s, want ({low}, {want}] ({want} s written {elapsed} s ago)"
+                    ));
+                }
+            }
+        }
+    }
+    for path in leaves.keys().filter(|path| !expected.contains_key(*path)) {
+        problems.push(format!("{path} is in the v2 store but was never written"));
+    }
+    assert!(
+        problems.is_empty(),
+        "{what}: the v2 store differs ({} expected, {} found):\n{}",
+        expected.len(),
+        leaves.len(),
+        problems.join("\n")
+    );
+}
+
+/// Writes etcd3 data with `version`: 16 plain keys (one binary unless
+/// `text_only`), `compact_rev_key`, 5 keys on an hour's lease, 3 on a
+/// shorter one, and two v2 keys (one with an hour's TTL). Returns what its
+/// etcd served.
+fn build_v3(
+    version: &str,
+    data: &Path,
+    member: &Member,
+    logs: &Path,
+    text_only: bool,
+) -> V3Fixture {
+    let mut etcd =
+        EtcdProcess::start_with(version, member, data, free_port(), logs, v2_flags(version));
+    let fixture = block_on(async {
+        etcd.wait_ready().await;
+        let endpoint = etcd.endpoint();
+        let mut client = connect(&endpoint)
+            .await
+            .unwrap_or_else(|err| panic!("connect {endpoint}: {err}"));
+        let mut leases = BTreeMap::new();
+        let mut ids = Vec::new();
+        for ttl in [LONG_LEASE_SECS, SHORT_LEASE_SECS] {
+            let asked = Instant::now();
+            let lease = client
+                .lease_grant(ttl, None)
+                .await
+                .unwrap_or_else(|err| panic!("grant a lease on {endpoint}: {err}"));
+            leases.insert(lease.id(), (lease.ttl(), asked));
+            ids.push(lease.id());
+        }
+        let mut puts: Vec<(String, Vec<u8>, i64)> = (0..16)
+            .map(|i| {
+                let value = match i {
+                    0 if !text_only => (0..=255u8).rev().collect(),
+                    1 => "ünïcødé ✓ 日本語".as_bytes().to_vec(),
+                    2 => Vec::new(),
+                    _ => format!(r#"{{"kind":"Pod","metadata":{{"name":"p-{i}"}}}}"#).into_bytes(),
+                };
+                (format!("/registry/pods/ns-{}/p-{i:02}", i % 3), value, 0)
+            })
+            .collect();
+        puts.push(("compact_rev_key".to_string(), b"42".to_vec(), 0));
+        puts.extend((0..5).map(|i| {
+            (
+                format!("/registry/events/ns-{}/event-{i}", i % 2),
+                format!("event {i} ✓").into_bytes(),
+                ids[0],
+            )
+        }));
+        puts.extend((0..3).map(|i| {
+            (
+                format!("/registry/leases/kube-node-lease/node-{i}"),
+                format!("node {i}").into_bytes(),
+                ids[1],
+            )
+        }));
+        for (key, value, lease) in puts {
+            let options = (lease != 0).then(|| PutOptions::new().with_lease(lease));
+            client
+                .put(key.clone(), value, options)
+                .await
+                .unwrap_or_else(|err| panic!("put {key} on {endpoint}: {err}"));
+        }
+        let http = v2::http_client();
+        let mut v2_side = V2Expected::new();
+        for key in [
+            V2Key::plain(FLANNEL, r#"{"Network":"10.1.0.0/16"}"#),
+            V2Key::expiring(LOCK, "held ✓", LONG_LEASE_SECS),
+        ] {
+            let sent = Instant::now();
+            v2::put(&http, &endpoint, &key.path, &key.value, key.ttl)
+                .await
+                .unwrap_or_else(|err| panic!("v2 put {}: {err}", key.path));
+            v2_side.insert(key.path, (key.value, key.ttl.map(|ttl| (ttl, sent))));
+        }
+        let granted: BTreeMap<i64, i64> = leases.iter().map(|(id, (ttl, _))| (*id, *ttl)).collect();
+        let since = leases
+            .values()
+            .map(|(_, at)| *at)
+            .min()
+            .unwrap_or_else(Instant::now);
+        let keyspace = Keyspace::read_granted(&endpoint, &granted, since).await;
+        V3Fixture {
+            keyspace,
+            leases,
+            v2_side,
+        }
+    });
+    etcd.stop();
+    assert_eq!(
+        fixture.keyspace.entries.len(),
+        25,
+        "every key written is served"
+    );
+    assert_eq!(fixture.keyspace.leases.len(), 2);
+    set_mode(data, 0o700);
+    write_version_txt(data, &format!("{version}/etcd3"));
+    fixture
+}
+
+/// Serves the etcd3 data with `version` (the v2 API on), reads its v3
+/// keyspace and its v2 store, and stops it. A release without
+/// LeaseTimeToLive (3.0) learns its leases' TTLs from the data's own
+/// record, read before it starts, as etcd-migrate does.
+fn read_back_v3(
+    version: &str,
+    member: &Member,
+    data: &Path,
+    logs: &Path,
+) -> (Keyspace, Instant, V2Keyspace) {
+    let granted = etcd_migrate::ondisk::read(data)
+        .unwrap_or_else(|err| panic!("read {} offline: {err}", data.display()))
+        .leases
+        .unwrap_or_default();
+    let started = Instant::now();
+    let mut etcd =
+        EtcdProcess::start_with(version, member, data, free_port(), logs, v2_flags(version));
+    let read = block_on(async {
+        etcd.wait_ready().await;
+        let v3 = Keyspace::read_granted(&etcd.endpoint(), &granted, started).await;
+        let read_at = Instant::now();
+        (v3, read_at, V2Keyspace::read(&etcd.endpoint()).await)
+    });
+    etcd.stop();
+    read
+}
