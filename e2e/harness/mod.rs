@@ -1,22 +1,22 @@
 //! This module owns what every e2e test shares: where the real etcd
-//! binaries are, unique loopback ports, the member identity a fixture and
-//! the migrator must agree on (and the exec'd target's arguments),
-//! deadlines, small file helpers, and the processes /proc lists.
+//! binaries are, the member identity a fixture and the migrator must agree
+//! on (and the exec'd target's arguments), deadlines, small file helpers,
+//! and the processes /proc lists. Loopback ports come from `ports`.
 
 pub mod etcd;
 pub mod fixture;
 pub mod keyspace;
 pub mod migrator;
 pub mod mount;
+pub mod ports;
 pub mod tree;
 pub mod v2;
 
-use std::collections::BTreeSet;
+pub use ports::free_port;
+
 use std::future::Future;
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a real etcd may take from spawn to its first successful write.
@@ -86,25 +86,6 @@ pub fn require_suite_binaries() {
 /// The real `etcd-<version>`.
 pub fn etcd_binary(version: &str) -> PathBuf {
     binary(&format!("etcd-{version}"))
-}
-
-static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-
-/// A loopback port nobody listens on, never handed out twice in this
-/// process (tests run in parallel threads).
-pub fn free_port() -> u16 {
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map(|addr| addr.port())
-            .unwrap_or_else(|err| panic!("cannot bind a loopback port: {err}"));
-        let mut handed_out = HANDED_OUT
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if handed_out.insert(port) {
-            return port;
-        }
-    }
 }
 
 /// The identity of the single member that owns a data dir. The fixture
