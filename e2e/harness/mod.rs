@@ -251,6 +251,9 @@ pub struct ProcStat {
     pub state: char,
     /// The parent's pid.
     pub ppid: i32,
+    /// When it started, in clock ticks since boot: with the pid, names
+    /// one process even after the pid is reused (pid_max may be 32768).
+    pub start: u64,
 }
 
 impl ProcStat {
@@ -265,10 +268,12 @@ pub fn proc_stat(pid: i32) -> Option<ProcStat> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // `pid (comm) state ppid …`: the command name may itself hold spaces
     // or parentheses, so the fields are counted from its last `)`.
-    let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
-    let state = rest.next()?.chars().next()?;
-    let ppid = rest.next()?.parse().ok()?;
-    Some(ProcStat { state, ppid })
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // Fields 3, 4 and 22 of proc(5), counted from 1 at the pid.
+    let state = fields.first()?.chars().next()?;
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some(ProcStat { state, ppid, start })
 }
 
 /// Whether `pid` is still a live (not zombie) process.
