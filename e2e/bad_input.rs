@@ -415,7 +415,7 @@ fn a_data_dir_another_user_owns_is_refused_untouched() {
     set_mode(tmp.path(), 0o755);
     assert_eq!(mode(data), 0o700);
     let migration = Migration::new("3.5.16", data, &fixture.member).bundled(BUNDLE);
-    let mut program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    let mut program = crate::harness::migrator::program();
     if !open_to_others(&program) {
         let copy = tmp.path().join("etcd-migrate");
         let status = Command::new("install")
