@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, DeleteOptions};
 
-use crate::harness::etcd::{connect, read_back, EtcdProcess};
+use crate::harness::etcd::{connect, connect_within, read_back, EtcdProcess, PROBE_TIMEOUT};
 use crate::harness::fixture::{self, Fixture, FixtureSpec};
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::{Migration, Outcome};
@@ -145,7 +145,7 @@ fn read_back_without_writing(
         let started = Instant::now();
         loop {
             let attempt = async {
-                let mut client = connect(&endpoint).await?;
+                let mut client = connect_within(&endpoint, PROBE_TIMEOUT).await?;
                 client.get("probe", None).await?;
                 let alarms = client
                     .alarm(AlarmAction::Get, AlarmType::None, None::<AlarmOptions>)
@@ -912,9 +912,16 @@ fn nospace_fixture(data: &Path, member: &Member, log_dir: &Path) -> Keyspace {
     keyspace
 }
 
-/// How long a step may take to fail on a raised alarm: it is named on the
-/// first answer, far below the health timeout.
-const ALARM_FAILS_WITHIN: Duration = Duration::from_secs(15);
+/// How long a run may take to fail on a raised alarm: it is named on the
+/// first answer, far below the health timeout ([`ALARM_HEALTH_TIMEOUT`]).
+/// The run starts one etcd or two (1–3 s here); the margin is for a loaded
+/// 2-core machine.
+const ALARM_FAILS_WITHIN: Duration = Duration::from_secs(60);
+
+/// The `--health-timeout` of the alarm run, in seconds: a run that only
+/// gave up at its health timeout would take five times
+/// [`ALARM_FAILS_WITHIN`] (the harness kills it after `MIGRATE_TIMEOUT`).
+const ALARM_HEALTH_TIMEOUT: u64 = 300;
 
 #[test]
 fn a_raised_nospace_alarm_fails_the_step_at_once_with_the_remedy() {
@@ -927,7 +934,7 @@ fn a_raised_nospace_alarm_fails_the_step_at_once_with_the_remedy() {
     let run = Migration::new("3.5.16", &data, &member)
         .bundled(BUNDLE)
         .arg("--health-timeout")
-        .arg("60")
+        .arg(ALARM_HEALTH_TIMEOUT.to_string())
         .run();
     let took = started.elapsed();
     run.assert_code(EXIT_STEP_FAILED);
@@ -941,7 +948,7 @@ fn a_raised_nospace_alarm_fails_the_step_at_once_with_the_remedy() {
     }
     assert!(
         took < ALARM_FAILS_WITHIN,
-        "the alarm took {took:?} to fail the step (health timeout 60 s)\n{}",
+        "the alarm took {took:?} to fail the step (health timeout {ALARM_HEALTH_TIMEOUT} s)\n{}",
         run.explain()
     );
     assert_nothing_recorded(&run, &data, "3.4.23/etcd3");
