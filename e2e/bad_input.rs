@@ -611,8 +611,11 @@ fn a_port_taken_after_the_check_fails_the_step_with_etcds_words() {
     running.wait_for_line(BEFORE_SPAWN, MIGRATE_TIMEOUT, |line| {
         is_ours(line, "failpoint") && field(line, "name") == Some(BEFORE_SPAWN)
     });
+    // Frozen until the port is ours: the hold is 2 s on its own clock.
+    let frozen = running.freeze();
     let holder = TcpListener::bind(("127.0.0.1", migration.port))
         .unwrap_or_else(|err| panic!("take port {}: {err}", migration.port));
+    drop(frozen);
     let run = running.wait(MIGRATE_TIMEOUT);
     run.assert_code(EXIT_STEP_FAILED)
         .assert_stderr_has(&format!("127.0.0.1:{}", migration.port))

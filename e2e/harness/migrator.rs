@@ -413,6 +413,19 @@ impl Running {
         true
     }
 
+    /// Stops etcd-migrate (SIGSTOP) until the returned guard drops
+    /// (SIGCONT). A failpoint `sleep` holds a run at a point for a fixed
+    /// time only; a test that acts there freezes the run as soon as it reads
+    /// the point's trace line, so what it then does may take as long as a
+    /// loaded machine needs. The run's etcd, a process of its own, serves
+    /// on. Panics if the run already exited. (Only the failpoint tests hold
+    /// a run at a point.)
+    #[cfg(feature = "failpoints")]
+    pub fn freeze(&mut self) -> Frozen {
+        self.signal(Signal::SIGSTOP);
+        Frozen { pid: self.pid }
+    }
+
     /// Whether it has exited (without reaping it twice).
     pub fn try_status(&mut self) -> Option<ExitStatus> {
         self.child
@@ -458,6 +471,20 @@ impl Drop for Running {
         if let Some(child) = self.child.as_mut() {
             kill_and_reap(child);
         }
+    }
+}
+
+/// An etcd-migrate stopped by [`Running::freeze`]; continued (SIGCONT)
+/// when this drops, also when the test fails first.
+#[cfg(feature = "failpoints")]
+pub struct Frozen {
+    pid: i32,
+}
+
+#[cfg(feature = "failpoints")]
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGCONT);
     }
 }
 
