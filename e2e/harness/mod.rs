@@ -213,16 +213,23 @@ pub fn install_script(path: &Path, content: &str) {
         .unwrap_or_else(|err| panic!("create a temp file for {}: {err}", path.display()));
     std::io::Write::write_all(&mut source, content.as_bytes())
         .unwrap_or_else(|err| panic!("write {}: {err}", source.path().display()));
+    install_program(source.path(), path);
+}
+
+/// Copies the program `source` to `path` (mode 0755) through a separate
+/// `install` process, for the reason [`install_script`] gives.
+pub fn install_program(source: &Path, path: &Path) {
     let status = std::process::Command::new("install")
         .arg("-m")
         .arg("0755")
-        .arg(source.path())
+        .arg(source)
         .arg(path)
         .status()
         .unwrap_or_else(|err| panic!("run install: {err}"));
     assert!(
         status.success(),
-        "install {} failed: {status}",
+        "install {} {} failed: {status}",
+        source.display(),
         path.display()
     );
 }
