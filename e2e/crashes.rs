@@ -30,8 +30,8 @@ use crate::harness::keyspace::{Keyspace, HEALTH_KEY};
 use crate::harness::migrator::{Migration, Mode, Outcome};
 use crate::harness::v2::{self, V2Fixture, V2_HEALTH_KEY_IN_V3};
 use crate::harness::{
-    copy_dir, dir_names, pids, proc_stat, read_version_txt, require_suite_binaries, temp_dir,
-    wait_for_no_process_on, wait_until, Member, MIGRATE_TIMEOUT, VERSION_TEMP, WORK_DIR,
+    copy_dir, dir_names, is_running, pids, proc_stat, read_version_txt, require_suite_binaries,
+    temp_dir, wait_for_no_process_on, wait_until, Member, MIGRATE_TIMEOUT, VERSION_TEMP, WORK_DIR,
 };
 
 /// The releases every scenario may use.
@@ -508,9 +508,10 @@ fn kill_tree(root: i32) -> BTreeMap<i32, u64> {
 }
 
 /// Waits until every process of `killed` (pid and start time, from
-/// [`kill_tree`]) is gone or a zombie, so a rerun never meets one still
-/// holding a port or a lock; panics naming those left after `timeout`. A
-/// pid now used by a process that started later counts as gone.
+/// [`kill_tree`]) is gone or a zombie with no live thread, so a rerun never
+/// meets one still holding a port or a lock; panics naming those left after
+/// `timeout`. A pid now used by a process that started later counts as
+/// gone.
 fn wait_for_killed(killed: &BTreeMap<i32, u64>, timeout: Duration) {
     wait_until(
         &format!(
@@ -522,7 +523,7 @@ fn wait_for_killed(killed: &BTreeMap<i32, u64>, timeout: Duration) {
             killed
                 .iter()
                 .all(|(&pid, &start)| {
-                    proc_stat(pid).is_none_or(|stat| !stat.is_live() || stat.start != start)
+                    proc_stat(pid).is_none_or(|stat| stat.start != start || !is_running(pid))
                 })
                 .then_some(())
         },
@@ -592,6 +593,7 @@ fn whole_tree_sigkilled_at_random_moments_always_converges() {
             killed += usize::from(by_kill);
             wait_for_killed(&processes, ORPHANS_GONE_TIMEOUT);
             wait_for_no_process_on(&run.data, ORPHANS_GONE_TIMEOUT);
+            run.migration.wait_for_ports_free(ORPHANS_GONE_TIMEOUT);
             let recorded = read_version_txt(&run.data);
             eprintln!(
                 "run {i}: {} killed after {delay:?} of {clean_ms} ms: {}; version.txt {recorded}; its last line: {:?}",
@@ -691,6 +693,7 @@ mod points {
                 outcome.explain()
             );
             wait_for_no_process_on(&run.data, ORPHANS_GONE_TIMEOUT);
+            run.migration.wait_for_ports_free(ORPHANS_GONE_TIMEOUT);
             let recorded = read_version_txt(&run.data);
             assert!(
                 self.kind.path().contains(&recorded.as_str()),

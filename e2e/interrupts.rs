@@ -53,6 +53,7 @@ fn interrupt(
     let sent = running.signal_if_running(signal);
     let outcome = running.wait(STOP_GRACE * 2);
     wait_for_no_process_on(&migration.data_dir, ORPHANS_GONE_TIMEOUT);
+    migration.wait_for_ports_free(ORPHANS_GONE_TIMEOUT);
     let killed = std::os::unix::process::ExitStatusExt::signal(&outcome.status);
     // Where the signal really landed: the run's last line of its own.
     let last = outcome.our_lines().last().map(|l| l.to_string());

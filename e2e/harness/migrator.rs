@@ -8,6 +8,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -19,7 +20,7 @@ use nix::unistd::Pid;
 
 use super::etcd::{die_with_parent, kill_and_reap, reap_within};
 use super::tree::{fingerprint, Tree};
-use super::{bin_dir, free_port, require_suite_binaries, Member, MIGRATE_TIMEOUT};
+use super::{bin_dir, free_port, require_suite_binaries, wait_until, Member, MIGRATE_TIMEOUT};
 
 /// The etcd-migrate this test process runs: a hard link, taken at first
 /// use, to the binary cargo built for it. The target dir may be shared
@@ -255,6 +256,26 @@ impl Migration {
             }
         }
         command
+    }
+
+    /// Waits until the run's client and peer ports can be bound again, as
+    /// etcd-migrate's own check binds them (SO_REUSEADDR); panics naming
+    /// them after `timeout`. After a kill, the killed run's etcd may hold
+    /// them while it exits; the ports are this test process's (see
+    /// `ports`), so nothing else can hold them, and the wait ends as soon
+    /// as that etcd has.
+    pub fn wait_for_ports_free(&self, timeout: Duration) {
+        let ports = [self.port, self.peer_port];
+        wait_until(
+            &format!("ports {ports:?} of a killed run to be free again"),
+            timeout,
+            || {
+                ports
+                    .iter()
+                    .all(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+                    .then_some(())
+            },
+        );
     }
 
     /// Starts etcd-migrate without waiting for it.
