@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, DeleteOptions};
 
-use crate::harness::etcd::{connect, read_back, EtcdProcess};
+use crate::harness::etcd::{connect, connect_within, read_back, EtcdProcess, PROBE_TIMEOUT};
 use crate::harness::fixture::{self, Fixture, FixtureSpec};
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::{Migration, Outcome, Running};
@@ -148,7 +148,7 @@ fn read_back_without_writing(
         let started = Instant::now();
         loop {
             let attempt = async {
-                let mut client = connect(&endpoint).await?;
+                let mut client = connect_within(&endpoint, PROBE_TIMEOUT).await?;
                 client.get("probe", None).await?;
                 let alarms = client
                     .alarm(AlarmAction::Get, AlarmType::None, None::<AlarmOptions>)
@@ -411,7 +411,7 @@ const OTHER_UID: u32 = 65534;
 /// `migration` launched as [`OTHER_UID`] through `setpriv`, with a copy of
 /// etcd-migrate in `tmp` if that user cannot reach the built one.
 fn run_as_other(migration: Migration, tmp: &Path) -> Migration {
-    let mut program = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+    let mut program = crate::harness::migrator::program();
     if !open_to_others(&program) {
         let copy = tmp.join("etcd-migrate");
         let status = Command::new("install")
@@ -620,8 +620,11 @@ fn a_port_taken_after_the_check_fails_the_step_with_etcds_words() {
     running.wait_for_line(BEFORE_SPAWN, MIGRATE_TIMEOUT, |line| {
         is_ours(line, "failpoint") && field(line, "name") == Some(BEFORE_SPAWN)
     });
+    // Frozen until the port is ours: the hold is 2 s on its own clock.
+    let frozen = running.freeze();
     let holder = TcpListener::bind(("127.0.0.1", migration.port))
         .unwrap_or_else(|err| panic!("take port {}: {err}", migration.port));
+    drop(frozen);
     let run = running.wait(MIGRATE_TIMEOUT);
     run.assert_code(EXIT_STEP_FAILED)
         .assert_stderr_has(&format!("127.0.0.1:{}", migration.port))
@@ -1000,9 +1003,16 @@ fn nospace_fixture(data: &Path, member: &Member, log_dir: &Path) -> Keyspace {
     keyspace
 }
 
-/// How long a step may take to fail on a raised alarm: it is named on the
-/// first answer, far below the health timeout.
-const ALARM_FAILS_WITHIN: Duration = Duration::from_secs(15);
+/// How long a run may take to fail on a raised alarm: it is named on the
+/// first answer, far below the health timeout ([`ALARM_HEALTH_TIMEOUT`]).
+/// The run starts one etcd or two (1–3 s here); the margin is for a loaded
+/// 2-core machine.
+const ALARM_FAILS_WITHIN: Duration = Duration::from_secs(60);
+
+/// The `--health-timeout` of the alarm run, in seconds: a run that only
+/// gave up at its health timeout would take five times
+/// [`ALARM_FAILS_WITHIN`] (the harness kills it after `MIGRATE_TIMEOUT`).
+const ALARM_HEALTH_TIMEOUT: u64 = 300;
 
 #[test]
 fn a_raised_nospace_alarm_fails_the_step_at_once_with_the_remedy() {
@@ -1015,7 +1025,7 @@ fn a_raised_nospace_alarm_fails_the_step_at_once_with_the_remedy() {
     let run = Migration::new("3.5.16", &data, &member)
         .bundled(BUNDLE)
         .arg("--health-timeout")
-        .arg("60")
+        .arg(ALARM_HEALTH_TIMEOUT.to_string())
         .run();
     let took = started.elapsed();
     run.assert_code(EXIT_STEP_FAILED);
@@ -1029,7 +1039,7 @@ fn a_raised_nospace_alarm_fails_the_step_at_once_with_the_remedy() {
     }
     assert!(
         took < ALARM_FAILS_WITHIN,
-        "the alarm took {took:?} to fail the step (health timeout 60 s)\n{}",
+        "the alarm took {took:?} to fail the step (health timeout {ALARM_HEALTH_TIMEOUT} s)\n{}",
         run.explain()
     );
     assert_nothing_recorded(&run, &data, "3.4.23/etcd3");

@@ -13,7 +13,7 @@
 //! of names that killed a run is then checked against
 //! `etcd_migrate::failpoint::ALL`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -30,16 +30,17 @@ use crate::harness::keyspace::{is_health_key, Keyspace};
 use crate::harness::migrator::{Migration, Mode, Outcome};
 use crate::harness::v2::{self, V2Fixture};
 use crate::harness::{
-    copy_dir, dir_names, pids, proc_stat, read_version_txt, require_suite_binaries, temp_dir,
-    wait_for_no_process_on, Member, MIGRATE_TIMEOUT, VERSION_TEMP, WORK_DIR,
+    copy_dir, dir_names, is_running, pids, proc_stat, read_version_txt, require_suite_binaries,
+    temp_dir, wait_for_no_process_on, wait_until, Member, MIGRATE_TIMEOUT, VERSION_TEMP, WORK_DIR,
 };
 
 /// The releases every scenario may use.
 const BUNDLE: &str = "3.3.25,3.4.23,3.5.16";
 
 /// How long a killed run's etcd and tools may outlive it (they get SIGTERM
-/// from the parent-death signal and stop in milliseconds).
-const ORPHANS_GONE_TIMEOUT: Duration = Duration::from_secs(15);
+/// from the parent-death signal and stop in milliseconds; the margin is
+/// for a loaded machine).
+const ORPHANS_GONE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Leases granted 3,600 s before must show more than this left.
 const MIN_REMAINING_TTL: i64 = 3000;
@@ -476,26 +477,56 @@ fn children_of(parents: &BTreeSet<i32>) -> BTreeSet<i32> {
 /// does (its cgroup is frozen, then killed): the tree is stopped first,
 /// top down, until no new descendant appears, then `root`'s process group
 /// and every stopped pid get SIGKILL. etcd-migrate puts each child in a
-/// group of its own, so the group kill alone would miss them. Returns how
-/// many processes were killed.
-fn kill_tree(root: i32) -> usize {
-    let mut tree = BTreeSet::from([root]);
+/// group of its own, so the group kill alone would miss them. Returns
+/// every process killed, as pid and start time.
+fn kill_tree(root: i32) -> BTreeMap<i32, u64> {
+    let mut tree = BTreeMap::new();
     let _ = kill(Pid::from_raw(root), Signal::SIGSTOP);
+    if let Some(stat) = proc_stat(root) {
+        tree.insert(root, stat.start);
+    }
     loop {
-        let new: Vec<i32> = children_of(&tree).difference(&tree).copied().collect();
+        let known: BTreeSet<i32> = tree.keys().copied().collect();
+        let new: Vec<i32> = children_of(&known).difference(&known).copied().collect();
         if new.is_empty() {
             break;
         }
         for pid in new {
             let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
-            tree.insert(pid);
+            // Gone already: nothing to kill or wait for.
+            if let Some(stat) = proc_stat(pid) {
+                tree.insert(pid, stat.start);
+            }
         }
     }
     let _ = killpg(Pid::from_raw(root), Signal::SIGKILL);
-    for pid in &tree {
+    for pid in tree.keys() {
         let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
     }
-    tree.len()
+    tree
+}
+
+/// Waits until every process of `killed` (pid and start time, from
+/// [`kill_tree`]) is gone or a zombie with no live thread, so a rerun never
+/// meets one still holding a port or a lock; panics naming those left after
+/// `timeout`. A pid now used by a process that started later counts as
+/// gone.
+fn wait_for_killed(killed: &BTreeMap<i32, u64>, timeout: Duration) {
+    wait_until(
+        &format!(
+            "the {} killed processes {killed:?} to be gone",
+            killed.len()
+        ),
+        timeout,
+        || {
+            killed
+                .iter()
+                .all(|(&pid, &start)| {
+                    proc_stat(pid).is_none_or(|stat| stat.start != start || !is_running(pid))
+                })
+                .then_some(())
+        },
+    );
 }
 
 /// An env var parsed, or `default`.
@@ -549,7 +580,7 @@ fn whole_tree_sigkilled_at_random_moments_always_converges() {
             std::thread::sleep(delay);
             let finished_first = launched.try_status().is_some();
             let processes = if finished_first {
-                0
+                BTreeMap::new()
             } else {
                 kill_tree(launched.pid())
             };
@@ -559,13 +590,15 @@ fn whole_tree_sigkilled_at_random_moments_always_converges() {
                 outcome.assert_code(0);
             }
             killed += usize::from(by_kill);
+            wait_for_killed(&processes, ORPHANS_GONE_TIMEOUT);
             wait_for_no_process_on(&run.data, ORPHANS_GONE_TIMEOUT);
+            run.migration.wait_for_ports_free(ORPHANS_GONE_TIMEOUT);
             let recorded = read_version_txt(&run.data);
             eprintln!(
                 "run {i}: {} killed after {delay:?} of {clean_ms} ms: {}; version.txt {recorded}; its last line: {:?}",
                 kind.tag(),
                 if by_kill {
-                    format!("{processes} processes SIGKILLed")
+                    format!("{} processes SIGKILLed", processes.len())
                 } else {
                     "it had finished".to_string()
                 },
@@ -597,10 +630,9 @@ fn whole_tree_sigkilled_at_random_moments_always_converges() {
 #[cfg(feature = "failpoints")]
 mod points {
     use super::*;
-    use std::collections::BTreeMap;
 
+    use crate::harness::free_port;
     use crate::harness::migrator::{field, is_ours};
-    use crate::harness::{free_port, wait_until};
 
     /// Makes etcd-migrate log every failpoint pass.
     const TRACE: (&str, &str) = ("ETCD_MIGRATE_FAILPOINT_TRACE", "1");
@@ -660,6 +692,7 @@ mod points {
                 outcome.explain()
             );
             wait_for_no_process_on(&run.data, ORPHANS_GONE_TIMEOUT);
+            run.migration.wait_for_ports_free(ORPHANS_GONE_TIMEOUT);
             let recorded = read_version_txt(&run.data);
             assert!(
                 self.kind.path().contains(&recorded.as_str()),

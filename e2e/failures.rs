@@ -7,19 +7,20 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::harness::etcd::read_back;
+use crate::harness::etcd::{kill_and_reap, read_back};
 use crate::harness::fixture::{self, FixtureSpec};
-use crate::harness::migrator::Migration;
+use crate::harness::migrator::{is_ours, Migration};
 use crate::harness::{
-    etcd_binary, install_script, is_running, read_version_txt, symlink, temp_dir, wait_until,
-    Member, STOP_GRACE,
+    etcd_binary, install_program, install_script, is_running, read_version_txt, symlink, temp_dir,
+    wait_until, Member, MIGRATE_TIMEOUT, STOP_GRACE,
 };
 
 /// How long the first step may take to log its etcd's pid.
 const STEP_START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long the step's etcd may outlive etcd-migrate after a SIGTERM.
-const STEP_ETCD_GONE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the step's etcd may outlive etcd-migrate after a SIGTERM (it
+/// stops in milliseconds; the margin is for a loaded machine).
+const STEP_ETCD_GONE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The `pid=` field of a log line.
 fn pid_field(line: &str) -> i32 {
@@ -129,40 +130,69 @@ fn step_failure_leaves_last_completed_step_recorded() {
     );
 }
 
-/// Starts a stand-in for an etcd still on `data` (a shell under the name
+/// A stand-in for an etcd still on a data dir: a shell under the name
 /// `etcd-3.4.23` whose command line names the data dir, as a step's etcd
-/// does) that lives `seconds`.
-fn lingering_etcd(
-    tmp: &std::path::Path,
-    data: &std::path::Path,
-    seconds: u32,
-) -> std::process::Child {
-    let fake = tmp.join("etcd-3.4.23");
-    std::fs::copy("/bin/sh", &fake).expect("copy sh");
-    std::process::Command::new(&fake)
-        .arg("-c")
-        // `; true` keeps the shell from exec'ing sleep in its place.
-        .arg(format!("sleep {seconds}; true"))
-        .arg("etcd")
-        .arg(format!("--data-dir={}", data.display()))
-        .spawn()
-        .expect("spawn the stand-in etcd")
+/// does. It waits in the builtin `read` on a pipe from the test, so it
+/// forks nothing and lives until the test ends it (or, should the test
+/// process die, until the pipe closes); dropped, it is killed.
+struct Lingering {
+    child: std::process::Child,
+}
+
+impl Lingering {
+    fn start(tmp: &std::path::Path, data: &std::path::Path) -> Self {
+        let fake = tmp.join("etcd-3.4.23");
+        // Copied by another process: a copy written by this multi-threaded
+        // one could be held open for writing by a sibling test's fork, and
+        // exec'ing it would fail with ETXTBSY.
+        install_program(std::path::Path::new("/bin/sh"), &fake);
+        let child = std::process::Command::new(&fake)
+            .arg("-c")
+            .arg("read _")
+            .arg("etcd")
+            .arg(format!("--data-dir={}", data.display()))
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn the stand-in etcd");
+        Lingering { child }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills it and reaps it: from here no process is on the data dir.
+    fn end(mut self) {
+        kill_and_reap(&mut self.child);
+    }
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        kill_and_reap(&mut self.child);
+    }
 }
 
 #[test]
 fn a_rerun_waits_for_an_earlier_etcd_still_stopping_on_the_data() {
     // A killed etcd-migrate's etcd gets SIGTERM from its parent-death
     // signal and may take a moment to stop, holding the WAL lock and the
-    // ports: a restart must wait for it, not fail on a taken port.
+    // ports: a restart must wait for it, not fail on a taken port. The
+    // stand-in ends once the run says it waits (not after a fixed time,
+    // which a slow start on a loaded machine could outlast).
     let tmp = temp_dir("lingering");
     let data = tmp.path().join("data");
     let member = Member::new("lingering");
     let fixture = fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
-    let mut stopping = lingering_etcd(tmp.path(), &data, 1);
-    let run = Migration::new("3.4.23", &data, &member)
+    let stopping = Lingering::start(tmp.path(), &data);
+    let mut running = Migration::new("3.4.23", &data, &member)
         .bundled("3.3.25,3.4.23")
-        .run();
-    let _ = stopping.wait();
+        .spawn();
+    running.wait_for_line("the wait for the stand-in", MIGRATE_TIMEOUT, |line| {
+        is_ours(line, "waiting for processes still on the data dir")
+    });
+    stopping.end();
+    let run = running.wait(MIGRATE_TIMEOUT);
     run.assert_code(0);
     assert_eq!(
         run.lines_with("waiting for processes still on the data dir")
@@ -188,15 +218,15 @@ fn an_etcd_that_stays_on_the_data_is_named_and_refused_untouched() {
     let member = Member::new("busy");
     fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
     let before = crate::harness::tree::fingerprint(&data);
-    let mut staying = lingering_etcd(tmp.path(), &data, 60);
+    let staying = Lingering::start(tmp.path(), &data);
     let run = Migration::new("3.4.23", &data, &member)
         .bundled("3.3.25,3.4.23")
         .run();
-    let _ = staying.kill();
-    let _ = staying.wait();
+    let pid = staying.pid();
+    staying.end();
     run.assert_code(2)
         .assert_stderr_has(&format!("still run on the data dir {}", data.display()))
-        .assert_stderr_has(&format!("pid {}", staying.id()))
+        .assert_stderr_has(&format!("pid {pid}"))
         .assert_stderr_has("stop it");
     assert!(
         run.lines_with("etcd started").is_empty(),

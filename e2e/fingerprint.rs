@@ -16,7 +16,9 @@ use crate::harness::migrator::Migration;
 use crate::harness::tree::fingerprint as tree;
 use crate::harness::{block_on, read_version_txt, temp_dir, Member};
 
-/// How long the failpoint holds the run: ample for one put on loopback.
+/// How long the failpoint holds the run: the test only has to read the
+/// trace line and freeze the run within it (then the put may take as long
+/// as it needs).
 const HOLD_MS: u64 = 3000;
 
 /// How long a run may take to reach the failpoint.
@@ -90,7 +92,11 @@ fn run_with_a_key_written_at(
             line.starts_with("[etcd-migrate] ") && line.contains(&format!("name={point}"))
         });
     }
+    // Frozen there, the run cannot leave the window before the put lands,
+    // however long the put takes on a loaded machine.
+    let frozen = running.freeze();
     put_behind_our_back(port, "/registry/intruder");
+    drop(frozen);
     running.wait(REACH_TIMEOUT)
 }
 

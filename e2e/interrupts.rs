@@ -28,8 +28,9 @@ use crate::harness::{
 /// How long a run may take to reach the line it is stopped at.
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How long the killed run's etcd and tools may outlive it.
-const ORPHANS_GONE_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the killed run's etcd and tools may outlive it (milliseconds
+/// here; the margin is for a loaded machine).
+const ORPHANS_GONE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The journal of a rebuilding step's swap, in its scratch dir.
 const SWAP_JOURNAL: &str = "swap-journal";
@@ -58,6 +59,7 @@ fn interrupt(
     let sent = running.signal_if_running(signal);
     let outcome = running.wait(STOP_GRACE * 2);
     wait_for_no_process_on(&migration.data_dir, ORPHANS_GONE_TIMEOUT);
+    migration.wait_for_ports_free(ORPHANS_GONE_TIMEOUT);
     let killed = std::os::unix::process::ExitStatusExt::signal(&outcome.status);
     // Where the signal really landed: the run's last line of its own.
     let last = outcome.our_lines().last().map(|l| l.to_string());

@@ -23,8 +23,8 @@ use crate::harness::{
 /// after the etcd accepted its first write, before it is used or stopped.
 const HOLD_AT: &str = "step-after-health-write";
 
-/// How long each etcd is held. The checks of one hold take a few ms; the
-/// margin is for a loaded machine.
+/// How long each etcd is held: the test only has to read the trace line
+/// and freeze the run within it; the checks run while it is frozen.
 const HOLD_MS: u64 = 2000;
 
 /// Permission bits for group and other.
@@ -332,10 +332,14 @@ fn run_holding_each_etcd(migration: &Migration, allowed: &Allowed) -> Vec<PathBu
                     running.stderr()
                 )
             });
+            // Frozen for the checks: the hold ends on its own clock, and a
+            // loaded machine may take longer than it to run them.
+            let frozen = running.freeze();
             check_sockets(migrator, &etcd, allowed);
             if migration.data_dir.join(WORK_DIR).exists() {
                 assert_scratch_private(&migration.data_dir);
             }
+            drop(frozen);
             served.push(etcd.data_dir);
         }
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use etcd_client::GetOptions;
 use nix::sys::signal::Signal;
 
-use crate::harness::etcd::{connect, read_back};
+use crate::harness::etcd::{connect_within, read_back, PROBE_TIMEOUT};
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::{Migration, Mode};
@@ -111,7 +111,7 @@ fn exec_mode_serves_the_target_on_the_users_port_as_the_same_pid() {
             );
         }
         let served = block_on(async {
-            let mut client = connect(&user_url).await.ok()?;
+            let mut client = connect_within(&user_url, PROBE_TIMEOUT).await.ok()?;
             client
                 .get("etcd_version", Some(GetOptions::new()))
                 .await

@@ -19,25 +19,43 @@ use super::{
     block_on, etcd_binary, free_port, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, STOP_GRACE,
 };
 
-/// How long one connect or request of the test's own client may take.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one connect or request of the test's own client may take
+/// when nothing retries it (fixture writes, keyspace reads): a put on
+/// loopback takes milliseconds, but its fsync can wait seconds behind other
+/// people's builds on a loaded disk, and one timeout fails the test.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one attempt of a readiness probe (or of any poll that retries
+/// until its own deadline) may take before the next attempt.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The key the readiness probe writes and deletes again, so the keyspace a
 /// test compares is not changed by probing it.
 pub const PROBE_KEY: &str = "e2e-readiness-probe";
 
-/// A v3 client for `endpoint` with short timeouts.
+/// A v3 client for `endpoint` whose connect and requests each time out
+/// after [`REQUEST_TIMEOUT`].
 pub async fn connect(endpoint: &str) -> Result<Client, etcd_client::Error> {
+    connect_within(endpoint, REQUEST_TIMEOUT).await
+}
+
+/// A v3 client for `endpoint` whose connect and requests each time out
+/// after `timeout` (a poll retrying until its own deadline uses
+/// [`PROBE_TIMEOUT`]).
+pub async fn connect_within(
+    endpoint: &str,
+    timeout: Duration,
+) -> Result<Client, etcd_client::Error> {
     let options = ConnectOptions::new()
-        .with_connect_timeout(REQUEST_TIMEOUT)
-        .with_timeout(REQUEST_TIMEOUT);
+        .with_connect_timeout(timeout)
+        .with_timeout(timeout);
     Client::connect([endpoint], Some(options)).await
 }
 
 /// One write and its undo: the proof that etcd serves v3 (ETCD-NOTES:
 /// `/health` is not proof).
 pub async fn probe(endpoint: String) -> Result<(), String> {
-    let mut client = connect(&endpoint)
+    let mut client = connect_within(&endpoint, PROBE_TIMEOUT)
         .await
         .map_err(|err| format!("connect: {err}"))?;
     client

@@ -8,10 +8,11 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -19,7 +20,63 @@ use nix::unistd::Pid;
 
 use super::etcd::{die_with_parent, kill_and_reap, reap_within};
 use super::tree::{fingerprint, Tree};
-use super::{bin_dir, free_port, require_suite_binaries, Member, MIGRATE_TIMEOUT};
+use super::{bin_dir, free_port, require_suite_binaries, wait_until, Member, MIGRATE_TIMEOUT};
+
+/// The etcd-migrate this test process runs: a hard link, taken at first
+/// use, to the binary cargo built for it. The target dir may be shared
+/// (`CARGO_TARGET_DIR`): a build from another checkout, or one without the
+/// `failpoints` feature, replaces `target/debug/etcd-migrate` while the
+/// suite runs, and the tests would run that binary from then on. The link
+/// keeps the built file (cargo and the linker write a new file, they do
+/// not rewrite it in place). It lives in `target/debug/e2e-snapshots/`
+/// (a hard link must stay on the target dir's file system), named by this
+/// process's pid; links of processes that have ended are removed on the
+/// way. Where no link can be made, the built path is used as it is.
+pub fn program() -> PathBuf {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM
+        .get_or_init(|| {
+            let built = PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate"));
+            match snapshot(&built) {
+                Ok(link) => link,
+                Err(err) => {
+                    eprintln!(
+                        "e2e: running {} itself (no snapshot of it: {err}); a build into the \
+                         same target dir during the run would change what is tested",
+                        built.display()
+                    );
+                    built
+                }
+            }
+        })
+        .clone()
+}
+
+/// Hard-links `built` as `e2e-snapshots/etcd-migrate-<pid>` beside it,
+/// removing the links of processes that have ended.
+fn snapshot(built: &Path) -> std::io::Result<PathBuf> {
+    let dir = built
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join("e2e-snapshots");
+    std::fs::create_dir_all(&dir)?;
+    for entry in std::fs::read_dir(&dir)?.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|name| name.strip_prefix("etcd-migrate-"))
+            .and_then(|pid| pid.parse::<i32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            // Another process may remove it at the same moment: fine.
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    let link = dir.join(format!("etcd-migrate-{}", std::process::id()));
+    // A link left by an ended process that had this pid.
+    let _ = std::fs::remove_file(&link);
+    std::fs::hard_link(built, &link)?;
+    Ok(link)
+}
 
 /// How long the output pipes may stay open after the process exited (a
 /// grandchild could hold them; none should).
@@ -61,8 +118,8 @@ pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 /// One invocation of etcd-migrate.
 #[derive(Debug, Clone)]
 pub struct Migration {
-    /// The etcd-migrate binary: the one cargo built, unless a test needs a
-    /// copy another user can reach.
+    /// The etcd-migrate binary: [`program`] (the one cargo built), unless a
+    /// test needs a copy another user can reach.
     pub program: PathBuf,
     /// A command etcd-migrate is started through, its program first (e.g.
     /// `setpriv --reuid=65534 …`); empty to start it directly.
@@ -95,7 +152,7 @@ impl Migration {
     pub fn new(target: &str, data_dir: &Path, member: &Member) -> Self {
         require_suite_binaries();
         Migration {
-            program: PathBuf::from(env!("CARGO_BIN_EXE_etcd-migrate")),
+            program: program(),
             launcher: Vec::new(),
             target: target.to_string(),
             data_dir: data_dir.to_path_buf(),
@@ -199,6 +256,26 @@ impl Migration {
             }
         }
         command
+    }
+
+    /// Waits until the run's client and peer ports can be bound again, as
+    /// etcd-migrate's own check binds them (SO_REUSEADDR); panics naming
+    /// them after `timeout`. After a kill, the killed run's etcd may hold
+    /// them while it exits; the ports are this test process's (see
+    /// `ports`), so nothing else can hold them, and the wait ends as soon
+    /// as that etcd has.
+    pub fn wait_for_ports_free(&self, timeout: Duration) {
+        let ports = [self.port, self.peer_port];
+        wait_until(
+            &format!("ports {ports:?} of a killed run to be free again"),
+            timeout,
+            || {
+                ports
+                    .iter()
+                    .all(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+                    .then_some(())
+            },
+        );
     }
 
     /// Starts etcd-migrate without waiting for it.
@@ -357,6 +434,19 @@ impl Running {
         true
     }
 
+    /// Stops etcd-migrate (SIGSTOP) until the returned guard drops
+    /// (SIGCONT). A failpoint `sleep` holds a run at a point for a fixed
+    /// time only; a test that acts there freezes the run as soon as it reads
+    /// the point's trace line, so what it then does may take as long as a
+    /// loaded machine needs. The run's etcd, a process of its own, serves
+    /// on. Panics if the run already exited. (Only the failpoint tests hold
+    /// a run at a point.)
+    #[cfg(feature = "failpoints")]
+    pub fn freeze(&mut self) -> Frozen {
+        self.signal(Signal::SIGSTOP);
+        Frozen { pid: self.pid }
+    }
+
     /// Whether it has exited (without reaping it twice).
     pub fn try_status(&mut self) -> Option<ExitStatus> {
         self.child
@@ -402,6 +492,20 @@ impl Drop for Running {
         if let Some(child) = self.child.as_mut() {
             kill_and_reap(child);
         }
+    }
+}
+
+/// An etcd-migrate stopped by [`Running::freeze`]; continued (SIGCONT)
+/// when this drops, also when the test fails first.
+#[cfg(feature = "failpoints")]
+pub struct Frozen {
+    pid: i32,
+}
+
+#[cfg(feature = "failpoints")]
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGCONT);
     }
 }
 

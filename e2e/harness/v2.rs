@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use super::etcd::{EtcdProcess, REQUEST_TIMEOUT};
+use super::etcd::{EtcdProcess, PROBE_TIMEOUT, REQUEST_TIMEOUT};
 use super::keyspace::{is_health_key, Keyspace};
 use super::{block_on, free_port, set_mode, write_version_txt, Member};
 
@@ -23,13 +23,19 @@ pub const V2_PROBE_KEY: &str = "/e2e-readiness-probe";
 /// Requests in flight at once while a fixture is written.
 const IN_FLIGHT: usize = 50;
 
-/// An HTTP client for loopback etcd: no proxy from the environment, short
-/// timeouts.
+/// An HTTP client for loopback etcd: no proxy from the environment, each
+/// request timed out after [`REQUEST_TIMEOUT`].
 pub fn http_client() -> reqwest::Client {
+    http_client_within(REQUEST_TIMEOUT)
+}
+
+/// An HTTP client for loopback etcd whose requests time out after
+/// `timeout`.
+fn http_client_within(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
-        .timeout(REQUEST_TIMEOUT)
-        .connect_timeout(REQUEST_TIMEOUT)
+        .timeout(timeout)
+        .connect_timeout(timeout)
         .build()
         .unwrap_or_else(|err| panic!("cannot build an HTTP client: {err}"))
 }
@@ -105,7 +111,7 @@ pub async fn delete(client: &reqwest::Client, endpoint: &str, path: &str) -> Res
 
 /// One v2 write and its undo: the proof that etcd serves etcd2 data.
 pub async fn probe(endpoint: String) -> Result<(), String> {
-    let client = http_client();
+    let client = http_client_within(PROBE_TIMEOUT);
     put(&client, &endpoint, V2_PROBE_KEY, "1", None).await?;
     delete(&client, &endpoint, V2_PROBE_KEY).await
 }
