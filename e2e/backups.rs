@@ -391,11 +391,17 @@ fn a_backup_dir_inside_the_data_dir_by_any_spelling_is_refused_untouched() {
             );
         }
         let run = migration.run();
+        // A relative --backup-dir is shown as the absolute path it names.
+        let shown = if relative {
+            tmp.path().join(&root)
+        } else {
+            root.clone()
+        };
         run.assert_refused_untouched(
             &data,
             &before,
             &[
-                &format!("backup dir {} is inside the data dir", root.display()),
+                &format!("backup dir {} is inside the data dir", shown.display()),
                 "point --backup-dir outside the data dir",
             ],
         );

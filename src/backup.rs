@@ -15,7 +15,7 @@ use std::fs::{self, DirBuilder, File, Metadata, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use nix::sys::signal::Signal;
@@ -245,39 +245,10 @@ const DEFAULT_ROOT_SUFFIX: &str = ".backup";
 /// milliseconds (a chunk, then the check).
 const CHUNK: usize = 1 << 20;
 
-/// `path` as the kernel reaches it: made absolute, its deepest existing
-/// ancestor canonicalized (every symlink and `..` in it resolved), then the
-/// rest appended with `.` dropped and `..` taken lexically (none of the
-/// rest exists, so none of it is a symlink). Two paths that name one place
-/// resolve alike, however they are spelled.
+/// `path` as the kernel reaches it ([`crate::paths::resolved`]): two
+/// paths that name one place resolve alike, however they are spelled.
 pub fn resolve(path: &Path) -> Result<PathBuf, BackupError> {
-    let absolute = std::path::absolute(path).map_err(io_err("resolve", path))?;
-    let parts: Vec<Component<'_>> = absolute.components().collect();
-    for existing in (1..=parts.len()).rev() {
-        let prefix: PathBuf = parts[..existing].iter().collect();
-        let mut resolved = match fs::canonicalize(&prefix) {
-            Ok(resolved) => resolved,
-            Err(err)
-                if err.kind() == io::ErrorKind::NotFound
-                    || err.raw_os_error() == Some(nix::libc::ENOTDIR) =>
-            {
-                continue
-            }
-            Err(err) => return Err(io_err("resolve", &prefix)(err)),
-        };
-        for part in &parts[existing..] {
-            match part {
-                Component::ParentDir => {
-                    resolved.pop();
-                }
-                Component::Normal(name) => resolved.push(name),
-                Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
-            }
-        }
-        return Ok(resolved);
-    }
-    // The root always canonicalizes; reached only for an empty path.
-    Ok(absolute)
+    Ok(crate::paths::resolved(path))
 }
 
 /// What a walk of the data dir found.

@@ -260,17 +260,7 @@ pub async fn verify_reported_versions(
         let output = Arc::new(Mutex::new(Vec::new()));
         let (closed_sender, closed) = watch::channel(0usize);
         let closed_sender = Arc::new(closed_sender);
-        let streams: [Option<Box<dyn Read + Send>>; 2] = [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ];
-        for stream in streams.into_iter().flatten() {
+        for stream in child.take_output() {
             let output = Arc::clone(&output);
             let closed = Arc::clone(&closed_sender);
             std::thread::spawn(move || capture(stream, output, closed));

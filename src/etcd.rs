@@ -238,17 +238,7 @@ fn spawn_relayed(
     let output = Arc::new(Mutex::new(OutputSample::default()));
     let source = binary.to_string();
     let mut relays = Vec::new();
-    let streams: [Option<Box<dyn Read + Send>>; 2] = [
-        child
-            .stdout
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        child
-            .stderr
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    ];
-    for stream in streams.into_iter().flatten() {
+    for stream in child.take_output() {
         let output = Arc::clone(&output);
         let source = source.clone();
         relays.push(std::thread::spawn(move || relay(stream, &source, &output)));

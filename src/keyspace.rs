@@ -539,16 +539,7 @@ pub async fn read_v2(
     hidden: &[String],
 ) -> Result<Option<Vec<Entry>>, String> {
     let url = format!("{endpoint}/v2/keys/?recursive=true&sorted=true");
-    let response = http_client()?
-        .get(&url)
-        .send()
-        .await
-        .map_err(|err| format!("v2 GET {url}: {err}"))?;
-    let status = response.status();
-    let body = response
-        .text()
-        .await
-        .map_err(|err| format!("v2 GET {url}: {err}"))?;
+    let (status, body) = v2_get(&url).await?;
     let json: Result<Value, _> = serde_json::from_str(&body);
     if status.as_u16() == 404 && json.is_err() {
         // The root always exists; a 404 that is not a v2 error document
@@ -576,16 +567,7 @@ async fn read_v2_node(endpoint: &str, path: &str) -> Result<Option<Value>, Strin
         "{}?recursive=true&sorted=true",
         v2_url(endpoint, path.as_bytes())
     );
-    let response = http_client()?
-        .get(&url)
-        .send()
-        .await
-        .map_err(|err| format!("v2 GET {url}: {err}"))?;
-    let status = response.status();
-    let body = response
-        .text()
-        .await
-        .map_err(|err| format!("v2 GET {url}: {err}"))?;
+    let (status, body) = v2_get(&url).await?;
     if status.as_u16() == 404 {
         return Ok(None);
     }
@@ -595,6 +577,21 @@ async fn read_v2_node(endpoint: &str, path: &str) -> Result<Option<Value>, Strin
     let json: Value =
         serde_json::from_str(&body).map_err(|err| format!("v2 GET {url}: not JSON: {err}"))?;
     Ok(Some(json["node"].clone()))
+}
+
+/// One v2 GET: the status and the body.
+async fn v2_get(url: &str) -> Result<(reqwest::StatusCode, String), String> {
+    let response = http_client()?
+        .get(url)
+        .send()
+        .await
+        .map_err(|err| format!("v2 GET {url}: {err}"))?;
+    let status = response.status();
+    let body = response
+        .text()
+        .await
+        .map_err(|err| format!("v2 GET {url}: {err}"))?;
+    Ok((status, body))
 }
 
 /// True for a v2 path with a hidden segment (a name starting with `_`):

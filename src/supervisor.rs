@@ -325,6 +325,20 @@ impl Inner {
 }
 
 impl Child {
+    /// Takes the piped stdout and stderr (those that were piped), for the
+    /// threads that read them.
+    pub fn take_output(&mut self) -> Vec<Box<dyn std::io::Read + Send>> {
+        let stdout = self
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>);
+        let stderr = self
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>);
+        [stdout, stderr].into_iter().flatten().collect()
+    }
+
     /// The child's pid.
     pub fn pid(&self) -> i32 {
         self.pid.as_raw()
