@@ -1109,6 +1109,8 @@ mod tests {
         Alarmed,
         /// Healthy, but serves a keyspace with one key less.
         LosesAKey,
+        /// Healthy, and its data's v2 store holds a key (flannel's).
+        HoldsV2Keys,
     }
 
     /// What every fake etcd serves (one key fewer for `LosesAKey`).
@@ -1128,7 +1130,17 @@ mod tests {
                 lease: 0,
             })
             .collect();
-        Fingerprint::of(Storage::Etcd3, &entries)
+        let fingerprint = Fingerprint::of(Storage::Etcd3, &entries);
+        if behaviour != Behaviour::HoldsV2Keys {
+            return fingerprint;
+        }
+        let side = crate::keyspace::Entry {
+            key: b"/coreos.com/network/config".to_vec(),
+            value: b"{}".to_vec(),
+            ttl: None,
+            lease: 0,
+        };
+        fingerprint.with_v2_side(Some(Fingerprint::of(Storage::Etcd2, &[side])))
     }
 
     #[derive(Default)]
@@ -1272,7 +1284,7 @@ mod tests {
                         reason: "alarm NOSPACE".to_string(),
                         remedy: "compact, defrag, disarm".to_string(),
                     }),
-                    Behaviour::LosesAKey => Ok(()),
+                    Behaviour::LosesAKey | Behaviour::HoldsV2Keys => Ok(()),
                     _ => Err(HealthError::NotYet("connection refused".to_string())),
                 }
             }
@@ -1616,6 +1628,32 @@ mod tests {
                 "launch 3.4.23",
                 "stop 3.4.23"
             ]
+        );
+    }
+
+    #[test]
+    fn v2_keys_in_etcd3_data_refuse_the_step_to_a_release_without_a_v2_store() {
+        let v = |s: &str| s.parse::<Version>().expect("version");
+        let outcome = walk_between(
+            &["3.5.30", "3.6.5"],
+            "3.5.30/etcd3",
+            "3.6.5/etcd3",
+            vec![(v("3.5.30"), Behaviour::HoldsV2Keys)],
+            None,
+            false,
+        );
+        let err = outcome.result.expect_err("3.6 cannot hold v2 keys");
+        let source = source_text(&err);
+        assert!(
+            source.contains("the data's v2 store holds 1 keys")
+                && source.contains("/coreos.com/network/config")
+                && source.contains("etcd 3.6.5 has no v2 store"),
+            "{source}"
+        );
+        assert_eq!(
+            outcome.events,
+            ["launch 3.5.30", "stop 3.5.30"],
+            "only the baseline ran; 3.6 never started on the data"
         );
     }
 
