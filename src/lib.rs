@@ -401,6 +401,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
             ),
             ("to", config.target.to_string().into()),
             ("steps", plan.steps.len().into()),
+            ("member", name.into()),
             ("bundled", bundle.to_string().into()),
         ],
     );
