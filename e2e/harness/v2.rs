@@ -484,14 +484,6 @@ pub fn kubernetes_like(plain: usize, ttls: &[i64], per_ttl: usize) -> Vec<Vec<V2
     batches
 }
 
-/// An RFC 3339 time as a sortable string (Go trims trailing zeros of the
-/// fraction, so the raw strings do not sort).
-fn sortable(rfc3339: &str) -> String {
-    let body = rfc3339.trim_end_matches('Z');
-    let (whole, fraction) = body.split_once('.').unwrap_or((body, ""));
-    format!("{whole}.{fraction:0<9}")
-}
-
 /// Asserts that `v3` (read at `read_at` from the migrated data) holds the
 /// v2 fixture as the storage migration promises:
 /// - every key but those in `gone` under its v2 path, with its value;
@@ -500,10 +492,15 @@ fn sortable(rfc3339: &str) -> String {
 /// - a key without TTL has no lease; a key with TTL `t` has a lease whose
 ///   granted TTL is at most `t` and whose remaining TTL is in
 ///   `(t - elapsed - 5, t]`, `elapsed` counted from the key's write;
-/// - keys that share a TTL share one lease, unless the second boundary of
-///   the migration's read fell between their expiries (they were written
-///   milliseconds apart): then exactly two leases, one second apart, split
-///   in expiry order; keys of different TTLs never share one;
+/// - keys that share a TTL share one lease, unless a second boundary of
+///   the migration's read fell between them (they were written
+///   milliseconds apart): then exactly two leases, one second apart; keys
+///   of different TTLs never share one. Which keys land on which side is
+///   not checked against their expiry order: etcd computes each listed
+///   key's remaining TTL from a clock reading of its own, so when the
+///   listing takes longer than the milliseconds between the writes (a
+///   loaded machine), a key that expires later can be listed with the
+///   shorter TTL;
 /// - every lease holds keys (`orphans_allowed`: a rerun after a crash may
 ///   leave the first attempt's leases behind).
 ///
@@ -612,25 +609,10 @@ pub fn assert_migrated(
                     .iter()
                     .map(|id| v3.leases.get(id).map_or(0, |l| l.granted_ttl))
                     .collect();
-                let (short, long) = if granted[0] < granted[1] {
-                    (leases.first(), leases.last())
-                } else {
-                    (leases.last(), leases.first())
-                };
-                let latest_short = keys
-                    .iter()
-                    .filter(|(_, l)| Some(l) == short)
-                    .filter_map(|(k, _)| k.expiration.as_deref().map(sortable))
-                    .max();
-                let earliest_long = keys
-                    .iter()
-                    .filter(|(_, l)| Some(l) == long)
-                    .filter_map(|(k, _)| k.expiration.as_deref().map(sortable))
-                    .min();
-                if granted[0].abs_diff(granted[1]) != 1 || latest_short >= earliest_long {
+                if granted[0].abs_diff(granted[1]) != 1 {
                     let _ = writeln!(
                         problems,
-                        "the {} keys of TTL {ttl} s are on two leases granted {granted:?} s, which is not a split at one second boundary in expiry order",
+                        "the {} keys of TTL {ttl} s are on two leases granted {granted:?} s, which is not a split at one second boundary",
                         keys.len()
                     );
                 }
