@@ -51,6 +51,8 @@ pub const ALL: &[&str] = &[
     // rebuild: the swap of member dirs
     "swap-after-journal",
     "swap-after-exchange",
+    // rebuild: the clean-up after a rebuilding step is recorded
+    "finish-after-mark-removed",
     // rebuild: finishing an interrupted swap on the next start
     "recover-after-record",
     // lib: the end of the run

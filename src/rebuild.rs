@@ -59,6 +59,7 @@ fn fresh_work_dir(data_dir: &Path) -> Result<PathBuf, Failure> {
 /// exist, a crash here is finished by the next start).
 pub fn finish_rebuild(data_dir: &Path) {
     remove_swap_mark(data_dir);
+    crate::failpoint!("finish-after-mark-removed");
     remove_work_dir(data_dir);
 }
 
@@ -122,6 +123,10 @@ pub fn recover_interrupted_swap(data_dir: &Path) -> Result<Option<VersionPair>, 
                     let swapped = match (marked(&data_member), marked(&copy_member)) {
                         (true, _) => true,
                         (false, true) => false,
+                        // version.txt names the pair already: the step was
+                        // recorded, and a crash came while its mark and
+                        // scratch dir were being removed (the mark first).
+                        (false, false) if records(data_dir, pair) => true,
                         (false, false) => {
                             return Err(DataDirError::UnclearSwap {
                                 journal,
@@ -186,6 +191,11 @@ pub fn recover_interrupted_swap(data_dir: &Path) -> Result<Option<VersionPair>, 
         source,
     })?;
     Ok(finished)
+}
+
+/// True when `version.txt` in `data_dir` names `pair`.
+fn records(data_dir: &Path, pair: VersionPair) -> bool {
+    matches!(datadir::inspect(data_dir), Ok(datadir::DirState::Recorded(recorded)) if recorded == pair)
 }
 
 /// Removes the mark from `<data>/member` once its step is recorded (a
@@ -1343,6 +1353,22 @@ mod tests {
             fs::read_to_string(data.join("version.txt")).expect("read"),
             "3.3.25/etcd3"
         );
+    }
+
+    #[test]
+    fn a_recorded_step_killed_between_removing_its_mark_and_its_scratch_dir_is_finished() {
+        // Regression (found by the random-kill test under load): the mark
+        // was gone from member/, the old data (unmarked) in the scratch
+        // dir, and the rerun refused as "unclear" although version.txt
+        // already named the step.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = interrupted_swap(tmp.path(), true);
+        fs::write(data.join("version.txt"), "3.3.25/etcd2").expect("record");
+        fs::remove_file(data.join("member").join(SWAP_MARK)).expect("remove the mark");
+        let finished = recover_interrupted_swap(&data).expect("recovers");
+        assert_eq!(finished, Some("3.3.25/etcd2".parse().expect("pair")));
+        assert!(data.join("member/new").exists(), "the rebuilt data stays");
+        assert!(!data.join(WORK_DIR).exists());
     }
 
     #[test]
