@@ -563,6 +563,7 @@ mod tests {
     use crate::paths;
     use std::path::Path;
     use std::process::Command;
+    use std::time::Duration;
 
     #[test]
     fn an_etcd_names_the_data_dir_however_its_arguments_spell_it() {
@@ -642,6 +643,20 @@ mod tests {
             .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("spawn the wrapper");
+        // Until both have exec'd (a loaded machine can take a while), /proc
+        // shows the test's own command line for them: wait, with a deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let exec_done = |pid: u32| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|line| line.windows(scratch.len()).any(|w| w == scratch.as_bytes()))
+        };
+        while !(exec_done(etcd.id()) && exec_done(wrapper.id())) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the stand-ins never exec'd"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let found = processes_on(&data);
         let other = processes_on(&tmp.path().join("dat"));
         let _ = etcd.kill();
