@@ -166,6 +166,27 @@ fn member_dir(data_dir: &Path) -> Option<PathBuf> {
         .then(|| data_dir.to_path_buf())
 }
 
+/// The names of the entries of `dir` (lossy UTF-8); none for a missing
+/// dir, which a fresh or partial data dir may lack.
+fn file_names(dir: &Path) -> Result<Vec<String>, OnDiskError> {
+    let io = |source| OnDiskError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(io(source)),
+    };
+    entries
+        .map(|entry| {
+            entry
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .map_err(io)
+        })
+        .collect()
+}
+
 /// Reads what the etcd data in `data_dir` records, without changing
 /// anything. See [`OnDisk`] for where each answer comes from.
 ///

@@ -70,27 +70,10 @@ impl From<io::Error> for Failure {
 /// Reads the newest snapshot in `dir` that decodes. A missing dir, or one
 /// without `.snap` files, gives none.
 pub fn newest(dir: &Path) -> Result<Newest, OnDiskError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Newest::default()),
-        Err(source) => {
-            return Err(OnDiskError::Io {
-                path: dir.to_path_buf(),
-                source,
-            })
-        }
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| OnDiskError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".snap") {
-            names.push(name);
-        }
-    }
+    let mut names: Vec<String> = super::file_names(dir)?
+        .into_iter()
+        .filter(|name| name.ends_with(".snap"))
+        .collect();
     // `<16 hex term>-<16 hex index>.snap`: by name is by (term, index).
     names.sort_unstable_by(|a, b| b.cmp(a));
     let mut newest = Newest::default();

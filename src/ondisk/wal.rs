@@ -113,31 +113,16 @@ fn parse_name(name: &str) -> Option<(u64, u64)> {
 /// Other files (`.tmp` leftovers) are ignored as etcd does. An empty or
 /// missing dir gives no segments.
 pub fn segments(dir: &Path, snap_index: u64) -> Result<Vec<Segment>, OnDiskError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(OnDiskError::Io {
-                path: dir.to_path_buf(),
-                source,
-            })
-        }
-    };
-    let mut all = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| OnDiskError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let name = entry.file_name();
-        if let Some((seq, index)) = name.to_str().and_then(parse_name) {
-            all.push(Segment {
-                path: entry.path(),
+    let mut all: Vec<Segment> = super::file_names(dir)?
+        .into_iter()
+        .filter_map(|name| {
+            parse_name(&name).map(|(seq, index)| Segment {
+                path: dir.join(&name),
                 seq,
                 index,
-            });
-        }
-    }
+            })
+        })
+        .collect();
     // etcd sorts by name; with fixed-width hex that is (seq, index).
     all.sort_by_key(|s| (s.seq, s.index));
     if all.is_empty() {
