@@ -411,32 +411,7 @@ fn read_bolt(path: &Path, notes: &mut Vec<String>) -> Result<BoltState, OnDiskEr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn varint(mut v: u64) -> Vec<u8> {
-        let mut out = Vec::new();
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(byte);
-                return out;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-
-    fn field_bytes(number: u64, bytes: &[u8]) -> Vec<u8> {
-        let mut out = varint(number << 3 | 2);
-        out.extend(varint(bytes.len() as u64));
-        out.extend_from_slice(bytes);
-        out
-    }
-
-    fn field_varint(number: u64, v: u64) -> Vec<u8> {
-        let mut out = varint(number << 3);
-        out.extend(varint(v));
-        out
-    }
+    use crate::ondisk::proto::encode::{field_bytes, field_varint};
 
     /// An `InternalRaftRequest` carrying a default v2 PUT.
     fn v2_put(path: &str, value: &str) -> Vec<u8> {

@@ -206,11 +206,11 @@ pub fn strings_field(buf: &[u8], number: u64) -> Result<Vec<String>, ProtoError>
     Ok(found)
 }
 
+/// The wire format written, for the tests that build WAL records, snapshots
+/// and raft requests byte by byte (every reader's tests share it).
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Encodes a varint, for building test messages.
+pub(crate) mod encode {
+    /// Encodes a varint.
     pub fn varint(mut v: u64) -> Vec<u8> {
         let mut out = Vec::new();
         loop {
@@ -223,6 +223,27 @@ mod tests {
             out.push(byte | 0x80);
         }
     }
+
+    /// A length-delimited field (wire type 2).
+    pub fn field_bytes(number: u64, bytes: &[u8]) -> Vec<u8> {
+        let mut out = varint(number << 3 | 2);
+        out.extend(varint(bytes.len() as u64));
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    /// A varint field (wire type 0).
+    pub fn field_varint(number: u64, v: u64) -> Vec<u8> {
+        let mut out = varint(number << 3);
+        out.extend(varint(v));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode::varint;
+    use super::*;
 
     #[test]
     fn varints_round_trip_at_their_edges() {

@@ -440,39 +440,20 @@ impl<'de> Visitor<'de> for ChildrenSeed<'_> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    fn varint(mut v: u64) -> Vec<u8> {
-        let mut out = Vec::new();
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(byte);
-                return out;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-
-    fn bytes_field(number: u64, bytes: &[u8]) -> Vec<u8> {
-        let mut out = varint(number << 3 | 2);
-        out.extend(varint(bytes.len() as u64));
-        out.extend_from_slice(bytes);
-        out
-    }
+    use crate::ondisk::proto::encode::{field_bytes, varint};
 
     /// A `.snap` file as etcd writes it, around `store_json`.
     pub fn snap_file(store_json: &str, index: u64, term: u64) -> Vec<u8> {
-        let mut meta = bytes_field(1, &[]);
+        let mut meta = field_bytes(1, &[]);
         meta.extend(varint(2 << 3));
         meta.extend(varint(index));
         meta.extend(varint(3 << 3));
         meta.extend(varint(term));
-        let mut data = bytes_field(1, store_json.as_bytes());
-        data.extend(bytes_field(2, &meta));
+        let mut data = field_bytes(1, store_json.as_bytes());
+        data.extend(field_bytes(2, &meta));
         let mut file = varint(1 << 3);
         file.extend(varint(u64::from(crc32c::crc32c(&data))));
-        file.extend(bytes_field(2, &data));
+        file.extend(field_bytes(2, &data));
         file
     }
 
