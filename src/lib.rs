@@ -9,6 +9,7 @@
 
 pub mod backup;
 pub mod binaries;
+pub mod cluster;
 pub mod config;
 pub mod datadir;
 pub mod dialect;

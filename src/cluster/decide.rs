@@ -1,0 +1,681 @@
+//! This module owns the one decision a member's entrypoint makes, again and
+//! again, while a multi-member cluster rolls to its target: given what the
+//! member sees of the cluster ([`View`]: every member's server version or how
+//! long it has been unreachable, the cluster version, alarms, learners, the
+//! leader, who holds the upgrade lock) and where its own member stands
+//! ([`Own`]: the release its etcd runs, whether that release is proven) and
+//! wants to go ([`Goal`]), what to do now ([`Decision`]).
+//!
+//! It is pure: no clock, network, process or file. The caller observes,
+//! calls [`decide`], acts, and observes again; every rule below is a row in
+//! the table test at the end. The rules are etcd's own, made strict:
+//! - a member runs minor M only while the cluster version is M − 1 or M
+//!   (etcd refuses to run below the cluster version, and from 3.1 on lets a
+//!   member run any number of minors ahead: we never go two ahead);
+//! - the cluster version moves to M only when every member runs M, so a
+//!   member moves to M + 1 only once the cluster version is M;
+//! - one member restarts at a time: the restart happens only under the
+//!   upgrade lock, taken only while every other member is up, a voter, and
+//!   the cluster has no alarm; the leader hands leadership away first.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::version::{Minor, Version};
+
+/// One member as the cluster's membership lists it, with what we could
+/// learn of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The member's id in the membership.
+    pub id: u64,
+    /// Its name (empty for a member that has not started yet).
+    pub name: String,
+    /// Its peer URLs, as the membership records them.
+    pub peer_urls: Vec<String>,
+    /// A learner cannot vote: a restart while one exists may cost quorum.
+    pub is_learner: bool,
+    /// Whether it answered, and with which server version.
+    pub reach: Reach,
+}
+
+/// What asking a member for its version gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// It answered with this server version.
+    Up(Version),
+    /// It has not answered for this long.
+    Down(Duration),
+}
+
+/// What a member sees of its cluster, in one observation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    /// The cluster version, when some member told it.
+    pub cluster_version: Option<Minor>,
+    /// The membership, ourselves included.
+    pub members: Vec<Member>,
+    /// Raised alarms (NOSPACE, CORRUPT), by name.
+    pub alarms: Vec<String>,
+    /// The leader's member id, when there is one.
+    pub leader: Option<u64>,
+    /// The member id holding the upgrade lock, if any. The lock belongs to
+    /// the member, not to one run of its entrypoint: a holder SIGKILLed and
+    /// restarted finds the lock still its own.
+    pub lock: Option<u64>,
+}
+
+/// Where our own member stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Own {
+    /// Our member id.
+    pub id: u64,
+    /// The release our etcd runs now (the one `version.txt` records).
+    pub running: Version,
+    /// Whether that release has proven itself as a member of the cluster
+    /// (it answered a linearizable write through the quorum).
+    pub proven: bool,
+    /// The peer URLs the configuration asks for.
+    pub configured_peer_urls: Vec<String>,
+}
+
+/// Where our member is going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Goal {
+    /// The release the user asked for.
+    pub target: Version,
+    /// The next release on the way there from `running` (the first step of
+    /// the plan: the newest patch of the running minor first, then the next
+    /// minor), or `None` when `running` is the target.
+    pub next: Option<Version>,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Keep serving the running release; observe again later.
+    Wait(Waiting),
+    /// Take the upgrade lock, then decide again.
+    TakeLock,
+    /// We lead: hand leadership to this member before our etcd stops.
+    MoveLeader {
+        /// The member id to transfer leadership to.
+        to: u64,
+    },
+    /// Stop our etcd and start this release as the same member.
+    Restart {
+        /// The release to start.
+        into: Version,
+    },
+    /// Our restart is done (or nothing more may happen under the lock):
+    /// release it so the next member can go.
+    ReleaseLock,
+    /// The target runs and is proven; nothing is left to coordinate.
+    Done,
+    /// Keep serving the running release for good: the target is below it,
+    /// and rolling a cluster back is not done member by member.
+    Stay(String),
+    /// Refuse (exit 2): going on would break etcd's rules or the cluster.
+    Refuse(Refusal),
+}
+
+/// Why a member waits, phrased for the progress line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waiting {
+    /// Our own etcd has not proven itself as a member yet.
+    OwnNotProven {
+        /// The release it runs.
+        running: Version,
+    },
+    /// The cluster version has not reached our minor.
+    ClusterVersion {
+        /// The minor it must reach.
+        want: Minor,
+        /// What it is (`None`: no member told it).
+        have: Option<Minor>,
+        /// The first member still below `want`, and its state.
+        behind: Option<Behind>,
+    },
+    /// Another member is unreachable.
+    MemberDown {
+        /// Its name and peer URL.
+        member: String,
+        /// For how long.
+        down_for: Duration,
+    },
+    /// A learner is in the membership.
+    Learner {
+        /// Its name and peer URL.
+        member: String,
+    },
+    /// Alarms are raised.
+    Alarms(Vec<String>),
+    /// Another member holds the upgrade lock.
+    LockHeld {
+        /// Its name and peer URL.
+        member: String,
+    },
+}
+
+/// A member below the minor the cluster version must reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Behind {
+    /// Its name and peer URL.
+    pub member: String,
+    /// What it reported, or how long it has been silent.
+    pub reach: Reach,
+}
+
+/// Why a member refuses to go on. Each names the members and versions.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Our member id is not in the membership the cluster reports.
+    #[error("this member (id {id:x}) is not in the cluster's membership ({members}); it was removed, or its data belongs to another cluster: do not start it; re-add it with `etcdctl member add` and an empty data dir")]
+    NotAMember {
+        /// Our id.
+        id: u64,
+        /// The membership, for the message.
+        members: String,
+    },
+    /// Our release is older than the cluster version.
+    #[error("this member runs {running} but the cluster version is already {cluster}: etcd refuses to run a member behind the cluster version; set TARGET_VERSION to a {cluster}.x release")]
+    Behind {
+        /// The release we run.
+        running: Version,
+        /// The cluster version.
+        cluster: Minor,
+    },
+    /// Our release is two or more minors ahead of the cluster version.
+    #[error("this member runs {running} but the cluster version is {cluster}: a member may run at most one minor ahead ({next}); bring the other members to {cluster} first")]
+    TwoAhead {
+        /// The release we run.
+        running: Version,
+        /// The cluster version.
+        cluster: Minor,
+        /// The highest minor allowed now.
+        next: Minor,
+    },
+    /// Rolling a cluster back.
+    #[error("the cluster version is {cluster} and TARGET_VERSION is {target}: rolling back a cluster of {members} members is a stop-the-world procedure that etcd-migrate does not do member by member (a later release will); keep TARGET_VERSION at {cluster}.x or newer")]
+    Rollback {
+        /// The cluster version.
+        cluster: Minor,
+        /// The requested target.
+        target: Version,
+        /// How many members the cluster has.
+        members: usize,
+    },
+    /// A peer-URL change together with a version change.
+    #[error("the configured peer URLs ({configured}) differ from this member's in the cluster's membership ({recorded}): change the peer URLs (etcdctl member update) and the version in separate rollouts")]
+    PeerUrlsChanged {
+        /// What the configuration asks for.
+        configured: String,
+        /// What the membership records.
+        recorded: String,
+    },
+}
+
+impl fmt::Display for Waiting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Waiting::OwnNotProven { running } => {
+                write!(
+                    f,
+                    "waiting for this member's etcd {running} to serve a write"
+                )
+            }
+            Waiting::ClusterVersion { want, have, behind } => {
+                let have = have.map_or("unknown".to_string(), |m| m.to_string());
+                match behind {
+                    Some(Behind { member, reach }) => write!(
+                        f,
+                        "waiting for member {member} to reach {want} (cluster version {have}): {}",
+                        reach_text(*reach)
+                    ),
+                    None => write!(
+                        f,
+                        "waiting for the cluster version to reach {want} (now {have})"
+                    ),
+                }
+            }
+            Waiting::MemberDown { member, down_for } => write!(
+                f,
+                "waiting for member {member} to be reachable: unreachable for {} s",
+                down_for.as_secs()
+            ),
+            Waiting::Learner { member } => write!(
+                f,
+                "waiting for learner {member} to be promoted or removed before a restart"
+            ),
+            Waiting::Alarms(alarms) => write!(
+                f,
+                "waiting for the cluster's alarms to be cleared: {}",
+                alarms.join(", ")
+            ),
+            Waiting::LockHeld { member } => {
+                write!(f, "waiting for member {member} to finish its restart")
+            }
+        }
+    }
+}
+
+fn reach_text(reach: Reach) -> String {
+    match reach {
+        Reach::Up(version) => format!("runs {version}"),
+        Reach::Down(for_) => format!("unreachable for {} s", for_.as_secs()),
+    }
+}
+
+/// A member's name and first peer URL, as progress lines name it.
+fn label(member: &Member) -> String {
+    let name = if member.name.is_empty() {
+        format!("{:x}", member.id)
+    } else {
+        member.name.clone()
+    };
+    match member.peer_urls.first() {
+        Some(url) => format!("{name} ({url})"),
+        None => name,
+    }
+}
+
+/// The decision for one observation; see the module doc for the rules.
+pub fn decide(view: &View, own: &Own, goal: &Goal) -> Decision {
+    if let Some(refusal) = refusal(view, own, goal) {
+        return Decision::Refuse(refusal);
+    }
+    let holds_lock = view.lock == Some(own.id);
+    let free = decide_unlocked(view, own, goal);
+    match free {
+        // Anything short of a restart lets the next member go first.
+        Decision::Wait(_) | Decision::Done | Decision::Stay(_) if holds_lock => {
+            Decision::ReleaseLock
+        }
+        Decision::TakeLock if holds_lock => restart_or_hand_over(view, own, goal),
+        other => other,
+    }
+}
+
+/// What refuses the run whatever the lock: membership, etcd's version
+/// rules, a rollback, a peer-URL change riding along with a version change.
+fn refusal(view: &View, own: &Own, goal: &Goal) -> Option<Refusal> {
+    let Some(me) = view.members.iter().find(|m| m.id == own.id) else {
+        let members = view.members.iter().map(label).collect::<Vec<_>>();
+        return Some(Refusal::NotAMember {
+            id: own.id,
+            members: members.join(", "),
+        });
+    };
+    let running = own.running.minor_line();
+    if let Some(cluster) = view.cluster_version {
+        if running < cluster {
+            return Some(Refusal::Behind {
+                running: own.running,
+                cluster,
+            });
+        }
+        if running > cluster.next() {
+            return Some(Refusal::TwoAhead {
+                running: own.running,
+                cluster,
+                next: cluster.next(),
+            });
+        }
+        if goal.target.minor_line() < cluster && view.members.len() > 1 {
+            return Some(Refusal::Rollback {
+                cluster,
+                target: goal.target,
+                members: view.members.len(),
+            });
+        }
+    }
+    let moving = goal.next.is_some_and(|next| next != own.running);
+    if moving && !same_urls(&own.configured_peer_urls, &me.peer_urls) {
+        return Some(Refusal::PeerUrlsChanged {
+            configured: own.configured_peer_urls.join(","),
+            recorded: me.peer_urls.join(","),
+        });
+    }
+    None
+}
+
+/// Peer URLs compare as sets, ignoring a trailing slash.
+fn same_urls(a: &[String], b: &[String]) -> bool {
+    let norm = |urls: &[String]| {
+        let mut v: Vec<String> = urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_string())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    a.is_empty() || norm(a) == norm(b)
+}
+
+/// The decision as if the lock were free for us to take.
+fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
+    if !own.proven {
+        return Decision::Wait(Waiting::OwnNotProven {
+            running: own.running,
+        });
+    }
+    if goal.target.minor_line() < own.running.minor_line() {
+        return Decision::Stay(format!(
+            "TARGET_VERSION {} is below the running {}; the cluster version has not reached {} yet, so this member stays on {} (a member may run one minor ahead) and goes no further",
+            goal.target,
+            own.running,
+            own.running.minor_line(),
+            own.running
+        ));
+    }
+    let Some(next) = goal.next.filter(|next| *next != own.running) else {
+        return Decision::Done;
+    };
+    if let Some(waiting) = version_gate(view, own, next) {
+        return Decision::Wait(waiting);
+    }
+    if let Some(waiting) = others_ready(view, own) {
+        return Decision::Wait(waiting);
+    }
+    match view.lock {
+        Some(holder) if holder != own.id => Decision::Wait(Waiting::LockHeld {
+            member: member_label(view, holder),
+        }),
+        _ => Decision::TakeLock,
+    }
+}
+
+/// A patch restart may go at any cluster version our release accepts; the
+/// next minor only once the cluster version has reached ours.
+fn version_gate(view: &View, own: &Own, next: Version) -> Option<Waiting> {
+    let running = own.running.minor_line();
+    if next.minor_line() == running {
+        return None;
+    }
+    if view.cluster_version == Some(running) {
+        return None;
+    }
+    let behind = view
+        .members
+        .iter()
+        .filter(|m| m.id != own.id)
+        .find(|m| match m.reach {
+            Reach::Up(version) => version.minor_line() < running,
+            Reach::Down(_) => true,
+        })
+        .map(|m| Behind {
+            member: label(m),
+            reach: m.reach,
+        });
+    Some(Waiting::ClusterVersion {
+        want: running,
+        have: view.cluster_version,
+        behind,
+    })
+}
+
+/// Every other member up and voting, and no alarm.
+fn others_ready(view: &View, own: &Own) -> Option<Waiting> {
+    for member in view.members.iter().filter(|m| m.id != own.id) {
+        if let Reach::Down(down_for) = member.reach {
+            return Some(Waiting::MemberDown {
+                member: label(member),
+                down_for,
+            });
+        }
+    }
+    if let Some(learner) = view.members.iter().find(|m| m.is_learner) {
+        return Some(Waiting::Learner {
+            member: label(learner),
+        });
+    }
+    if !view.alarms.is_empty() {
+        return Some(Waiting::Alarms(view.alarms.clone()));
+    }
+    None
+}
+
+/// Under the lock: hand leadership away if we lead, else restart.
+fn restart_or_hand_over(view: &View, own: &Own, goal: &Goal) -> Decision {
+    let Some(next) = goal.next else {
+        return Decision::ReleaseLock;
+    };
+    if view.leader == Some(own.id) {
+        if let Some(to) = leader_successor(view, own) {
+            return Decision::MoveLeader { to };
+        }
+    }
+    Decision::Restart { into: next }
+}
+
+/// The member to lead while we restart: a voter that is up, on the newest
+/// release (it will not restart soon), lowest id among equals.
+fn leader_successor(view: &View, own: &Own) -> Option<u64> {
+    view.members
+        .iter()
+        .filter(|m| m.id != own.id && !m.is_learner)
+        .filter_map(|m| match m.reach {
+            Reach::Up(version) => Some((version, m.id)),
+            Reach::Down(_) => None,
+        })
+        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+        .map(|(_, id)| id)
+}
+
+fn member_label(view: &View, id: u64) -> String {
+    view.members
+        .iter()
+        .find(|m| m.id == id)
+        .map_or_else(|| format!("{id:x}"), label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: u64 = 0xa;
+    const B: u64 = 0xb;
+    const C: u64 = 0xc;
+
+    fn v(s: &str) -> Version {
+        s.parse().expect("test version")
+    }
+
+    fn m(s: &str) -> Minor {
+        v(&format!("{s}.0")).minor_line()
+    }
+
+    fn member(id: u64, reach: Reach) -> Member {
+        Member {
+            id,
+            name: format!("etcd-{id:x}"),
+            peer_urls: vec![format!("https://10.0.0.{id}:2380")],
+            is_learner: false,
+            reach,
+        }
+    }
+
+    fn up(s: &str) -> Reach {
+        Reach::Up(v(s))
+    }
+
+    /// Three members, we are A running `running`, B and C as given.
+    fn view(cluster: &str, running: &str, b: Reach, c: Reach) -> View {
+        View {
+            cluster_version: (!cluster.is_empty()).then(|| m(cluster)),
+            members: vec![member(A, up(running)), member(B, b), member(C, c)],
+            alarms: vec![],
+            leader: Some(B),
+            lock: None,
+        }
+    }
+
+    fn own(running: &str) -> Own {
+        Own {
+            id: A,
+            running: v(running),
+            proven: true,
+            configured_peer_urls: vec!["https://10.0.0.10:2380".to_string()],
+        }
+    }
+
+    fn goal(target: &str, next: Option<&str>) -> Goal {
+        Goal {
+            target: v(target),
+            next: next.map(v),
+        }
+    }
+
+    #[test]
+    fn the_rules_as_a_table() {
+        let lock = |mut view: View, holder: u64| {
+            view.lock = Some(holder);
+            view
+        };
+        let lead = |mut view: View| {
+            view.leader = Some(A);
+            view
+        };
+        let alarm = |mut view: View| {
+            view.alarms = vec!["NOSPACE".to_string()];
+            view
+        };
+        let learner = |mut view: View| {
+            view.members[2].is_learner = true;
+            view
+        };
+        let unproven = |mut own: Own| {
+            own.proven = false;
+            own
+        };
+        let down = Reach::Down(Duration::from_secs(45));
+        #[rustfmt::skip]
+        let rows: Vec<(&str, View, Own, Goal, Decision)> = vec![
+            ("all at 3.3, next minor: take the lock",
+             view("3.3", "3.3.25", up("3.3.25"), up("3.3.25")), own("3.3.25"), goal("3.5.16", Some("3.4.23")),
+             Decision::TakeLock),
+            ("lock ours, not leader: restart into the next minor",
+             lock(view("3.3", "3.3.25", up("3.3.25"), up("3.3.25")), A), own("3.3.25"), goal("3.5.16", Some("3.4.23")),
+             Decision::Restart { into: v("3.4.23") }),
+            ("lock ours and we lead: hand leadership to the newest other member",
+             lead(lock(view("3.3", "3.3.25", up("3.3.25"), up("3.4.23")), A)), own("3.3.25"), goal("3.5.16", Some("3.4.23")),
+             Decision::MoveLeader { to: C }),
+            ("lock held by another member: wait for it",
+             lock(view("3.3", "3.3.25", up("3.4.23"), up("3.3.25")), B), own("3.3.25"), goal("3.5.16", Some("3.4.23")),
+             Decision::Wait(Waiting::LockHeld { member: "etcd-b (https://10.0.0.11:2380)".to_string() })),
+            ("we moved to 3.4, others still 3.3: wait for the cluster version, naming who",
+             view("3.3", "3.4.23", up("3.4.23"), up("3.3.25")), own("3.4.23"), goal("3.5.16", Some("3.5.16")),
+             Decision::Wait(Waiting::ClusterVersion { want: m("3.4"), have: Some(m("3.3")),
+                 behind: Some(Behind { member: "etcd-c (https://10.0.0.12:2380)".to_string(), reach: up("3.3.25") }) })),
+            ("we moved to 3.4 and still hold the lock: release it",
+             lock(view("3.3", "3.4.23", up("3.3.25"), up("3.3.25")), A), own("3.4.23"), goal("3.5.16", Some("3.5.16")),
+             Decision::ReleaseLock),
+            ("a member down blocks the next restart",
+             view("3.4", "3.4.23", up("3.4.23"), down), own("3.4.23"), goal("3.5.16", Some("3.5.16")),
+             Decision::Wait(Waiting::MemberDown { member: "etcd-c (https://10.0.0.12:2380)".to_string(), down_for: Duration::from_secs(45) })),
+            ("a member down below our minor: the cluster-version wait names it",
+             view("3.3", "3.4.23", up("3.4.23"), down), own("3.4.23"), goal("3.5.16", Some("3.5.16")),
+             Decision::Wait(Waiting::ClusterVersion { want: m("3.4"), have: Some(m("3.3")),
+                 behind: Some(Behind { member: "etcd-c (https://10.0.0.12:2380)".to_string(), reach: down }) })),
+            ("an alarm blocks the restart",
+             alarm(view("3.4", "3.4.23", up("3.4.23"), up("3.4.23"))), own("3.4.23"), goal("3.5.16", Some("3.5.16")),
+             Decision::Wait(Waiting::Alarms(vec!["NOSPACE".to_string()]))),
+            ("a learner blocks the restart",
+             learner(view("3.4", "3.4.23", up("3.4.23"), up("3.4.23"))), own("3.4.23"), goal("3.5.16", Some("3.5.16")),
+             Decision::Wait(Waiting::Learner { member: "etcd-c (https://10.0.0.12:2380)".to_string() })),
+            ("an alarm raised while we hold the lock: release it, restart nothing",
+             alarm(lock(view("3.4", "3.4.23", up("3.4.23"), up("3.4.23")), A)), own("3.4.23"), goal("3.5.16", Some("3.5.16")),
+             Decision::ReleaseLock),
+            ("a patch first goes at any cluster version our minor accepts",
+             view("3.2", "3.3.20", up("3.2.32"), up("3.3.25")), own("3.3.20"), goal("3.5.16", Some("3.3.25")),
+             Decision::TakeLock),
+            ("our own etcd not yet proven: wait for it",
+             view("3.3", "3.3.25", up("3.3.25"), up("3.3.25")), unproven(own("3.3.25")), goal("3.5.16", Some("3.4.23")),
+             Decision::Wait(Waiting::OwnNotProven { running: v("3.3.25") })),
+            ("the target runs: done",
+             view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), own("3.5.16"), goal("3.5.16", None),
+             Decision::Done),
+            ("the target runs but we hold the lock: release it first",
+             lock(view("3.4", "3.5.16", up("3.4.23"), up("3.5.16")), A), own("3.5.16"), goal("3.5.16", None),
+             Decision::ReleaseLock),
+            ("2.x: 2.3 → 3.0 once the cluster version is 2.3",
+             view("2.3", "2.3.7", up("2.3.7"), up("2.3.7")), own("2.3.7"), goal("3.0.17", Some("3.0.17")),
+             Decision::TakeLock),
+            ("unknown cluster version: wait, never guess",
+             view("", "3.3.25", up("3.3.25"), up("3.3.25")), own("3.3.25"), goal("3.4.23", Some("3.4.23")),
+             Decision::Wait(Waiting::ClusterVersion { want: m("3.3"), have: None, behind: None })),
+            ("target lowered mid-wave: the members already ahead stay",
+             view("3.4", "3.5.16", up("3.4.23"), up("3.5.16")), own("3.5.16"), goal("3.4.23", None),
+             Decision::Stay("TARGET_VERSION 3.4.23 is below the running 3.5.16; the cluster version has not reached 3.5 yet, so this member stays on 3.5.16 (a member may run one minor ahead) and goes no further".to_string())),
+            ("behind the cluster version: refuse",
+             view("3.4", "3.3.25", up("3.4.23"), up("3.4.23")), own("3.3.25"), goal("3.5.16", Some("3.4.23")),
+             Decision::Refuse(Refusal::Behind { running: v("3.3.25"), cluster: m("3.4") })),
+            ("two minors ahead: refuse",
+             view("3.3", "3.5.16", up("3.3.25"), up("3.3.25")), own("3.5.16"), goal("3.5.16", None),
+             Decision::Refuse(Refusal::TwoAhead { running: v("3.5.16"), cluster: m("3.3"), next: m("3.4") })),
+            ("a completed wave rolled back: refuse",
+             view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), own("3.5.16"), goal("3.4.23", None),
+             Decision::Refuse(Refusal::Rollback { cluster: m("3.5"), target: v("3.4.23"), members: 3 })),
+        ];
+        for (name, view, own, goal, want) in rows {
+            assert_eq!(decide(&view, &own, &goal), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_member_missing_from_the_membership_is_refused_naming_the_members() {
+        let mut view = view("3.3", "3.3.25", up("3.3.25"), up("3.3.25"));
+        view.members.remove(0);
+        let Decision::Refuse(refusal) = decide(&view, &own("3.3.25"), &goal("3.4.23", None)) else {
+            panic!("not refused");
+        };
+        let text = refusal.to_string();
+        assert!(text.contains("id a"), "{text}");
+        assert!(text.contains("etcd-b (https://10.0.0.11:2380)"), "{text}");
+    }
+
+    #[test]
+    fn a_peer_url_change_refuses_only_together_with_a_version_change() {
+        let view = view("3.3", "3.3.25", up("3.3.25"), up("3.3.25"));
+        let mut moved = own("3.3.25");
+        moved.configured_peer_urls = vec!["https://10.9.9.9:2380".to_string()];
+        assert!(matches!(
+            decide(&view, &moved, &goal("3.4.23", Some("3.4.23"))),
+            Decision::Refuse(Refusal::PeerUrlsChanged { .. })
+        ));
+        assert_eq!(decide(&view, &moved, &goal("3.3.25", None)), Decision::Done);
+        let mut slash = own("3.3.25");
+        slash.configured_peer_urls = vec!["https://10.0.0.10:2380/".to_string()];
+        assert_eq!(
+            decide(&view, &slash, &goal("3.4.23", Some("3.4.23"))),
+            Decision::TakeLock
+        );
+    }
+
+    #[test]
+    fn progress_lines_name_the_member_and_how_long() {
+        let waiting = Waiting::ClusterVersion {
+            want: m("3.4"),
+            have: Some(m("3.3")),
+            behind: Some(Behind {
+                member: "etcd-b (https://10.0.0.2:2380)".to_string(),
+                reach: Reach::Down(Duration::from_secs(45)),
+            }),
+        };
+        assert_eq!(
+            waiting.to_string(),
+            "waiting for member etcd-b (https://10.0.0.2:2380) to reach 3.4 (cluster version 3.3): unreachable for 45 s"
+        );
+    }
+
+    #[test]
+    fn the_leader_hands_over_to_an_up_voter_never_a_learner_or_a_silent_member() {
+        let mut view = view("3.3", "3.3.25", Reach::Down(Duration::ZERO), up("3.3.25"));
+        view.members[1].reach = up("3.4.23");
+        view.members[1].is_learner = true;
+        assert_eq!(leader_successor(&view, &own("3.3.25")), Some(C));
+        view.members[2].reach = Reach::Down(Duration::ZERO);
+        assert_eq!(leader_successor(&view, &own("3.3.25")), None);
+    }
+}
