@@ -64,6 +64,17 @@ fn span(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     (lo / 1.6).max(1e-3)..hi * 1.6
 }
 
+/// 10000 → "10k", 1000000 → "1M".
+fn human(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{}k", v / 1e3)
+    } else {
+        format!("{v}")
+    }
+}
+
 fn draw(rows: &[Row], out: &Path, title: &str) -> Result<(), Box<dyn Error>> {
     let mut phases: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
     for row in rows {
@@ -83,6 +94,11 @@ fn draw(rows: &[Row], out: &Path, title: &str) -> Result<(), Box<dyn Error>> {
         .configure_mesh()
         .x_desc("keys (log)")
         .y_desc("seconds (log)")
+        .x_labels(8)
+        .y_labels(8)
+        .x_label_formatter(&|v| human(*v))
+        .y_label_formatter(&|v| format!("{v}"))
+        .light_line_style(WHITE)
         .draw()?;
     for (i, (phase, mut points)) in phases.into_iter().enumerate() {
         points.sort_by(|a, b| a.keys.total_cmp(&b.keys));
