@@ -31,11 +31,14 @@
 //!   storage migration at 3.0 … 3.4 and the whole walk, with the releases
 //!   the registries lack taken from `$ETCD_EXTRA_BIN_DIR` (a case without
 //!   its binaries says NOT RUN).
+//! - `cluster_probe`: the cluster mode's peer probe, view and decision on a
+//!   real 3-member cluster with peer TLS.
 
 mod harness;
 
 mod backups;
 mod bad_input;
+mod cluster_probe;
 mod corners;
 mod crashes;
 mod failures;

@@ -52,6 +52,7 @@ impl EtcdHealth {
     /// A prober with its own HTTP client (no proxy: steps are on loopback)
     /// and this run's health key prefix.
     pub fn new() -> Result<Self, String> {
+        crate::tls::ensure_provider();
         let http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(ATTEMPT_TIMEOUT)

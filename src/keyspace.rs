@@ -518,6 +518,7 @@ pub fn v2_path(key: &[u8]) -> Vec<u8> {
 }
 
 fn http_client() -> Result<reqwest::Client, String> {
+    crate::tls::ensure_provider();
     reqwest::Client::builder()
         .no_proxy()
         .timeout(REQUEST_TIMEOUT)

@@ -25,6 +25,7 @@ pub mod paths;
 pub mod plan;
 pub mod rebuild;
 pub mod supervisor;
+pub mod tls;
 pub mod version;
 
 use std::io::Write;

@@ -32,6 +32,8 @@ pub fn http_client() -> reqwest::Client {
 /// An HTTP client for loopback etcd whose requests time out after
 /// `timeout`.
 fn http_client_within(timeout: Duration) -> reqwest::Client {
+    // reqwest takes its TLS provider from the process (src/tls.rs).
+    etcd_migrate::tls::ensure_provider();
     reqwest::Client::builder()
         .no_proxy()
         .timeout(timeout)

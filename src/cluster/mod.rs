@@ -9,5 +9,6 @@
 
 pub mod decide;
 pub mod observe;
+pub mod peer;
 
 pub use decide::{decide, Behind, Decision, Goal, Member, Own, Reach, Refusal, View, Waiting};

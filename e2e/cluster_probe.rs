@@ -1,0 +1,248 @@
+//! The cluster mode's eyes on a real cluster: three etcd 3.3.25 members on
+//! loopback with peer TLS and peer client-certificate auth (certificates
+//! made here), asked over their peer endpoints by `cluster::peer`, the
+//! answers assembled by `cluster::observe` and decided on by
+//! `cluster::decide`. A member killed shows as down and blocks the restart;
+//! a client with a stranger's CA is refused by TLS, naming the endpoint.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use etcd_migrate::cluster::observe::{assemble, Answers};
+use etcd_migrate::cluster::peer::{PeerClient, PeerTls};
+use etcd_migrate::cluster::{decide, Decision, Goal, Own, Reach, Waiting};
+use etcd_migrate::version::{Minor, Version};
+
+use crate::harness::etcd::{die_with_parent, kill_and_reap};
+use crate::harness::{block_on, etcd_binary, free_port, temp_dir};
+
+const RELEASE: &str = "3.3.25";
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A CA and, per name, a certificate for 127.0.0.1/localhost usable as
+/// server and client (as kubeadm's etcd peer certificates are).
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new(dir: &Path, names: &[&str]) -> Self {
+        let ca_key = rcgen::KeyPair::generate().expect("CA key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "etcd-migrate e2e CA");
+        let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+        std::fs::write(dir.join("ca.crt"), ca.pem()).expect("write CA");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        for name in names {
+            let key = rcgen::KeyPair::generate().expect("member key");
+            let mut params = rcgen::CertificateParams::new(vec![
+                "127.0.0.1".to_string(),
+                "localhost".to_string(),
+            ])
+            .expect("member params");
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, *name);
+            params.extended_key_usages = vec![
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            let cert = params.signed_by(&key, &issuer).expect("member certificate");
+            std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).expect("write cert");
+            std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem())
+                .expect("write key");
+        }
+        Pki {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn tls(&self, name: &str) -> PeerTls {
+        PeerTls {
+            trusted_ca: self.dir.join("ca.crt"),
+            cert: self.dir.join(format!("{name}.crt")),
+            key: self.dir.join(format!("{name}.key")),
+        }
+    }
+}
+
+struct Node {
+    peer_url: String,
+    child: Option<Child>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_and_reap(&mut child);
+        }
+    }
+}
+
+fn start_cluster(root: &Path, pki: &Pki, names: &[&str]) -> Vec<Node> {
+    let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
+    let initial: Vec<String> = names
+        .iter()
+        .zip(&ports)
+        .map(|(name, (_, peer))| format!("{name}=https://127.0.0.1:{peer}"))
+        .collect();
+    let mut nodes = Vec::new();
+    for (name, (client, peer)) in names.iter().zip(&ports) {
+        let peer_url = format!("https://127.0.0.1:{peer}");
+        let client_url = format!("http://127.0.0.1:{client}");
+        let tls = pki.tls(name);
+        let log = File::create(root.join(format!("{name}.log"))).expect("log file");
+        let mut command = Command::new(etcd_binary(RELEASE));
+        command
+            .arg(format!("--name={name}"))
+            .arg(format!("--data-dir={}", root.join(name).display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster={}", initial.join(",")))
+            .arg("--initial-cluster-state=new")
+            .arg("--peer-client-cert-auth=true")
+            .arg(format!(
+                "--peer-trusted-ca-file={}",
+                tls.trusted_ca.display()
+            ))
+            .arg(format!("--peer-cert-file={}", tls.cert.display()))
+            .arg(format!("--peer-key-file={}", tls.key.display()))
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log);
+        die_with_parent(&mut command);
+        let child = command.spawn().expect("spawn etcd");
+        nodes.push(Node {
+            peer_url,
+            child: Some(child),
+        });
+    }
+    nodes
+}
+
+/// One round of asking every member, as a member's entrypoint does it.
+fn observe(client: &PeerClient, nodes: &[Node], silent: Duration) -> etcd_migrate::cluster::View {
+    block_on(async {
+        let mut members = None;
+        let mut answers = Answers::new();
+        for node in nodes {
+            if members.is_none() {
+                members = client.members(&node.peer_url).await.ok();
+            }
+        }
+        let members = members.expect("some member lists the membership");
+        for member in &members {
+            let url = member.peer_urls.first().expect("a peer URL");
+            let answer = client.version(url).await.map_err(|_| silent);
+            answers.insert(member.id, answer);
+        }
+        assemble(members, &answers, vec![], None, None)
+    })
+}
+
+fn wait_for_cluster_version(client: &PeerClient, nodes: &[Node]) -> etcd_migrate::cluster::View {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let view = block_on(async {
+            let mut up = 0;
+            for node in nodes {
+                if client.version(&node.peer_url).await.is_ok() {
+                    up += 1;
+                }
+            }
+            up
+        });
+        if view == nodes.len() {
+            let view = observe(client, nodes, Duration::ZERO);
+            if view.cluster_version == Some(Minor::new(3, 3))
+                && view.members.iter().all(|m| !m.name.is_empty())
+            {
+                return view;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the 3-member cluster did not settle at cluster version 3.3 within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_member_sees_a_real_tls_cluster_and_decides_on_it() {
+    let tmp = temp_dir("cluster-probe");
+    let names = ["etcd-a", "etcd-b", "etcd-c"];
+    let pki = Pki::new(tmp.path(), &names);
+    let mut nodes = start_cluster(tmp.path(), &pki, &names);
+    let client = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+
+    let view = wait_for_cluster_version(&client, &nodes);
+    assert_eq!(view.members.len(), 3);
+    for member in &view.members {
+        assert_eq!(
+            member.reach,
+            Reach::Up(Version::new(3, 3, 25)),
+            "{member:?}"
+        );
+    }
+    let me = view
+        .members
+        .iter()
+        .find(|m| m.name == "etcd-a")
+        .expect("etcd-a in the membership");
+    let own = Own {
+        id: me.id,
+        running: Version::new(3, 3, 25),
+        proven: true,
+        configured_peer_urls: me.peer_urls.clone(),
+    };
+    let goal = Goal {
+        target: Version::new(3, 5, 16),
+        next: Some(Version::new(3, 4, 23)),
+    };
+    assert_eq!(decide(&view, &own, &goal), Decision::TakeLock);
+
+    // etcd-c dies: it shows as down, and nobody may restart.
+    let dead = nodes.pop().expect("etcd-c");
+    drop(dead);
+    let view = observe(&client, &nodes, Duration::from_secs(7));
+    match decide(&view, &own, &goal) {
+        Decision::Wait(Waiting::MemberDown { member, down_for }) => {
+            assert!(member.starts_with("etcd-c (https://127.0.0.1:"), "{member}");
+            assert_eq!(down_for, Duration::from_secs(7));
+        }
+        other => panic!("with etcd-c dead, want a wait for it, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_client_with_a_strangers_ca_is_refused_naming_the_endpoint() {
+    let tmp = temp_dir("cluster-probe-ca");
+    let names = ["etcd-a", "etcd-b", "etcd-c"];
+    let pki = Pki::new(tmp.path(), &names);
+    let nodes = start_cluster(tmp.path(), &pki, &names);
+    let client = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    wait_for_cluster_version(&client, &nodes);
+
+    let stranger_dir = tmp.path().join("stranger");
+    std::fs::create_dir(&stranger_dir).expect("stranger dir");
+    let stranger = Pki::new(&stranger_dir, &["etcd-a"]);
+    let wrong = PeerClient::new(Some(&stranger.tls("etcd-a")), PROBE_TIMEOUT).expect("client");
+    let err = block_on(wrong.version(&nodes[0].peer_url)).expect_err("a stranger's CA");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("{}/version", nodes[0].peer_url)),
+        "{text}"
+    );
+    let plain = PeerClient::new(None, PROBE_TIMEOUT).expect("plain client");
+    assert!(block_on(plain.version(&nodes[0].peer_url)).is_err());
+    drop(nodes);
+}

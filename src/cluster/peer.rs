@@ -1,0 +1,219 @@
+//! This module owns asking a member's peer endpoints, over the peer TLS
+//! the member itself uses (`--peer-trusted-ca-file`, `--peer-cert-file`,
+//! `--peer-key-file`), what it runs and what membership it knows: the
+//! `/version` and `/members` answers `observe` parses. Every request has
+//! its own deadline; an unreachable member is an error naming its URL, and
+//! the caller counts how long it has been one.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::cluster::decide::Member;
+use crate::cluster::observe::{self, ObserveError, VersionInfo};
+
+/// The peer TLS files, as etcd's flags name them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerTls {
+    /// `--peer-trusted-ca-file`: the CA the members' peer certificates chain to.
+    pub trusted_ca: PathBuf,
+    /// `--peer-cert-file`: presented when the peers ask for a client
+    /// certificate (`--peer-client-cert-auth`).
+    pub cert: PathBuf,
+    /// `--peer-key-file`.
+    pub key: PathBuf,
+}
+
+/// Why a peer endpoint could not be asked, or its answer used.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// A TLS file could not be read.
+    #[error("cannot read the peer TLS {what} {path}: {source}")]
+    ReadTls {
+        /// Which file (`trusted CA`, `certificate`, `key`).
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The TLS files do not make a client.
+    #[error("the peer TLS files (CA {ca}, certificate {cert}, key {key}) do not make a TLS client: {reason}")]
+    BadTls {
+        /// `--peer-trusted-ca-file`.
+        ca: PathBuf,
+        /// `--peer-cert-file`.
+        cert: PathBuf,
+        /// `--peer-key-file`.
+        key: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("cannot build the peer HTTP client: {0}")]
+    Client(String),
+    /// No answer within the deadline, or the connection failed.
+    #[error("{endpoint} did not answer within {timeout:?}: {reason}")]
+    Unreachable {
+        /// The URL asked.
+        endpoint: String,
+        /// The deadline.
+        timeout: Duration,
+        /// What failed (connect, TLS, timeout).
+        reason: String,
+    },
+    /// An answer that is not a success.
+    #[error("{endpoint} answered HTTP {status}: {body}")]
+    Status {
+        /// The URL asked.
+        endpoint: String,
+        /// The status code.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// A success whose body is not what etcd serves there.
+    #[error(transparent)]
+    Answer(#[from] ObserveError),
+}
+
+/// Asks peer endpoints, each request bounded by `timeout`.
+pub struct PeerClient {
+    http: reqwest::Client,
+    timeout: Duration,
+}
+
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, PeerError> {
+    std::fs::read(path).map_err(|source| PeerError::ReadTls {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+impl PeerClient {
+    /// A client for plain-HTTP peers (`tls` none) or for peers with TLS,
+    /// trusting only the peers' CA and presenting the member's own peer
+    /// certificate.
+    pub fn new(tls: Option<&PeerTls>, timeout: Duration) -> Result<Self, PeerError> {
+        crate::tls::ensure_provider();
+        let mut builder = reqwest::Client::builder()
+            // Peers are addressed directly; a proxy in the environment must
+            // not carry cluster traffic.
+            .no_proxy()
+            .connect_timeout(timeout)
+            .timeout(timeout);
+        if let Some(tls) = tls {
+            let bad = |reason: String| PeerError::BadTls {
+                ca: tls.trusted_ca.clone(),
+                cert: tls.cert.clone(),
+                key: tls.key.clone(),
+                reason,
+            };
+            let ca = reqwest::Certificate::from_pem_bundle(&read("trusted CA", &tls.trusted_ca)?)
+                .map_err(|e| bad(format!("the CA: {e}")))?;
+            let mut pem = read("certificate", &tls.cert)?;
+            pem.push(b'\n');
+            pem.extend(read("key", &tls.key)?);
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| bad(format!("the certificate and key: {e}")))?;
+            builder = builder.tls_certs_only(ca).identity(identity);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| PeerError::Client(error_text(&e)))?;
+        Ok(PeerClient { http, timeout })
+    }
+
+    /// The member at `peer_url`'s `/version`.
+    pub async fn version(&self, peer_url: &str) -> Result<VersionInfo, PeerError> {
+        let endpoint = format!("{}/version", peer_url.trim_end_matches('/'));
+        let body = self.get(&endpoint).await?;
+        Ok(observe::parse_version(&endpoint, &body)?)
+    }
+
+    /// The membership the member at `peer_url` knows.
+    pub async fn members(&self, peer_url: &str) -> Result<Vec<Member>, PeerError> {
+        let endpoint = format!("{}/members", peer_url.trim_end_matches('/'));
+        let body = self.get(&endpoint).await?;
+        Ok(observe::parse_members(&endpoint, &body)?)
+    }
+
+    async fn get(&self, endpoint: &str) -> Result<String, PeerError> {
+        let unreachable = |e: reqwest::Error| PeerError::Unreachable {
+            endpoint: endpoint.to_string(),
+            timeout: self.timeout,
+            reason: error_text(&e),
+        };
+        let response = self.http.get(endpoint).send().await.map_err(unreachable)?;
+        let status = response.status();
+        let body = response.text().await.map_err(unreachable)?;
+        if !status.is_success() {
+            return Err(PeerError::Status {
+                endpoint: endpoint.to_string(),
+                status: status.as_u16(),
+                body: body.chars().take(200).collect(),
+            });
+        }
+        Ok(body)
+    }
+}
+
+/// An error with its causes, which hold the useful part (refused, TLS
+/// alert, timeout).
+fn error_text(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_tls_file_is_named() {
+        let tls = PeerTls {
+            trusted_ca: PathBuf::from("/nonexistent/ca.crt"),
+            cert: PathBuf::from("/nonexistent/peer.crt"),
+            key: PathBuf::from("/nonexistent/peer.key"),
+        };
+        let err = PeerClient::new(Some(&tls), Duration::from_secs(1))
+            .err()
+            .expect("no client from missing files");
+        let text = err.to_string();
+        assert!(text.contains("trusted CA /nonexistent/ca.crt"), "{text}");
+    }
+
+    #[test]
+    fn files_that_are_not_pem_are_refused_naming_all_three() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, "not a pem file\n").expect("write");
+            path
+        };
+        let tls = PeerTls {
+            trusted_ca: file("ca.crt"),
+            cert: file("peer.crt"),
+            key: file("peer.key"),
+        };
+        let err = PeerClient::new(Some(&tls), Duration::from_secs(1))
+            .err()
+            .expect("no client from garbage");
+        let text = err.to_string();
+        assert!(
+            text.contains("ca.crt") && text.contains("peer.crt") && text.contains("peer.key"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_plain_client_builds_with_the_provider_installed() {
+        assert!(PeerClient::new(None, Duration::from_secs(1)).is_ok());
+    }
+}
