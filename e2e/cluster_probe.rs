@@ -4,14 +4,18 @@
 //! answers assembled by `cluster::observe` and decided on by
 //! `cluster::decide`. A member killed shows as down and blocks the restart;
 //! a client with a stranger's CA is refused by TLS, naming the endpoint.
+//! The upgrade lock (`cluster::lock`), over v3 and over v2, with client
+//! TLS: one holder at a time, taken over by its own member's next run,
+//! released only by its holder, a foreign value refused.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use etcd_migrate::cluster::lock::{Holder, LockError, Taken, V2Lock, V3Lock, LOCK_KEY};
 use etcd_migrate::cluster::observe::{assemble, Answers};
-use etcd_migrate::cluster::peer::{PeerClient, PeerTls};
+use etcd_migrate::cluster::peer::{PeerClient, TlsFiles};
 use etcd_migrate::cluster::{decide, Decision, Goal, Own, Reach, Waiting};
 use etcd_migrate::version::{Minor, Version};
 
@@ -62,8 +66,8 @@ impl Pki {
         }
     }
 
-    fn tls(&self, name: &str) -> PeerTls {
-        PeerTls {
+    fn tls(&self, name: &str) -> TlsFiles {
+        TlsFiles {
             trusted_ca: self.dir.join("ca.crt"),
             cert: self.dir.join(format!("{name}.crt")),
             key: self.dir.join(format!("{name}.key")),
@@ -73,6 +77,7 @@ impl Pki {
 
 struct Node {
     peer_url: String,
+    client_url: String,
     child: Option<Child>,
 }
 
@@ -94,7 +99,7 @@ fn start_cluster(root: &Path, pki: &Pki, names: &[&str]) -> Vec<Node> {
     let mut nodes = Vec::new();
     for (name, (client, peer)) in names.iter().zip(&ports) {
         let peer_url = format!("https://127.0.0.1:{peer}");
-        let client_url = format!("http://127.0.0.1:{client}");
+        let client_url = format!("https://127.0.0.1:{client}");
         let tls = pki.tls(name);
         let log = File::create(root.join(format!("{name}.log"))).expect("log file");
         let mut command = Command::new(etcd_binary(RELEASE));
@@ -114,6 +119,10 @@ fn start_cluster(root: &Path, pki: &Pki, names: &[&str]) -> Vec<Node> {
             ))
             .arg(format!("--peer-cert-file={}", tls.cert.display()))
             .arg(format!("--peer-key-file={}", tls.key.display()))
+            .arg("--client-cert-auth=true")
+            .arg(format!("--trusted-ca-file={}", tls.trusted_ca.display()))
+            .arg(format!("--cert-file={}", tls.cert.display()))
+            .arg(format!("--key-file={}", tls.key.display()))
             .env_clear()
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log"))
@@ -122,6 +131,7 @@ fn start_cluster(root: &Path, pki: &Pki, names: &[&str]) -> Vec<Node> {
         let child = command.spawn().expect("spawn etcd");
         nodes.push(Node {
             peer_url,
+            client_url,
             child: Some(child),
         });
     }
@@ -245,4 +255,132 @@ fn a_client_with_a_strangers_ca_is_refused_naming_the_endpoint() {
     let plain = PeerClient::new(None, PROBE_TIMEOUT).expect("plain client");
     assert!(block_on(plain.version(&nodes[0].peer_url)).is_err());
     drop(nodes);
+}
+
+fn holder(member: &str, run: &str) -> Holder {
+    Holder {
+        member: member.to_string(),
+        name: format!("etcd-{member}"),
+        run: run.to_string(),
+    }
+}
+
+#[test]
+fn the_v3_upgrade_lock_lets_one_member_hold_it_and_its_next_run_take_it_over() {
+    let tmp = temp_dir("cluster-lock-v3");
+    let names = ["etcd-a", "etcd-b", "etcd-c"];
+    let pki = Pki::new(tmp.path(), &names);
+    let nodes = start_cluster(tmp.path(), &pki, &names);
+    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    wait_for_cluster_version(&peers, &nodes);
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.client_url.clone()).collect();
+    block_on(async {
+        let connect = |who: Holder, files: &str| {
+            let tls = pki.tls(files);
+            let endpoints = endpoints.clone();
+            async move {
+                V3Lock::connect(&endpoints, Some(&tls), who, PROBE_TIMEOUT)
+                    .await
+                    .expect("lock client")
+            }
+        };
+        let mut a = connect(holder("a", "run-1"), "etcd-a").await;
+        let mut b = connect(holder("b", "run-1"), "etcd-b").await;
+        assert_eq!(a.try_take().await.expect("a takes"), Taken::Ours);
+        assert_eq!(
+            b.try_take().await.expect("b tries"),
+            Taken::HeldBy(holder("a", "run-1"))
+        );
+        a.refresh().await.expect("a keeps it");
+        // b's release must not free a's lock.
+        b.release().await.expect("b's release is a no-op");
+        assert_eq!(
+            b.holder().await.expect("holder"),
+            Some(holder("a", "run-1"))
+        );
+
+        // a's entrypoint dies; its next run takes the lock over.
+        let mut a2 = connect(holder("a", "run-2"), "etcd-a").await;
+        assert_eq!(a2.try_take().await.expect("a2 takes over"), Taken::Ours);
+        assert!(matches!(a.refresh().await, Err(LockError::Lost { .. })));
+        a2.release().await.expect("a2 releases");
+        assert_eq!(b.try_take().await.expect("b takes"), Taken::Ours);
+        b.release().await.expect("b releases");
+        assert_eq!(b.holder().await.expect("holder"), None);
+    });
+}
+
+#[test]
+fn the_v2_upgrade_lock_works_the_same_for_2x_clusters() {
+    let tmp = temp_dir("cluster-lock-v2");
+    let names = ["etcd-a", "etcd-b", "etcd-c"];
+    let pki = Pki::new(tmp.path(), &names);
+    let nodes = start_cluster(tmp.path(), &pki, &names);
+    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    wait_for_cluster_version(&peers, &nodes);
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.client_url.clone()).collect();
+    block_on(async {
+        let lock = |who: Holder, files: &str| {
+            V2Lock::new(&endpoints, Some(&pki.tls(files)), who, PROBE_TIMEOUT).expect("lock")
+        };
+        let mut a = lock(holder("a", "run-1"), "etcd-a");
+        let mut b = lock(holder("b", "run-1"), "etcd-b");
+        assert_eq!(a.try_take().await.expect("a takes"), Taken::Ours);
+        assert_eq!(
+            b.try_take().await.expect("b tries"),
+            Taken::HeldBy(holder("a", "run-1"))
+        );
+        a.refresh().await.expect("a keeps it");
+        b.release().await.expect("b's release is a no-op");
+        assert_eq!(
+            b.holder().await.expect("holder"),
+            Some(holder("a", "run-1"))
+        );
+        let mut a2 = lock(holder("a", "run-2"), "etcd-a");
+        assert_eq!(a2.try_take().await.expect("a2 takes over"), Taken::Ours);
+        assert!(matches!(a.refresh().await, Err(LockError::Lost { .. })));
+        a2.release().await.expect("a2 releases");
+        assert_eq!(b.try_take().await.expect("b takes"), Taken::Ours);
+        b.release().await.expect("b releases");
+        assert_eq!(b.holder().await.expect("holder"), None);
+    });
+}
+
+#[test]
+fn a_lock_key_etcd_migrate_did_not_write_is_refused_naming_it() {
+    let tmp = temp_dir("cluster-lock-foreign");
+    let names = ["etcd-a", "etcd-b", "etcd-c"];
+    let pki = Pki::new(tmp.path(), &names);
+    let nodes = start_cluster(tmp.path(), &pki, &names);
+    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    wait_for_cluster_version(&peers, &nodes);
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.client_url.clone()).collect();
+    block_on(async {
+        let tls = pki.tls("etcd-a");
+        let options = etcd_client::ConnectOptions::new().with_tls(
+            etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(
+                    std::fs::read(&tls.trusted_ca).expect("ca"),
+                ))
+                .identity(etcd_client::Identity::from_pem(
+                    std::fs::read(&tls.cert).expect("cert"),
+                    std::fs::read(&tls.key).expect("key"),
+                )),
+        );
+        let mut raw = etcd_client::Client::connect(&endpoints, Some(options))
+            .await
+            .expect("client");
+        raw.put(LOCK_KEY, "someone else's", None)
+            .await
+            .expect("put");
+        let mut a = V3Lock::connect(&endpoints, Some(&tls), holder("a", "run-1"), PROBE_TIMEOUT)
+            .await
+            .expect("lock client");
+        let err = a.try_take().await.expect_err("a foreign value");
+        let text = err.to_string();
+        assert!(
+            text.contains(LOCK_KEY) && text.contains("someone else's"),
+            "{text}"
+        );
+    });
 }

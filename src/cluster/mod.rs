@@ -8,6 +8,7 @@
 //! executor's effect traits.
 
 pub mod decide;
+pub mod lock;
 pub mod observe;
 pub mod peer;
 

@@ -11,15 +11,17 @@ use std::time::Duration;
 use crate::cluster::decide::Member;
 use crate::cluster::observe::{self, ObserveError, VersionInfo};
 
-/// The peer TLS files, as etcd's flags name them.
+/// A set of TLS files as etcd's flags name them: the peer set
+/// (`--peer-trusted-ca-file`, `--peer-cert-file`, `--peer-key-file`) or
+/// the client set (`--trusted-ca-file`, `--cert-file`, `--key-file`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerTls {
-    /// `--peer-trusted-ca-file`: the CA the members' peer certificates chain to.
+pub struct TlsFiles {
+    /// The CA the other side's certificate chains to.
     pub trusted_ca: PathBuf,
-    /// `--peer-cert-file`: presented when the peers ask for a client
-    /// certificate (`--peer-client-cert-auth`).
+    /// Our certificate, presented when the other side asks for one
+    /// (`--peer-client-cert-auth`, `--client-cert-auth`).
     pub cert: PathBuf,
-    /// `--peer-key-file`.
+    /// Its key.
     pub key: PathBuf,
 }
 
@@ -82,7 +84,8 @@ pub struct PeerClient {
     timeout: Duration,
 }
 
-fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, PeerError> {
+/// Reads one of the TLS files, naming it on failure.
+pub(crate) fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, PeerError> {
     std::fs::read(path).map_err(|source| PeerError::ReadTls {
         what,
         path: path.to_path_buf(),
@@ -90,38 +93,50 @@ fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, PeerError> {
     })
 }
 
+/// An HTTP client for a member's endpoints (peer or client): plain when
+/// `tls` is none, else trusting only `tls`'s CA and presenting its
+/// certificate; every request bounded by `timeout`.
+pub(crate) fn http_client(
+    tls: Option<&TlsFiles>,
+    timeout: Duration,
+) -> Result<reqwest::Client, PeerError> {
+    crate::tls::ensure_provider();
+    let mut builder = reqwest::Client::builder()
+        // Members are addressed directly; a proxy in the environment must
+        // not carry cluster traffic.
+        .no_proxy()
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    if let Some(tls) = tls {
+        let bad = |reason: String| PeerError::BadTls {
+            ca: tls.trusted_ca.clone(),
+            cert: tls.cert.clone(),
+            key: tls.key.clone(),
+            reason,
+        };
+        let ca = reqwest::Certificate::from_pem_bundle(&read("trusted CA", &tls.trusted_ca)?)
+            .map_err(|e| bad(format!("the CA: {e}")))?;
+        let mut pem = read("certificate", &tls.cert)?;
+        pem.push(b'\n');
+        pem.extend(read("key", &tls.key)?);
+        let identity = reqwest::Identity::from_pem(&pem)
+            .map_err(|e| bad(format!("the certificate and key: {e}")))?;
+        builder = builder.tls_certs_only(ca).identity(identity);
+    }
+    builder
+        .build()
+        .map_err(|e| PeerError::Client(error_text(&e)))
+}
+
 impl PeerClient {
     /// A client for plain-HTTP peers (`tls` none) or for peers with TLS,
     /// trusting only the peers' CA and presenting the member's own peer
     /// certificate.
-    pub fn new(tls: Option<&PeerTls>, timeout: Duration) -> Result<Self, PeerError> {
-        crate::tls::ensure_provider();
-        let mut builder = reqwest::Client::builder()
-            // Peers are addressed directly; a proxy in the environment must
-            // not carry cluster traffic.
-            .no_proxy()
-            .connect_timeout(timeout)
-            .timeout(timeout);
-        if let Some(tls) = tls {
-            let bad = |reason: String| PeerError::BadTls {
-                ca: tls.trusted_ca.clone(),
-                cert: tls.cert.clone(),
-                key: tls.key.clone(),
-                reason,
-            };
-            let ca = reqwest::Certificate::from_pem_bundle(&read("trusted CA", &tls.trusted_ca)?)
-                .map_err(|e| bad(format!("the CA: {e}")))?;
-            let mut pem = read("certificate", &tls.cert)?;
-            pem.push(b'\n');
-            pem.extend(read("key", &tls.key)?);
-            let identity = reqwest::Identity::from_pem(&pem)
-                .map_err(|e| bad(format!("the certificate and key: {e}")))?;
-            builder = builder.tls_certs_only(ca).identity(identity);
-        }
-        let http = builder
-            .build()
-            .map_err(|e| PeerError::Client(error_text(&e)))?;
-        Ok(PeerClient { http, timeout })
+    pub fn new(tls: Option<&TlsFiles>, timeout: Duration) -> Result<Self, PeerError> {
+        Ok(PeerClient {
+            http: http_client(tls, timeout)?,
+            timeout,
+        })
     }
 
     /// The member at `peer_url`'s `/version`.
@@ -160,7 +175,7 @@ impl PeerClient {
 
 /// An error with its causes, which hold the useful part (refused, TLS
 /// alert, timeout).
-fn error_text(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_text(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
@@ -177,7 +192,7 @@ mod tests {
 
     #[test]
     fn a_missing_tls_file_is_named() {
-        let tls = PeerTls {
+        let tls = TlsFiles {
             trusted_ca: PathBuf::from("/nonexistent/ca.crt"),
             cert: PathBuf::from("/nonexistent/peer.crt"),
             key: PathBuf::from("/nonexistent/peer.key"),
@@ -197,7 +212,7 @@ mod tests {
             std::fs::write(&path, "not a pem file\n").expect("write");
             path
         };
-        let tls = PeerTls {
+        let tls = TlsFiles {
             trusted_ca: file("ca.crt"),
             cert: file("peer.crt"),
             key: file("peer.key"),

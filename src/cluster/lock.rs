@@ -1,0 +1,479 @@
+//! This module owns the upgrade lock: the one key in the cluster itself that
+//! lets only one member restart at a time. It is create-only and
+//! self-expiring, so a holder that dies frees it:
+//! - v3 (clusters at 3.0 and later): a transaction that puts the key only
+//!   while its `create_revision` is 0, under a lease of [`LOCK_TTL_SECS`]
+//!   the holder keeps alive;
+//! - v2 (2.x clusters): a `prevExist=false` PUT with a TTL, refreshed by a
+//!   compare-and-swap on our own value (2.2 has no `refresh=true`).
+//!
+//! The value names the holder's member id, so a holder SIGKILLed and
+//! restarted finds the lock still its own and takes it over. Releasing
+//! deletes the key only while it still holds our value.
+
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::peer::{self, error_text, PeerError, TlsFiles};
+
+/// The lock's key. Outside Kubernetes' `/registry` prefix; present only
+/// while a member restarts.
+pub const LOCK_KEY: &str = "/etcd-migrate/upgrade-lock";
+
+/// How long a lock outlives its holder's last refresh.
+pub const LOCK_TTL_SECS: i64 = 60;
+
+/// Who holds the lock: what the key's value says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// The member id, hex (as etcd prints it).
+    pub member: String,
+    /// The member's name, for messages.
+    pub name: String,
+    /// The run of the entrypoint that took it.
+    pub run: String,
+}
+
+impl Holder {
+    /// The holder's member id.
+    pub fn member_id(&self) -> Option<u64> {
+        u64::from_str_radix(&self.member, 16).ok()
+    }
+}
+
+/// What an attempt to take the lock gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// It is ours (taken now, or taken over from our own member's earlier
+    /// run).
+    Ours,
+    /// Another member holds it.
+    HeldBy(Holder),
+}
+
+/// Why the lock could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// The cluster did not answer.
+    #[error("the upgrade lock {key} could not be reached through {endpoints}: {reason}")]
+    Unreachable {
+        /// The key.
+        key: String,
+        /// The client URLs tried.
+        endpoints: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The key holds something that is not a holder.
+    #[error("the upgrade lock {key} holds {value:?}, which etcd-migrate did not write; remove the key once no member is restarting")]
+    Foreign {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// Our hold ended (the lease or TTL ran out, or someone removed it).
+    #[error(
+        "the upgrade lock {key} is no longer ours (its TTL of {ttl} s ran out or it was removed)"
+    )]
+    Lost {
+        /// The key.
+        key: String,
+        /// The TTL.
+        ttl: i64,
+    },
+    /// The TLS files or client could not be set up.
+    #[error(transparent)]
+    Tls(#[from] PeerError),
+}
+
+fn parse_holder(key: &str, value: &[u8]) -> Result<Holder, LockError> {
+    serde_json::from_slice(value).map_err(|_| LockError::Foreign {
+        key: key.to_string(),
+        value: String::from_utf8_lossy(value).into_owned(),
+    })
+}
+
+/// The lock over the v3 API.
+pub struct V3Lock {
+    client: etcd_client::Client,
+    endpoints: String,
+    me: Holder,
+    value: String,
+    lease: Option<i64>,
+}
+
+impl V3Lock {
+    /// Connects to the cluster's client URLs (with the client TLS files,
+    /// when the cluster has client TLS) as `me`.
+    pub async fn connect(
+        endpoints: &[String],
+        tls: Option<&TlsFiles>,
+        me: Holder,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let joined = endpoints.join(",");
+        let mut options = ConnectOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout);
+        if let Some(tls) = tls {
+            crate::tls::ensure_provider();
+            let ca = peer::read("trusted CA", &tls.trusted_ca)?;
+            let cert = peer::read("certificate", &tls.cert)?;
+            let key = peer::read("key", &tls.key)?;
+            options = options.with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(ca))
+                    .identity(etcd_client::Identity::from_pem(cert, key)),
+            );
+        }
+        let client = etcd_client::Client::connect(endpoints, Some(options))
+            .await
+            .map_err(|e| LockError::Unreachable {
+                key: LOCK_KEY.to_string(),
+                endpoints: joined.clone(),
+                reason: error_text(&e),
+            })?;
+        let value = serde_json::to_string(&me).map_err(|e| LockError::Unreachable {
+            key: LOCK_KEY.to_string(),
+            endpoints: joined.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(V3Lock {
+            client,
+            endpoints: joined,
+            me,
+            value,
+            lease: None,
+        })
+    }
+
+    fn unreachable(&self, err: etcd_client::Error) -> LockError {
+        LockError::Unreachable {
+            key: LOCK_KEY.to_string(),
+            endpoints: self.endpoints.clone(),
+            reason: error_text(&err),
+        }
+    }
+
+    async fn lease(&mut self) -> Result<i64, LockError> {
+        if let Some(id) = self.lease {
+            return Ok(id);
+        }
+        let granted = self
+            .client
+            .lease_grant(LOCK_TTL_SECS, None)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        self.lease = Some(granted.id());
+        Ok(granted.id())
+    }
+
+    /// Takes the lock if it is free or our member's; else names its holder.
+    pub async fn try_take(&mut self) -> Result<Taken, LockError> {
+        // A key deleted between our compare and our read makes one more
+        // attempt; the second answer stands.
+        for _ in 0..2 {
+            if let Some(taken) = self.take_once().await? {
+                return Ok(taken);
+            }
+        }
+        Ok(self
+            .holder()
+            .await?
+            .map_or(Taken::HeldBy(self.me.clone()), Taken::HeldBy))
+    }
+
+    /// One attempt; `None` when the key vanished mid-way.
+    async fn take_once(&mut self) -> Result<Option<Taken>, LockError> {
+        let lease = self.lease().await?;
+        let put = TxnOp::put(
+            LOCK_KEY,
+            self.value.clone(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let txn = Txn::new()
+            .when([Compare::create_revision(LOCK_KEY, CompareOp::Equal, 0)])
+            .and_then([put.clone()])
+            .or_else([TxnOp::get(LOCK_KEY, None)]);
+        let response = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        if response.succeeded() {
+            return Ok(Some(Taken::Ours));
+        }
+        let Some(current) = first_value(response.op_responses()) else {
+            return Ok(None);
+        };
+        let holder = parse_holder(LOCK_KEY, &current)?;
+        if holder.member != self.me.member {
+            return Ok(Some(Taken::HeldBy(holder)));
+        }
+        // Our member's earlier run: take it over, only while it still holds
+        // exactly what that run wrote.
+        let txn = Txn::new()
+            .when([Compare::value(LOCK_KEY, CompareOp::Equal, current)])
+            .and_then([put]);
+        let response = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Ok(response.succeeded().then_some(Taken::Ours))
+    }
+
+    /// Who holds the lock now, if anyone.
+    pub async fn holder(&mut self) -> Result<Option<Holder>, LockError> {
+        let response = self
+            .client
+            .get(LOCK_KEY, None)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        match response.kvs().first() {
+            Some(kv) => parse_holder(LOCK_KEY, kv.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Keeps our hold alive for another [`LOCK_TTL_SECS`].
+    pub async fn refresh(&mut self) -> Result<(), LockError> {
+        let Some(lease) = self.lease else {
+            return Err(self.lost());
+        };
+        let (mut keeper, mut stream) = self
+            .client
+            .lease_keep_alive(lease)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        keeper.keep_alive().await.map_err(|e| self.unreachable(e))?;
+        match stream.message().await.map_err(|e| self.unreachable(e))? {
+            Some(answer) if answer.ttl() > 0 => {}
+            _ => return Err(self.lost()),
+        }
+        match self.holder().await? {
+            Some(holder) if holder == self.me => Ok(()),
+            _ => Err(self.lost()),
+        }
+    }
+
+    fn lost(&self) -> LockError {
+        LockError::Lost {
+            key: LOCK_KEY.to_string(),
+            ttl: LOCK_TTL_SECS,
+        }
+    }
+
+    /// Removes the key if it still holds our value, and ends our lease.
+    pub async fn release(&mut self) -> Result<(), LockError> {
+        let txn = Txn::new()
+            .when([Compare::value(
+                LOCK_KEY,
+                CompareOp::Equal,
+                self.value.clone(),
+            )])
+            .and_then([TxnOp::delete(LOCK_KEY, None)]);
+        self.client
+            .txn(txn)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        if let Some(lease) = self.lease.take() {
+            self.client
+                .lease_revoke(lease)
+                .await
+                .map_err(|e| self.unreachable(e))?;
+        }
+        Ok(())
+    }
+}
+
+fn first_value(responses: Vec<TxnOpResponse>) -> Option<Vec<u8>> {
+    responses.into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    })
+}
+
+/// The lock over the v2 API, for 2.x clusters.
+pub struct V2Lock {
+    http: reqwest::Client,
+    endpoints: Vec<String>,
+    me: Holder,
+    value: String,
+}
+
+#[derive(Deserialize)]
+struct V2Answer {
+    node: Option<V2Node>,
+    #[serde(rename = "errorCode")]
+    error_code: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct V2Node {
+    value: Option<String>,
+}
+
+/// The v2 error code for "key not found" (a failed compare is 101, an
+/// existing key 105).
+const V2_NOT_FOUND: u32 = 100;
+
+impl V2Lock {
+    /// A lock client over the cluster's client URLs.
+    pub fn new(
+        endpoints: &[String],
+        tls: Option<&TlsFiles>,
+        me: Holder,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let value = serde_json::to_string(&me).map_err(|e| LockError::Unreachable {
+            key: LOCK_KEY.to_string(),
+            endpoints: endpoints.join(","),
+            reason: e.to_string(),
+        })?;
+        Ok(V2Lock {
+            http: peer::http_client(tls, timeout)?,
+            endpoints: endpoints.to_vec(),
+            me,
+            value,
+        })
+    }
+
+    /// One request to the first member that answers; `form` carries the
+    /// value, TTL and conditions.
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        form: &[(&str, &str)],
+    ) -> Result<V2Answer, LockError> {
+        let mut last = String::from("no client URL");
+        for endpoint in &self.endpoints {
+            let mut url = format!("{}/v2/keys{LOCK_KEY}", endpoint.trim_end_matches('/'));
+            // etcd reads a PUT's form from its body, a DELETE's from the
+            // query string (Go's ParseForm).
+            let request = if method == reqwest::Method::PUT {
+                self.http.request(method.clone(), &url).form(form)
+            } else {
+                if !form.is_empty() {
+                    let query = url::form_urlencoded::Serializer::new(String::new())
+                        .extend_pairs(form)
+                        .finish();
+                    url = format!("{url}?{query}");
+                }
+                self.http.request(method.clone(), &url)
+            };
+            match request.send().await {
+                Ok(response) => match response.text().await {
+                    Ok(body) => match serde_json::from_str::<V2Answer>(&body) {
+                        Ok(answer) => return Ok(answer),
+                        Err(e) => last = format!("{url} answered {body:?}: {e}"),
+                    },
+                    Err(e) => last = format!("{url}: {}", error_text(&e)),
+                },
+                Err(e) => last = format!("{url}: {}", error_text(&e)),
+            }
+        }
+        Err(LockError::Unreachable {
+            key: LOCK_KEY.to_string(),
+            endpoints: self.endpoints.join(","),
+            reason: last,
+        })
+    }
+
+    /// Takes the lock if it is free or our member's; else names its holder.
+    pub async fn try_take(&mut self) -> Result<Taken, LockError> {
+        for _ in 0..2 {
+            if let Some(taken) = self.take_once().await? {
+                return Ok(taken);
+            }
+        }
+        Ok(self
+            .holder()
+            .await?
+            .map_or(Taken::HeldBy(self.me.clone()), Taken::HeldBy))
+    }
+
+    /// One attempt; `None` when the key vanished mid-way.
+    async fn take_once(&mut self) -> Result<Option<Taken>, LockError> {
+        let ttl = LOCK_TTL_SECS.to_string();
+        let created = self
+            .request(
+                reqwest::Method::PUT,
+                &[
+                    ("value", &self.value),
+                    ("ttl", &ttl),
+                    ("prevExist", "false"),
+                ],
+            )
+            .await?;
+        if created.error_code.is_none() {
+            return Ok(Some(Taken::Ours));
+        }
+        let Some((holder, raw)) = self.holder_raw().await? else {
+            return Ok(None);
+        };
+        if holder.member != self.me.member {
+            return Ok(Some(Taken::HeldBy(holder)));
+        }
+        // Our member's earlier run: take it over, only while it still holds
+        // exactly what that run wrote.
+        let swapped = self
+            .request(
+                reqwest::Method::PUT,
+                &[("value", &self.value), ("ttl", &ttl), ("prevValue", &raw)],
+            )
+            .await?;
+        Ok(swapped.error_code.is_none().then_some(Taken::Ours))
+    }
+
+    /// Who holds the lock now, if anyone.
+    pub async fn holder(&mut self) -> Result<Option<Holder>, LockError> {
+        Ok(self.holder_raw().await?.map(|(holder, _)| holder))
+    }
+
+    /// The holder and the exact value it wrote.
+    async fn holder_raw(&mut self) -> Result<Option<(Holder, String)>, LockError> {
+        let answer = self.request(reqwest::Method::GET, &[]).await?;
+        if answer.error_code == Some(V2_NOT_FOUND) {
+            return Ok(None);
+        }
+        match answer.node.and_then(|node| node.value) {
+            Some(value) => Ok(Some((parse_holder(LOCK_KEY, value.as_bytes())?, value))),
+            None => Ok(None),
+        }
+    }
+
+    /// Keeps our hold alive for another [`LOCK_TTL_SECS`]: a compare-and-
+    /// swap on our own value (2.2 has no `refresh=true`).
+    pub async fn refresh(&mut self) -> Result<(), LockError> {
+        let ttl = LOCK_TTL_SECS.to_string();
+        let answer = self
+            .request(
+                reqwest::Method::PUT,
+                &[
+                    ("value", &self.value),
+                    ("ttl", &ttl),
+                    ("prevValue", &self.value),
+                ],
+            )
+            .await?;
+        match answer.error_code {
+            None => Ok(()),
+            Some(_) => Err(LockError::Lost {
+                key: LOCK_KEY.to_string(),
+                ttl: LOCK_TTL_SECS,
+            }),
+        }
+    }
+
+    /// Removes the key if it still holds our value.
+    pub async fn release(&mut self) -> Result<(), LockError> {
+        let value = self.value.clone();
+        self.request(reqwest::Method::DELETE, &[("prevValue", &value)])
+            .await
+            .map(|_| ())
+    }
+}
