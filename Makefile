@@ -55,8 +55,10 @@ bundle: binary
 	  $(foreach d,$(ETCD_DIRS),--dir '$(d)')
 
 # One test at a time, as a container test times `docker stop` against its
-# grace period; TESTS=name narrows the run (e.g. TESTS=example_gce).
+# grace period; TESTS=name narrows the run (e.g. TESTS=example_gce). The
+# features are scripts/test.sh's, so its test build is reused (the image's
+# binary is the release build above, without failpoints).
 TESTS ?=
 image-test: image
-	IMAGE=$(IMAGE) BASEIMAGE=$(BASEIMAGE) cargo test --locked --test image-tests -- \
+	IMAGE=$(IMAGE) BASEIMAGE=$(BASEIMAGE) cargo test --locked --features failpoints --test image-tests -- \
 	  --ignored --test-threads=1 --nocapture $(TESTS)
