@@ -29,7 +29,9 @@
 mod harness;
 mod support;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use harness::tree::fingerprint;
@@ -344,9 +346,6 @@ fn bundle_sources() {
     docker_ok(&["rm", "-f", &c]);
     docker_ok(&["rmi", &tag]);
 }
-
-use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
 
 /// A file's content.
 fn read(path: &Path) -> String {
