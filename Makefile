@@ -3,7 +3,8 @@
 #   make image                      base + bundle + docker build + smoke test
 #   make base                       the local base image (cached)
 #   make bundle                     stage binaries into .cache/image-context
-#   make image-test                 image + the container e2e (image-tests/run.sh)
+#   make image-test                 image + the container e2e (image-tests/main.rs,
+#                                   cargo test --test image-tests -- --ignored)
 #
 # Variables (make VAR=value):
 #   IMAGE          tag of the image               (etcd-migrate:dev)
@@ -53,5 +54,11 @@ bundle: binary
 	  $(foreach t,$(ETCD_TARBALLS),--tarball '$(t)') \
 	  $(foreach d,$(ETCD_DIRS),--dir '$(d)')
 
+# One test at a time, as a container test times `docker stop` against its
+# grace period; TESTS=name narrows the run (e.g. TESTS=example_gce). The
+# features are scripts/test.sh's, so its test build is reused (the image's
+# binary is the release build above, without failpoints).
+TESTS ?=
 image-test: image
-	IMAGE=$(IMAGE) image-tests/run.sh
+	IMAGE=$(IMAGE) BASEIMAGE=$(BASEIMAGE) cargo test --locked --features failpoints --test image-tests -- \
+	  --ignored --test-threads=1 --nocapture $(TESTS)

@@ -2,7 +2,7 @@
 //!
 //! `floor step`: the minimal hand-rolled migration step, the floor our step
 //! time is compared with. Spawn one etcd with exactly the flags
-//! src/dialect.rs gives a step, poll a v3 put of `etcd_version` every
+//! src/dialect.rs gives a step (its `StepEtcd::args`, not a copy), poll a v3 put of `etcd_version` every
 //! `--poll-ms` until one succeeds, SIGTERM, wait for exit. Prints one JSON
 //! line: total (spawn -> exit), healthy (spawn -> first successful put),
 //! stop (SIGTERM -> exit), attempts.
@@ -13,7 +13,8 @@
 //!
 //! Arguments are `--key=value` or `--key value`. `step` options: --mode
 //! fresh|persistent (a new client per attempt, as src/health.rs does, or one
-//! client for all attempts), --poll-ms, --heartbeat-ms/--election-ms (default
+//! client for all attempts), --version/--storage (default: from the
+//! `etcd-<version>` file name, and that release's storage), --poll-ms, --heartbeat-ms/--election-ms (default
 //! 10/100 as src/dialect.rs; only to explore other values), --output null|pipe|file=PATH (where
 //! etcd's stdout/stderr go), --trace (one stderr line per attempt),
 //! --hold-client (persistent mode: keep the client open during the stop).
@@ -25,6 +26,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
+use etcd_migrate::dialect::StepEtcd;
+use etcd_migrate::version::{Storage, Version};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -117,25 +120,55 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
     // --trace: one stderr line per attempt (start, duration, outcome).
     let trace = args.contains_key("trace");
 
-    let client_url = format!("http://127.0.0.1:{client_port}");
-    // The exact line src/dialect.rs builds for an etcd3 step.
-    let flags = [
-        format!("--name={name}"),
-        format!("--data-dir={data_dir}"),
-        format!("--listen-client-urls={client_url}"),
-        format!("--advertise-client-urls={client_url}"),
-        format!("--listen-peer-urls={peer_url}"),
-        format!("--initial-advertise-peer-urls={peer_url}"),
-        format!("--initial-cluster={name}={peer_url}"),
-        // Defaults are src/dialect.rs's STEP_HEARTBEAT_MS/STEP_ELECTION_TIMEOUT_MS;
-        // --heartbeat-ms/--election-ms only to explore other values.
-        format!(
-            "--heartbeat-interval={}",
-            get_or(args, "heartbeat-ms", 10u32)
-        ),
-        format!("--election-timeout={}", get_or(args, "election-ms", 100u32)),
-        "--snapshot-count=1".to_string(),
-    ];
+    // The release and storage the step runs: --version, else the `etcd-<v>`
+    // file name the driver passes; --storage, else the release's default.
+    let version: Version = match args.get("version") {
+        Some(version) => version.parse(),
+        None => std::path::Path::new(etcd)
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(|name| name.strip_prefix("etcd-"))
+            .ok_or_else(|| format!("--version is required: {etcd} is not named etcd-<version>"))?
+            .parse(),
+    }
+    .map_err(|e| format!("--version: {e}"))?;
+    let storage: Storage = match args.get("storage") {
+        Some(storage) => storage.parse().map_err(|e| format!("--storage: {e}"))?,
+        None => version.default_storage(),
+    };
+    let initial_cluster = format!("{name}={peer_url}");
+    // The exact line a real step gets: built by src/dialect.rs itself, so
+    // the floor cannot drift from what is measured.
+    let spec = StepEtcd {
+        version,
+        storage,
+        name,
+        data_dir,
+        client_port,
+        listen_peer_urls: peer_url,
+        initial_advertise_peer_urls: peer_url,
+        initial_cluster: &initial_cluster,
+        new_cluster_token: None,
+        extra_args: &[],
+    };
+    let client_url = spec.client_url();
+    let mut flags = spec.args();
+    // --heartbeat-ms/--election-ms only to explore other values than
+    // STEP_HEARTBEAT_MS/STEP_ELECTION_TIMEOUT_MS: they replace the
+    // dialect's value in place.
+    for (key, flag) in [
+        ("heartbeat-ms", "--heartbeat-interval="),
+        ("election-ms", "--election-timeout="),
+    ] {
+        if let Some(value) = args.get(key) {
+            let ms: u32 = value.parse().map_err(|e| format!("--{key}: {e}"))?;
+            let slot = flags
+                .iter_mut()
+                .find(|arg| arg.starts_with(flag))
+                .ok_or_else(|| format!("the step's line has no {flag}"))?;
+            *slot = format!("{flag}{ms}");
+        }
+    }
     let mut command = Command::new(etcd);
     command.args(&flags).stdin(Stdio::null());
     if output == "pipe" {

@@ -20,7 +20,7 @@ command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v dpkg-deb >/dev/null || missing+=(dpkg)
 command -v make >/dev/null || missing+=(make)
 command -v python3 >/dev/null || missing+=(python3 python3-pip)
-# The container tests (image-tests/run.sh): TLS material, HTTP probes, YAML.
+# The container tests (image-tests/): TLS material, HTTP probes, YAML.
 command -v openssl >/dev/null || missing+=(openssl)
 command -v curl >/dev/null || missing+=(curl)
 python3 -c 'import yaml' 2>/dev/null || missing+=(python3-yaml)

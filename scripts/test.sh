@@ -18,5 +18,6 @@ cargo clippy --locked --all-targets --features failpoints -- -D warnings
 # failpoints compiled in (src/failpoint.rs): the crash tests die at each.
 cargo test --locked --all-targets --features failpoints
 # The image (make image: base, bundle, docker build, smoke test) and the
-# container tests on it (image-tests/run.sh; last line "N passed, M failed").
+# container tests on it (image-tests/: `cargo test --test image-tests --
+# --ignored`, which the run above skips as ignored; "test result: ...").
 make image-test
