@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use etcd_migrate::cluster::client::{v2_leader, V3Cluster};
 use etcd_migrate::cluster::lock::{Holder, LockError, Taken, V2Lock, V3Lock, LOCK_KEY};
 use etcd_migrate::cluster::observe::{assemble, Answers};
 use etcd_migrate::cluster::peer::{PeerClient, TlsFiles};
@@ -382,5 +383,64 @@ fn a_lock_key_etcd_migrate_did_not_write_is_refused_naming_it() {
             text.contains(LOCK_KEY) && text.contains("someone else's"),
             "{text}"
         );
+    });
+}
+
+#[test]
+fn the_leader_hands_leadership_to_the_member_it_is_asked_to() {
+    let tmp = temp_dir("cluster-leader");
+    let names = ["etcd-a", "etcd-b", "etcd-c"];
+    let pki = Pki::new(tmp.path(), &names);
+    let nodes = start_cluster(tmp.path(), &pki, &names);
+    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    let view = wait_for_cluster_version(&peers, &nodes);
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.client_url.clone()).collect();
+    let tls = pki.tls("etcd-a");
+    block_on(async {
+        let mut cluster = V3Cluster::connect(&endpoints, Some(&tls), PROBE_TIMEOUT)
+            .await
+            .expect("cluster client");
+        let leader = cluster.leader().await.expect("status").expect("a leader");
+        assert!(
+            view.members.iter().any(|m| m.id == leader),
+            "leader {leader:x}"
+        );
+        assert_eq!(
+            cluster.alarms().await.expect("alarms"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            v2_leader(&endpoints, Some(&tls), PROBE_TIMEOUT)
+                .await
+                .expect("v2 stats"),
+            Some(leader)
+        );
+        let leader_url = view
+            .members
+            .iter()
+            .find(|m| m.id == leader)
+            .and_then(|m| m.client_urls.first().cloned())
+            .expect("the leader's client URL");
+        let to = view
+            .members
+            .iter()
+            .map(|m| m.id)
+            .find(|id| *id != leader)
+            .expect("another member");
+        cluster
+            .move_leader(leader, &leader_url, to)
+            .await
+            .expect("transfer");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if cluster.leader().await.ok().flatten() == Some(to) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "member {to:x} did not lead within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     });
 }

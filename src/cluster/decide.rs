@@ -33,6 +33,8 @@ pub struct Member {
     pub name: String,
     /// Its peer URLs, as the membership records them.
     pub peer_urls: Vec<String>,
+    /// Its client URLs, as it published them (empty before it started).
+    pub client_urls: Vec<String>,
     /// A learner cannot vote: a restart while one exists may cost quorum.
     pub is_learner: bool,
     /// Whether it answered, and with which server version.
@@ -491,6 +493,7 @@ mod tests {
             id,
             name: format!("etcd-{id:x}"),
             peer_urls: vec![format!("https://10.0.0.{id}:2380")],
+            client_urls: vec![format!("https://10.0.0.{id}:2379")],
             is_learner: false,
             reach,
         }

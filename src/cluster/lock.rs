@@ -13,9 +13,10 @@
 
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::client::{connect_v3, ClientError};
 use crate::cluster::peer::{self, error_text, PeerError, TlsFiles};
 
 /// The lock's key. Outside Kubernetes' `/registry` prefix; present only
@@ -115,26 +116,15 @@ impl V3Lock {
         timeout: Duration,
     ) -> Result<Self, LockError> {
         let joined = endpoints.join(",");
-        let mut options = ConnectOptions::new()
-            .with_timeout(timeout)
-            .with_connect_timeout(timeout);
-        if let Some(tls) = tls {
-            crate::tls::ensure_provider();
-            let ca = peer::read("trusted CA", &tls.trusted_ca)?;
-            let cert = peer::read("certificate", &tls.cert)?;
-            let key = peer::read("key", &tls.key)?;
-            options = options.with_tls(
-                etcd_client::TlsOptions::new()
-                    .ca_certificate(etcd_client::Certificate::from_pem(ca))
-                    .identity(etcd_client::Identity::from_pem(cert, key)),
-            );
-        }
-        let client = etcd_client::Client::connect(endpoints, Some(options))
+        let client = connect_v3(endpoints, tls, timeout)
             .await
-            .map_err(|e| LockError::Unreachable {
-                key: LOCK_KEY.to_string(),
-                endpoints: joined.clone(),
-                reason: error_text(&e),
+            .map_err(|e| match e {
+                ClientError::Tls(tls) => LockError::Tls(tls),
+                other => LockError::Unreachable {
+                    key: LOCK_KEY.to_string(),
+                    endpoints: joined.clone(),
+                    reason: other.to_string(),
+                },
             })?;
         let value = serde_json::to_string(&me).map_err(|e| LockError::Unreachable {
             key: LOCK_KEY.to_string(),

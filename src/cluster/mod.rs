@@ -7,6 +7,7 @@
 //! leadership transfer and the restart as a member come behind the
 //! executor's effect traits.
 
+pub mod client;
 pub mod decide;
 pub mod lock;
 pub mod observe;

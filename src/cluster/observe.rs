@@ -51,6 +51,8 @@ struct RawMember {
     name: String,
     #[serde(rename = "peerURLs", default)]
     peer_urls: Vec<String>,
+    #[serde(rename = "clientURLs", default)]
+    client_urls: Vec<String>,
     #[serde(rename = "isLearner", default)]
     is_learner: bool,
 }
@@ -94,6 +96,7 @@ pub fn parse_members(endpoint: &str, answer: &str) -> Result<Vec<Member>, Observ
             id: m.id,
             name: m.name,
             peer_urls: m.peer_urls,
+            client_urls: m.client_urls,
             is_learner: m.is_learner,
             reach: Reach::Down(Duration::ZERO),
         })
@@ -174,6 +177,7 @@ mod tests {
         assert_eq!(members.len(), 3);
         assert_eq!(members[0].id, 15985099378392235387);
         assert_eq!(members[0].name, "etcd-a");
+        assert_eq!(members[0].client_urls, ["https://10.0.0.1:2379"]);
         assert!(members[1].is_learner);
         assert_eq!(members[1].name, "");
     }

@@ -1,0 +1,198 @@
+//! This module owns what a member asks the cluster through its client API,
+//! with the user's client TLS: who leads, which alarms are raised, and
+//! handing leadership to another member before our etcd stops. v3 for 3.x
+//! clusters (`Status`, `Alarm`, `MoveLeader`, which needs 3.3 and must be
+//! asked of the leader itself); for 2.x clusters the leader comes from
+//! `/v2/stats/self`, and there are neither alarms nor a transfer (a 2.x
+//! leader's stop makes the others elect within an election timeout).
+
+use std::time::Duration;
+
+use etcd_client::{AlarmAction, AlarmType, ConnectOptions};
+use serde::Deserialize;
+
+use crate::cluster::peer::{self, error_text, PeerError, TlsFiles};
+
+/// Why the cluster's client API could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No member answered.
+    #[error("no member answered on {endpoints}: {reason}")]
+    Unreachable {
+        /// The client URLs tried.
+        endpoints: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The leader refused or failed the transfer.
+    #[error("moving leadership from member {from:x} to member {to:x} failed: {reason}")]
+    Transfer {
+        /// The leader.
+        from: u64,
+        /// The member asked to lead.
+        to: u64,
+        /// What etcd said.
+        reason: String,
+    },
+    /// The TLS files could not be read.
+    #[error(transparent)]
+    Tls(#[from] PeerError),
+}
+
+/// Connects a v3 client to `endpoints`, with the client TLS files when the
+/// cluster serves clients over TLS; every request bounded by `timeout`.
+pub async fn connect_v3(
+    endpoints: &[String],
+    tls: Option<&TlsFiles>,
+    timeout: Duration,
+) -> Result<etcd_client::Client, ClientError> {
+    let mut options = ConnectOptions::new()
+        .with_timeout(timeout)
+        .with_connect_timeout(timeout);
+    if let Some(tls) = tls {
+        crate::tls::ensure_provider();
+        let ca = peer::read("trusted CA", &tls.trusted_ca)?;
+        let cert = peer::read("certificate", &tls.cert)?;
+        let key = peer::read("key", &tls.key)?;
+        options = options.with_tls(
+            etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(ca))
+                .identity(etcd_client::Identity::from_pem(cert, key)),
+        );
+    }
+    etcd_client::Client::connect(endpoints, Some(options))
+        .await
+        .map_err(|e| ClientError::Unreachable {
+            endpoints: endpoints.join(","),
+            reason: error_text(&e),
+        })
+}
+
+/// The v3 client API of a 3.x cluster.
+pub struct V3Cluster {
+    endpoints: Vec<String>,
+    tls: Option<TlsFiles>,
+    timeout: Duration,
+    client: etcd_client::Client,
+}
+
+impl V3Cluster {
+    /// Connects to the cluster's client URLs.
+    pub async fn connect(
+        endpoints: &[String],
+        tls: Option<&TlsFiles>,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        Ok(V3Cluster {
+            endpoints: endpoints.to_vec(),
+            tls: tls.cloned(),
+            timeout,
+            client: connect_v3(endpoints, tls, timeout).await?,
+        })
+    }
+
+    fn unreachable(&self, err: etcd_client::Error) -> ClientError {
+        ClientError::Unreachable {
+            endpoints: self.endpoints.join(","),
+            reason: error_text(&err),
+        }
+    }
+
+    /// The leader's member id, as the member that answers knows it (`None`
+    /// while there is no leader).
+    pub async fn leader(&mut self) -> Result<Option<u64>, ClientError> {
+        let status = self
+            .client
+            .status()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Ok((status.leader() != 0).then_some(status.leader()))
+    }
+
+    /// The raised alarms, by name (`NOSPACE`, `CORRUPT`), with the member
+    /// that raised each.
+    pub async fn alarms(&mut self) -> Result<Vec<String>, ClientError> {
+        let response = self
+            .client
+            .alarm(AlarmAction::Get, AlarmType::None, None)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Ok(response
+            .alarms()
+            .iter()
+            .map(|alarm| format!("{:?} on member {:x}", alarm.alarm(), alarm.member_id()))
+            .collect())
+    }
+
+    /// Asks the leader, at `leader_url` (its client URL), to hand
+    /// leadership to member `to`.
+    pub async fn move_leader(
+        &mut self,
+        leader: u64,
+        leader_url: &str,
+        to: u64,
+    ) -> Result<(), ClientError> {
+        let mut at_leader =
+            connect_v3(&[leader_url.to_string()], self.tls.as_ref(), self.timeout).await?;
+        at_leader
+            .move_leader(to)
+            .await
+            .map(|_| ())
+            .map_err(|e| ClientError::Transfer {
+                from: leader,
+                to,
+                reason: error_text(&e),
+            })
+    }
+}
+
+#[derive(Deserialize)]
+struct StatsSelf {
+    #[serde(rename = "leaderInfo")]
+    leader_info: Option<LeaderInfo>,
+}
+
+#[derive(Deserialize)]
+struct LeaderInfo {
+    leader: Option<String>,
+}
+
+/// The leader of a 2.x cluster, from the first member whose
+/// `/v2/stats/self` answers.
+pub async fn v2_leader(
+    endpoints: &[String],
+    tls: Option<&TlsFiles>,
+    timeout: Duration,
+) -> Result<Option<u64>, ClientError> {
+    let http = peer::http_client(tls, timeout)?;
+    let mut last = String::from("no client URL");
+    for endpoint in endpoints {
+        let url = format!("{}/v2/stats/self", endpoint.trim_end_matches('/'));
+        let body = match http.get(&url).send().await {
+            Ok(response) => match response.text().await {
+                Ok(body) => body,
+                Err(e) => {
+                    last = format!("{url}: {}", error_text(&e));
+                    continue;
+                }
+            },
+            Err(e) => {
+                last = format!("{url}: {}", error_text(&e));
+                continue;
+            }
+        };
+        match serde_json::from_str::<StatsSelf>(&body) {
+            Ok(stats) => {
+                return Ok(stats
+                    .leader_info
+                    .and_then(|info| info.leader)
+                    .and_then(|hex| u64::from_str_radix(&hex, 16).ok()))
+            }
+            Err(e) => last = format!("{url} answered {body:?}: {e}"),
+        }
+    }
+    Err(ClientError::Unreachable {
+        endpoints: endpoints.join(","),
+        reason: last,
+    })
+}
