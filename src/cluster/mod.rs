@@ -1,16 +1,22 @@
 //! This module owns the multi-member cluster mode (issue 11): how the
 //! entrypoints of a cluster's members roll it to the target one minor at a
-//! time, coordinated through the cluster itself. So far it holds the pure
-//! decision each member makes on what it observes (`decide`) and the pure
-//! reading and assembling of what the members' peer endpoints say
-//! (`observe`); fetching those over the peer TLS, the lock in the cluster,
-//! leadership transfer and the restart as a member come behind the
-//! executor's effect traits.
+//! time, coordinated through the cluster itself. So far:
+//! - `decide`: the pure decision each member makes on what it observes;
+//! - `observe`: reading the peer `/version` and `/members` answers and
+//!   assembling one round's view (pure);
+//! - `peer`: asking the peer endpoints over the member's peer TLS;
+//! - `client`: the client API (leader, alarms, leadership transfer);
+//! - `lock`: the upgrade lock in the cluster (v3 lease, v2 TTL);
+//! - `settings`: the member's TLS files and URLs from its etcd settings.
+//!
+//! Still to come: the restart as a member (supervised) and the loop that
+//! drives observe → decide → act, behind the executor's effect traits.
 
 pub mod client;
 pub mod decide;
 pub mod lock;
 pub mod observe;
 pub mod peer;
+pub mod settings;
 
 pub use decide::{decide, Behind, Decision, Goal, Member, Own, Reach, Refusal, View, Waiting};
