@@ -14,7 +14,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_migrate::cluster::client::{v2_leader, V3Cluster};
-use etcd_migrate::cluster::lock::{Holder, LockError, Taken, V2Lock, V3Lock, LOCK_KEY};
+use etcd_migrate::cluster::lock::{
+    Holder, LockError, Taken, UpgradeLock, V2Lock, V3Lock, LOCK_KEY,
+};
 use etcd_migrate::cluster::observe::{assemble, Answers};
 use etcd_migrate::cluster::peer::{PeerClient, TlsFiles};
 use etcd_migrate::cluster::{decide, Decision, Goal, Own, Reach, Waiting};
@@ -266,15 +268,49 @@ fn holder(member: &str, run: &str) -> Holder {
     }
 }
 
-#[test]
-fn the_v3_upgrade_lock_lets_one_member_hold_it_and_its_next_run_take_it_over() {
-    let tmp = temp_dir("cluster-lock-v3");
+/// The lock's contract, the same for both stores: `a` and `b` are two
+/// members' clients, `a2` the next run of member a's entrypoint.
+async fn one_holder_at_a_time(
+    mut a: impl UpgradeLock,
+    mut b: impl UpgradeLock,
+    mut a2: impl UpgradeLock,
+) {
+    assert_eq!(a.try_take().await.expect("a takes"), Taken::Ours);
+    assert_eq!(
+        b.try_take().await.expect("b tries"),
+        Taken::HeldBy(holder("a", "run-1"))
+    );
+    a.refresh().await.expect("a keeps it");
+    // b's release must not free a's lock.
+    b.release().await.expect("b's release is a no-op");
+    assert_eq!(
+        b.holder().await.expect("holder"),
+        Some(holder("a", "run-1"))
+    );
+    // a's entrypoint dies; its next run takes the lock over.
+    assert_eq!(a2.try_take().await.expect("a2 takes over"), Taken::Ours);
+    assert!(matches!(a.refresh().await, Err(LockError::Lost { .. })));
+    a2.release().await.expect("a2 releases");
+    assert_eq!(b.try_take().await.expect("b takes"), Taken::Ours);
+    b.release().await.expect("b releases");
+    assert_eq!(b.holder().await.expect("holder"), None);
+}
+
+/// A 3-member TLS cluster, settled; its client URLs.
+fn settled_cluster(tag: &str) -> (tempfile::TempDir, Pki, Vec<Node>, Vec<String>) {
+    let tmp = temp_dir(tag);
     let names = ["etcd-a", "etcd-b", "etcd-c"];
     let pki = Pki::new(tmp.path(), &names);
     let nodes = start_cluster(tmp.path(), &pki, &names);
     let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
     wait_for_cluster_version(&peers, &nodes);
-    let endpoints: Vec<String> = nodes.iter().map(|n| n.client_url.clone()).collect();
+    let endpoints = nodes.iter().map(|n| n.client_url.clone()).collect();
+    (tmp, pki, nodes, endpoints)
+}
+
+#[test]
+fn the_v3_upgrade_lock_lets_one_member_hold_it_and_its_next_run_take_it_over() {
+    let (_tmp, pki, _nodes, endpoints) = settled_cluster("cluster-lock-v3");
     block_on(async {
         let connect = |who: Holder, files: &str| {
             let tls = pki.tls(files);
@@ -285,77 +321,31 @@ fn the_v3_upgrade_lock_lets_one_member_hold_it_and_its_next_run_take_it_over() {
                     .expect("lock client")
             }
         };
-        let mut a = connect(holder("a", "run-1"), "etcd-a").await;
-        let mut b = connect(holder("b", "run-1"), "etcd-b").await;
-        assert_eq!(a.try_take().await.expect("a takes"), Taken::Ours);
-        assert_eq!(
-            b.try_take().await.expect("b tries"),
-            Taken::HeldBy(holder("a", "run-1"))
-        );
-        a.refresh().await.expect("a keeps it");
-        // b's release must not free a's lock.
-        b.release().await.expect("b's release is a no-op");
-        assert_eq!(
-            b.holder().await.expect("holder"),
-            Some(holder("a", "run-1"))
-        );
-
-        // a's entrypoint dies; its next run takes the lock over.
-        let mut a2 = connect(holder("a", "run-2"), "etcd-a").await;
-        assert_eq!(a2.try_take().await.expect("a2 takes over"), Taken::Ours);
-        assert!(matches!(a.refresh().await, Err(LockError::Lost { .. })));
-        a2.release().await.expect("a2 releases");
-        assert_eq!(b.try_take().await.expect("b takes"), Taken::Ours);
-        b.release().await.expect("b releases");
-        assert_eq!(b.holder().await.expect("holder"), None);
+        one_holder_at_a_time(
+            connect(holder("a", "run-1"), "etcd-a").await,
+            connect(holder("b", "run-1"), "etcd-b").await,
+            connect(holder("a", "run-2"), "etcd-a").await,
+        )
+        .await;
     });
 }
 
 #[test]
 fn the_v2_upgrade_lock_works_the_same_for_2x_clusters() {
-    let tmp = temp_dir("cluster-lock-v2");
-    let names = ["etcd-a", "etcd-b", "etcd-c"];
-    let pki = Pki::new(tmp.path(), &names);
-    let nodes = start_cluster(tmp.path(), &pki, &names);
-    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
-    wait_for_cluster_version(&peers, &nodes);
-    let endpoints: Vec<String> = nodes.iter().map(|n| n.client_url.clone()).collect();
-    block_on(async {
-        let lock = |who: Holder, files: &str| {
-            V2Lock::new(&endpoints, Some(&pki.tls(files)), who, PROBE_TIMEOUT).expect("lock")
-        };
-        let mut a = lock(holder("a", "run-1"), "etcd-a");
-        let mut b = lock(holder("b", "run-1"), "etcd-b");
-        assert_eq!(a.try_take().await.expect("a takes"), Taken::Ours);
-        assert_eq!(
-            b.try_take().await.expect("b tries"),
-            Taken::HeldBy(holder("a", "run-1"))
-        );
-        a.refresh().await.expect("a keeps it");
-        b.release().await.expect("b's release is a no-op");
-        assert_eq!(
-            b.holder().await.expect("holder"),
-            Some(holder("a", "run-1"))
-        );
-        let mut a2 = lock(holder("a", "run-2"), "etcd-a");
-        assert_eq!(a2.try_take().await.expect("a2 takes over"), Taken::Ours);
-        assert!(matches!(a.refresh().await, Err(LockError::Lost { .. })));
-        a2.release().await.expect("a2 releases");
-        assert_eq!(b.try_take().await.expect("b takes"), Taken::Ours);
-        b.release().await.expect("b releases");
-        assert_eq!(b.holder().await.expect("holder"), None);
-    });
+    let (_tmp, pki, _nodes, endpoints) = settled_cluster("cluster-lock-v2");
+    let lock = |who: Holder, files: &str| {
+        V2Lock::new(&endpoints, Some(&pki.tls(files)), who, PROBE_TIMEOUT).expect("lock")
+    };
+    block_on(one_holder_at_a_time(
+        lock(holder("a", "run-1"), "etcd-a"),
+        lock(holder("b", "run-1"), "etcd-b"),
+        lock(holder("a", "run-2"), "etcd-a"),
+    ));
 }
 
 #[test]
 fn a_lock_key_etcd_migrate_did_not_write_is_refused_naming_it() {
-    let tmp = temp_dir("cluster-lock-foreign");
-    let names = ["etcd-a", "etcd-b", "etcd-c"];
-    let pki = Pki::new(tmp.path(), &names);
-    let nodes = start_cluster(tmp.path(), &pki, &names);
-    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
-    wait_for_cluster_version(&peers, &nodes);
-    let endpoints: Vec<String> = nodes.iter().map(|n| n.client_url.clone()).collect();
+    let (_tmp, pki, _nodes, endpoints) = settled_cluster("cluster-lock-foreign");
     block_on(async {
         let tls = pki.tls("etcd-a");
         let options = etcd_client::ConnectOptions::new().with_tls(

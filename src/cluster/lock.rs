@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::client::{connect_v3, ClientError};
@@ -97,6 +97,61 @@ fn parse_holder(key: &str, value: &[u8]) -> Result<Holder, LockError> {
     })
 }
 
+/// One store of the lock (v3 or v2): three primitives, from which taking
+/// it is written once ([`UpgradeLock::try_take`]).
+// The futures run on the entrypoint's current-thread runtime: no Send needed.
+#[allow(async_fn_in_trait)]
+pub trait UpgradeLock {
+    /// Who this client is.
+    fn me(&self) -> &Holder;
+    /// Creates the key with our value (and lease or TTL) only if it is
+    /// absent; `true` when it was created.
+    async fn create(&mut self) -> Result<bool, LockError>;
+    /// The current value, raw, if the key exists.
+    async fn current(&mut self) -> Result<Option<Vec<u8>>, LockError>;
+    /// Replaces the value with ours (and our lease or TTL) only while it is
+    /// still exactly `raw`; `true` when it was replaced.
+    async fn swap(&mut self, raw: Vec<u8>) -> Result<bool, LockError>;
+    /// Keeps our hold alive for another [`LOCK_TTL_SECS`].
+    async fn refresh(&mut self) -> Result<(), LockError>;
+    /// Removes the key if it still holds our value.
+    async fn release(&mut self) -> Result<(), LockError>;
+
+    /// Who holds the lock now, if anyone.
+    async fn holder(&mut self) -> Result<Option<Holder>, LockError> {
+        match self.current().await? {
+            Some(raw) => parse_holder(LOCK_KEY, &raw).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Takes the lock if it is free or our member's (an earlier run of our
+    /// entrypoint, SIGKILLed), else names its holder. A key deleted between
+    /// our create and our read makes one more attempt.
+    async fn try_take(&mut self) -> Result<Taken, LockError> {
+        for _ in 0..2 {
+            if self.create().await? {
+                return Ok(Taken::Ours);
+            }
+            let Some(raw) = self.current().await? else {
+                continue;
+            };
+            let holder = parse_holder(LOCK_KEY, &raw)?;
+            if holder.member != self.me().member {
+                return Ok(Taken::HeldBy(holder));
+            }
+            // Only while it still holds exactly what that run wrote.
+            if self.swap(raw).await? {
+                return Ok(Taken::Ours);
+            }
+        }
+        Ok(self
+            .holder()
+            .await?
+            .map_or_else(|| Taken::HeldBy(self.me().clone()), Taken::HeldBy))
+    }
+}
+
 /// The lock over the v3 API.
 pub struct V3Lock {
     client: etcd_client::Client,
@@ -161,76 +216,64 @@ impl V3Lock {
         Ok(granted.id())
     }
 
-    /// Takes the lock if it is free or our member's; else names its holder.
-    pub async fn try_take(&mut self) -> Result<Taken, LockError> {
-        // A key deleted between our compare and our read makes one more
-        // attempt; the second answer stands.
-        for _ in 0..2 {
-            if let Some(taken) = self.take_once().await? {
-                return Ok(taken);
-            }
+    fn lost(&self) -> LockError {
+        LockError::Lost {
+            key: LOCK_KEY.to_string(),
+            ttl: LOCK_TTL_SECS,
         }
-        Ok(self
-            .holder()
-            .await?
-            .map_or(Taken::HeldBy(self.me.clone()), Taken::HeldBy))
     }
 
-    /// One attempt; `None` when the key vanished mid-way.
-    async fn take_once(&mut self) -> Result<Option<Taken>, LockError> {
+    async fn put_op(&mut self) -> Result<TxnOp, LockError> {
         let lease = self.lease().await?;
-        let put = TxnOp::put(
+        Ok(TxnOp::put(
             LOCK_KEY,
             self.value.clone(),
             Some(PutOptions::new().with_lease(lease)),
-        );
+        ))
+    }
+}
+
+impl UpgradeLock for V3Lock {
+    fn me(&self) -> &Holder {
+        &self.me
+    }
+
+    async fn create(&mut self) -> Result<bool, LockError> {
+        let put = self.put_op().await?;
         let txn = Txn::new()
             .when([Compare::create_revision(LOCK_KEY, CompareOp::Equal, 0)])
-            .and_then([put.clone()])
-            .or_else([TxnOp::get(LOCK_KEY, None)]);
-        let response = self
-            .client
-            .txn(txn)
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        if response.succeeded() {
-            return Ok(Some(Taken::Ours));
-        }
-        let Some(current) = first_value(response.op_responses()) else {
-            return Ok(None);
-        };
-        let holder = parse_holder(LOCK_KEY, &current)?;
-        if holder.member != self.me.member {
-            return Ok(Some(Taken::HeldBy(holder)));
-        }
-        // Our member's earlier run: take it over, only while it still holds
-        // exactly what that run wrote.
-        let txn = Txn::new()
-            .when([Compare::value(LOCK_KEY, CompareOp::Equal, current)])
             .and_then([put]);
         let response = self
             .client
             .txn(txn)
             .await
             .map_err(|e| self.unreachable(e))?;
-        Ok(response.succeeded().then_some(Taken::Ours))
+        Ok(response.succeeded())
     }
 
-    /// Who holds the lock now, if anyone.
-    pub async fn holder(&mut self) -> Result<Option<Holder>, LockError> {
+    async fn current(&mut self) -> Result<Option<Vec<u8>>, LockError> {
         let response = self
             .client
             .get(LOCK_KEY, None)
             .await
             .map_err(|e| self.unreachable(e))?;
-        match response.kvs().first() {
-            Some(kv) => parse_holder(LOCK_KEY, kv.value()).map(Some),
-            None => Ok(None),
-        }
+        Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
-    /// Keeps our hold alive for another [`LOCK_TTL_SECS`].
-    pub async fn refresh(&mut self) -> Result<(), LockError> {
+    async fn swap(&mut self, raw: Vec<u8>) -> Result<bool, LockError> {
+        let put = self.put_op().await?;
+        let txn = Txn::new()
+            .when([Compare::value(LOCK_KEY, CompareOp::Equal, raw)])
+            .and_then([put]);
+        let response = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Ok(response.succeeded())
+    }
+
+    async fn refresh(&mut self) -> Result<(), LockError> {
         let Some(lease) = self.lease else {
             return Err(self.lost());
         };
@@ -250,15 +293,8 @@ impl V3Lock {
         }
     }
 
-    fn lost(&self) -> LockError {
-        LockError::Lost {
-            key: LOCK_KEY.to_string(),
-            ttl: LOCK_TTL_SECS,
-        }
-    }
-
-    /// Removes the key if it still holds our value, and ends our lease.
-    pub async fn release(&mut self) -> Result<(), LockError> {
+    /// Also ends our lease.
+    async fn release(&mut self) -> Result<(), LockError> {
         let txn = Txn::new()
             .when([Compare::value(
                 LOCK_KEY,
@@ -278,13 +314,6 @@ impl V3Lock {
         }
         Ok(())
     }
-}
-
-fn first_value(responses: Vec<TxnOpResponse>) -> Option<Vec<u8>> {
-    responses.into_iter().find_map(|op| match op {
-        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    })
 }
 
 /// The lock over the v2 API, for 2.x clusters.
@@ -373,94 +402,58 @@ impl V2Lock {
         })
     }
 
-    /// Takes the lock if it is free or our member's; else names its holder.
-    pub async fn try_take(&mut self) -> Result<Taken, LockError> {
-        for _ in 0..2 {
-            if let Some(taken) = self.take_once().await? {
-                return Ok(taken);
-            }
-        }
-        Ok(self
-            .holder()
-            .await?
-            .map_or(Taken::HeldBy(self.me.clone()), Taken::HeldBy))
-    }
-
-    /// One attempt; `None` when the key vanished mid-way.
-    async fn take_once(&mut self) -> Result<Option<Taken>, LockError> {
-        let ttl = LOCK_TTL_SECS.to_string();
-        let created = self
-            .request(
-                reqwest::Method::PUT,
-                &[
-                    ("value", &self.value),
-                    ("ttl", &ttl),
-                    ("prevExist", "false"),
-                ],
-            )
-            .await?;
-        if created.error_code.is_none() {
-            return Ok(Some(Taken::Ours));
-        }
-        let Some((holder, raw)) = self.holder_raw().await? else {
-            return Ok(None);
-        };
-        if holder.member != self.me.member {
-            return Ok(Some(Taken::HeldBy(holder)));
-        }
-        // Our member's earlier run: take it over, only while it still holds
-        // exactly what that run wrote.
-        let swapped = self
-            .request(
-                reqwest::Method::PUT,
-                &[("value", &self.value), ("ttl", &ttl), ("prevValue", &raw)],
-            )
-            .await?;
-        Ok(swapped.error_code.is_none().then_some(Taken::Ours))
-    }
-
-    /// Who holds the lock now, if anyone.
-    pub async fn holder(&mut self) -> Result<Option<Holder>, LockError> {
-        Ok(self.holder_raw().await?.map(|(holder, _)| holder))
-    }
-
-    /// The holder and the exact value it wrote.
-    async fn holder_raw(&mut self) -> Result<Option<(Holder, String)>, LockError> {
-        let answer = self.request(reqwest::Method::GET, &[]).await?;
-        if answer.error_code == Some(V2_NOT_FOUND) {
-            return Ok(None);
-        }
-        match answer.node.and_then(|node| node.value) {
-            Some(value) => Ok(Some((parse_holder(LOCK_KEY, value.as_bytes())?, value))),
-            None => Ok(None),
-        }
-    }
-
-    /// Keeps our hold alive for another [`LOCK_TTL_SECS`]: a compare-and-
-    /// swap on our own value (2.2 has no `refresh=true`).
-    pub async fn refresh(&mut self) -> Result<(), LockError> {
+    /// A PUT of our value with the TTL and `condition`; `true` when etcd
+    /// took it (no error code).
+    async fn put_if(&self, condition: (&str, &str)) -> Result<bool, LockError> {
         let ttl = LOCK_TTL_SECS.to_string();
         let answer = self
             .request(
                 reqwest::Method::PUT,
-                &[
-                    ("value", &self.value),
-                    ("ttl", &ttl),
-                    ("prevValue", &self.value),
-                ],
+                &[("value", &self.value), ("ttl", &ttl), condition],
             )
             .await?;
-        match answer.error_code {
-            None => Ok(()),
-            Some(_) => Err(LockError::Lost {
+        Ok(answer.error_code.is_none())
+    }
+}
+
+impl UpgradeLock for V2Lock {
+    fn me(&self) -> &Holder {
+        &self.me
+    }
+
+    async fn create(&mut self) -> Result<bool, LockError> {
+        self.put_if(("prevExist", "false")).await
+    }
+
+    async fn current(&mut self) -> Result<Option<Vec<u8>>, LockError> {
+        let answer = self.request(reqwest::Method::GET, &[]).await?;
+        if answer.error_code == Some(V2_NOT_FOUND) {
+            return Ok(None);
+        }
+        Ok(answer
+            .node
+            .and_then(|node| node.value)
+            .map(String::into_bytes))
+    }
+
+    async fn swap(&mut self, raw: Vec<u8>) -> Result<bool, LockError> {
+        let raw = String::from_utf8_lossy(&raw).into_owned();
+        self.put_if(("prevValue", &raw)).await
+    }
+
+    /// A compare-and-swap on our own value (2.2 has no `refresh=true`).
+    async fn refresh(&mut self) -> Result<(), LockError> {
+        let value = self.value.clone();
+        match self.put_if(("prevValue", &value)).await? {
+            true => Ok(()),
+            false => Err(LockError::Lost {
                 key: LOCK_KEY.to_string(),
                 ttl: LOCK_TTL_SECS,
             }),
         }
     }
 
-    /// Removes the key if it still holds our value.
-    pub async fn release(&mut self) -> Result<(), LockError> {
+    async fn release(&mut self) -> Result<(), LockError> {
         let value = self.value.clone();
         self.request(reqwest::Method::DELETE, &[("prevValue", &value)])
             .await
