@@ -223,13 +223,22 @@ impl V3Lock {
         }
     }
 
-    async fn put_op(&mut self) -> Result<TxnOp, LockError> {
+    /// Puts our value under our lease only while `compare` holds; `true`
+    /// when it did.
+    async fn put_when(&mut self, compare: Compare) -> Result<bool, LockError> {
         let lease = self.lease().await?;
-        Ok(TxnOp::put(
+        let put = TxnOp::put(
             LOCK_KEY,
             self.value.clone(),
             Some(PutOptions::new().with_lease(lease)),
-        ))
+        );
+        let txn = Txn::new().when([compare]).and_then([put]);
+        let response = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Ok(response.succeeded())
     }
 }
 
@@ -239,16 +248,8 @@ impl UpgradeLock for V3Lock {
     }
 
     async fn create(&mut self) -> Result<bool, LockError> {
-        let put = self.put_op().await?;
-        let txn = Txn::new()
-            .when([Compare::create_revision(LOCK_KEY, CompareOp::Equal, 0)])
-            .and_then([put]);
-        let response = self
-            .client
-            .txn(txn)
+        self.put_when(Compare::create_revision(LOCK_KEY, CompareOp::Equal, 0))
             .await
-            .map_err(|e| self.unreachable(e))?;
-        Ok(response.succeeded())
     }
 
     async fn current(&mut self) -> Result<Option<Vec<u8>>, LockError> {
@@ -261,16 +262,8 @@ impl UpgradeLock for V3Lock {
     }
 
     async fn swap(&mut self, raw: Vec<u8>) -> Result<bool, LockError> {
-        let put = self.put_op().await?;
-        let txn = Txn::new()
-            .when([Compare::value(LOCK_KEY, CompareOp::Equal, raw)])
-            .and_then([put]);
-        let response = self
-            .client
-            .txn(txn)
+        self.put_when(Compare::value(LOCK_KEY, CompareOp::Equal, raw))
             .await
-            .map_err(|e| self.unreachable(e))?;
-        Ok(response.succeeded())
     }
 
     async fn refresh(&mut self) -> Result<(), LockError> {
