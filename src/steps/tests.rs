@@ -1,0 +1,1 @@
+//! Fake-driven failure tests of the rebuilding steps.
