@@ -1,4 +1,7 @@
-//! This module owns the proof of health: one write through the API the
+//! This module owns the real etcd API the steps go through (`EtcdApi`:
+//! the health write below, the keyspace reads and v2 writes of `keyspace`,
+//! and the leased puts of the storage migration), and the proof of health:
+//! one write through the API the
 //! data is served by (v2 HTTP for etcd2 storage, v3 gRPC for etcd3), of a
 //! key that cannot be the user's, removed again at once. `/health` is not
 //! used: 3.5 answers it while refusing every v3 call as "not capable"
@@ -428,37 +431,47 @@ async fn apply_leases(
             .map_err(|source| ApiError::Grant { ttl: *ttl, source })?;
         granted.insert(lease.id(), lease.ttl(), asked);
         for entry in entries {
-            // Only if `etcdctl migrate` copied it: a key the v2 store purged
-            // after we read it must not come back, even briefly. A hidden
-            // key it never copies: the read just before is its proof.
-            let options = etcd_client::PutOptions::new().with_lease(lease.id());
-            let guard = if keyspace::is_hidden_v2(&entry.key) {
-                Vec::new()
-            } else {
-                vec![etcd_client::Compare::version(
-                    entry.key.clone(),
-                    etcd_client::CompareOp::Greater,
-                    0,
-                )]
-            };
-            let txn = etcd_client::Txn::new()
-                .when(guard)
-                .and_then([etcd_client::TxnOp::put(
-                    entry.key.clone(),
-                    entry.value.clone(),
-                    Some(options),
-                )]);
-            client
-                .txn(txn)
-                .await
-                .map_err(|source| ApiError::LeasedPut {
-                    key: String::from_utf8_lossy(&entry.key).into_owned(),
-                    lease: lease.id(),
-                    source,
-                })?;
+            put_under_lease(&mut client, entry, lease.id()).await?;
         }
     }
     Ok(granted)
+}
+
+/// Re-puts `entry` under `lease`, only if `etcdctl migrate` copied it: a
+/// key the v2 store purged after we read it must not come back, even
+/// briefly. A hidden key it never copies: the read just before is its
+/// proof.
+async fn put_under_lease(
+    client: &mut etcd_client::Client,
+    entry: &Entry,
+    lease: i64,
+) -> Result<(), ApiError> {
+    let options = etcd_client::PutOptions::new().with_lease(lease);
+    let guard = if keyspace::is_hidden_v2(&entry.key) {
+        Vec::new()
+    } else {
+        vec![etcd_client::Compare::version(
+            entry.key.clone(),
+            etcd_client::CompareOp::Greater,
+            0,
+        )]
+    };
+    let txn = etcd_client::Txn::new()
+        .when(guard)
+        .and_then([etcd_client::TxnOp::put(
+            entry.key.clone(),
+            entry.value.clone(),
+            Some(options),
+        )]);
+    client
+        .txn(txn)
+        .await
+        .map_err(|source| ApiError::LeasedPut {
+            key: String::from_utf8_lossy(&entry.key).into_owned(),
+            lease,
+            source,
+        })?;
+    Ok(())
 }
 
 /// What a step's `/version` says about the release and cluster version.
