@@ -373,6 +373,9 @@ fn first_and_last_lines(text: &str) -> (String, String) {
 }
 
 #[cfg(test)]
+mod rebuild_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::backup::{BackupError, BackupPolicy, StopCheck};

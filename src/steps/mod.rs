@@ -9,8 +9,6 @@
 pub mod in_place;
 pub mod minor_rollback;
 pub mod storage_migration;
-#[cfg(test)]
-mod tests;
 pub mod to_etcd2;
 
 use std::collections::BTreeMap;

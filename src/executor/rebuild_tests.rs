@@ -14,13 +14,13 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
+use super::{ExecuteError, Executor};
 use crate::backup::{BackupError, BackupMode, BackupPolicy, StopCheck};
 use crate::datadir::{DataDirError, WORK_DIR};
 use crate::dialect::StepEtcd;
 use crate::effects::{
     EtcdApi, HealthError, Launcher, LeasePlan, Progress, RunningEtcd, StepError, Tools,
 };
-use crate::executor::{ExecuteError, Executor};
 use crate::keyspace::{Entry, Fingerprint, KnownLeases, Ours, Read};
 use crate::plan::{plan, Binary, Bundle};
 use crate::steps::{StepSettings, TtlLeases};
