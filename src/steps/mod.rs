@@ -3,7 +3,7 @@
 //! write succeeds, do the step's work while it serves, fingerprint what it
 //! serves and check it against what the last step left, stop it; the
 //! baseline read; the backup; and the offline tools. Each step kind lives
-//! in its own file and takes the [`Context`]: the effects (`effects`,
+//! in its own file and takes the `Context`: the effects (`effects`,
 //! `swap::Disk`) and the settings every step shares.
 
 pub mod in_place;
