@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::binaries;
 use crate::dialect::StepEtcd;
-use crate::executor::{Launcher, RunningEtcd, StepError, Tools};
+use crate::effects::{Launcher, RunningEtcd, StepError, Tools};
 use crate::log;
 use crate::plan::Binary;
 use crate::supervisor::{Child, ExitStatus, Supervisor, SupervisorError, STOP_GRACE};

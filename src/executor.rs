@@ -1,281 +1,31 @@
-//! This module owns carrying out a plan: for each step, start its etcd,
-//! wait until a write succeeds (or it dies, or the deadline passes, or we
-//! are told to stop), do the step's work while it serves, fingerprint the
-//! keyspace it serves and check it against the one before the step, stop
-//! it, and record the step in `version.txt`; the baseline fingerprint read
-//! by the recorded release before the first step; and the backup before
-//! the first step that rewrites the data. It talks to the outside only through the small
-//! traits below, so a test can make step N fail in each way and check what
-//! was recorded. The steps that rebuild data live in `rebuild`.
+//! This module owns carrying out a plan: the baseline fingerprint read by
+//! the recorded release before the first step; then, per step, the check
+//! that the step's release can hold what the data holds, the backup before
+//! the first step that rewrites the data, the step itself (each kind in
+//! its own file under `steps`), and its record in `version.txt`, after
+//! which a rebuilding step's scratch dir is removed. It talks to the
+//! outside only through the traits of `effects` and `swap::Disk`, so a
+//! test can make step N fail in each way and check what was recorded.
 
-use std::collections::BTreeMap;
-use std::future::Future;
-use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Instant;
 
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
-use crate::backup::{self, BackupMode, BackupPolicy};
-use crate::datadir::DataDirError;
-use crate::dialect::StepEtcd;
-use crate::keyspace::{Fingerprint, KnownLeases, Ours};
+use crate::backup::BackupMode;
+use crate::keyspace::Fingerprint;
 use crate::log;
-use crate::plan::{Binary, Plan, Step};
-use crate::supervisor::{ExitStatus, SupervisorError};
-use crate::version::{Storage, Version, VersionPair};
+use crate::plan::{Plan, Step};
+use crate::steps::in_place::run_in_place;
+use crate::steps::minor_rollback::minor_rollback;
+use crate::steps::storage_migration::storage_migration;
+use crate::steps::to_etcd2::rollback_to_etcd2;
+use crate::steps::{Context, Failure};
+use crate::version::{Version, VersionPair};
 
-/// Pause between two health attempts. Tens of ms: a step's etcd is usually
-/// writable 100–200 ms after start, and each attempt is a loopback call.
-pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_millis(15);
-
-/// Deadline for one piece of work inside a step (a snapshot, a restore, an
-/// `etcdctl migrate`, a keyspace copy). Generous: 100,000 keys × 1 KiB
-/// take seconds; the deadline only catches a hung tool, which is killed.
-pub const WORK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-
-/// Starts a step's etcd.
-pub trait Launcher {
-    /// The running process.
-    type Etcd: RunningEtcd;
-    /// Starts etcd as `spec` says.
-    fn launch(&self, spec: &StepEtcd<'_>) -> Result<Self::Etcd, StepError>;
-    /// The hidden v2 nodes (names starting with `_`) the data in
-    /// `data_dir` records, read offline before an etcd starts on it: the
-    /// v2 API lists none of them, so the reads must ask for each.
-    fn hidden_v2_paths(&self, data_dir: &Path) -> Vec<String>;
-    /// The TTL each lease of the data in `data_dir` was granted (lease id →
-    /// seconds), read offline while no etcd runs on it; `Ok(None)` where
-    /// the data holds no lease table (no bolt database). For a release
-    /// that cannot tell a lease's TTL (3.0 has no LeaseTimeToLive), read
-    /// just before it starts on the data.
-    fn granted_leases(&self, data_dir: &Path) -> Result<Option<BTreeMap<i64, i64>>, String>;
-}
-
-/// A step's running etcd.
-pub trait RunningEtcd {
-    /// Its pid, for logs and errors.
-    fn pid(&self) -> i32;
-    /// Resolves when it has exited; callable again afterwards.
-    fn wait(&mut self) -> impl Future<Output = ExitStatus>;
-    /// SIGTERM, grace, SIGKILL, reap. Returns the status and whether
-    /// SIGKILL was needed.
-    fn stop(&mut self) -> impl Future<Output = Result<(ExitStatus, bool), SupervisorError>>;
-    /// Its last lines of output, for error reports.
-    fn recent_output(&mut self) -> Vec<String>;
-    /// Proves that this process holds the socket listening on loopback
-    /// `port`: then every call to that port reaches it, and none reached
-    /// another process that took the port first (etcd binds at start and
-    /// exits if it cannot). `Err` names the holder, if one is found.
-    fn owns_listener(&self, port: u16) -> Result<(), String>;
-}
-
-/// Why one health attempt failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HealthError {
-    /// Not yet: etcd is starting, electing, or the attempt timed out. The
-    /// next attempt may succeed.
-    NotYet(String),
-    /// Never, on this data as it is: etcd answered, and its answer shows a
-    /// condition no retry clears (an alarm raised in the data). Carries what
-    /// etcd said and what the operator must do.
-    Refused {
-        /// What etcd reported.
-        reason: String,
-        /// What to do about it.
-        remedy: String,
-    },
-}
-
-impl std::fmt::Display for HealthError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HealthError::NotYet(why) => f.write_str(why),
-            HealthError::Refused { reason, remedy } => write!(f, "{reason}; {remedy}"),
-        }
-    }
-}
-
-/// Proves a step's etcd healthy with one write, and reads what it serves.
-pub trait Health {
-    /// Checks the data's alarms (where the API has them) and writes the
-    /// health key once.
-    fn write(
-        &self,
-        endpoint: &str,
-        storage: Storage,
-        value: &str,
-    ) -> impl Future<Output = Result<(), HealthError>>;
-
-    /// Reads the whole keyspace through `storage`'s API (and the hidden v2
-    /// nodes named in `hidden`) and fingerprints it; `known` holds the
-    /// leases' TTLs where the release cannot tell them (3.0).
-    fn fingerprint(
-        &self,
-        endpoint: &str,
-        storage: Storage,
-        hidden: &[String],
-        known: &KnownLeases,
-    ) -> impl Future<Output = Result<Fingerprint, String>>;
-
-    /// What the health writes of this run put into the keyspace, for the
-    /// reads to leave out.
-    fn ours(&self) -> Ours;
-}
-
-/// Runs the offline tools of a release (`etcdctl`, `etcdutl`).
-pub trait Tools {
-    /// Runs `binary` with `args` (and `env`) to completion. Dropping the
-    /// future stops the tool.
-    fn run(
-        &self,
-        binary: Binary,
-        args: &[String],
-        env: &[(&str, &str)],
-    ) -> impl Future<Output = Result<(), StepError>>;
-}
-
-/// Where completed steps are recorded.
-pub trait Progress {
-    /// Durably records that the data is now at `pair`.
-    fn record(&mut self, pair: VersionPair) -> Result<(), DataDirError>;
-}
-
-/// Why one step failed.
-#[derive(Debug, thiserror::Error)]
-pub enum StepError {
-    /// etcd could not be started.
-    #[error("cannot start etcd {version}")]
-    Launch {
-        /// The release.
-        version: Version,
-        /// Why.
-        #[source]
-        source: SupervisorError,
-    },
-    /// etcd exited before it accepted a write.
-    #[error("etcd {version} (pid {pid}) exited with {status} before the step's work was done; its last output:\n{output}")]
-    ExitedEarly {
-        /// The release.
-        version: Version,
-        /// Its pid.
-        pid: i32,
-        /// How it ended.
-        status: ExitStatus,
-        /// Its last lines.
-        output: String,
-    },
-    /// etcd answered, but refuses writes on this data until the operator
-    /// acts (e.g. a NOSPACE alarm raised before the migration).
-    #[error("etcd {version} (pid {pid}) serves the data but refuses writes: {reason}; it was stopped and nothing was recorded; {remedy}")]
-    Refused {
-        /// The release.
-        version: Version,
-        /// Its pid.
-        pid: i32,
-        /// What etcd reported.
-        reason: String,
-        /// What to do.
-        remedy: String,
-    },
-    /// What answered on the step's client port is not the etcd we started
-    /// (another process took the port first).
-    #[error("the etcd answering on {endpoint} is not etcd {version} (pid {pid}) that etcd-migrate started on the data: {holder}; nothing it said was used; stop whatever else listens there, or give the steps another loopback port with --port, and rerun")]
-    NotOurs {
-        /// The release we started.
-        version: Version,
-        /// Its pid.
-        pid: i32,
-        /// The step's client URL.
-        endpoint: String,
-        /// Who holds the port, as far as /proc tells.
-        holder: String,
-    },
-    /// etcd never accepted a write before the deadline.
-    #[error("etcd {version} (pid {pid}) did not accept a write within {waited:?} (last attempt: {last_error}); it was stopped; its last output:\n{output}")]
-    HealthTimeout {
-        /// The release.
-        version: Version,
-        /// Its pid.
-        pid: i32,
-        /// The deadline.
-        waited: Duration,
-        /// The last failed attempt.
-        last_error: String,
-        /// Its last lines.
-        output: String,
-    },
-    /// etcd could not be stopped.
-    #[error("cannot stop etcd {version}")]
-    Stop {
-        /// The release.
-        version: Version,
-        /// Why.
-        #[source]
-        source: SupervisorError,
-    },
-    /// An offline tool failed.
-    #[error("{binary} {args} failed with {status}; its last output:\n{output}")]
-    Tool {
-        /// The tool.
-        binary: Binary,
-        /// Its arguments, for the operator to rerun by hand.
-        args: String,
-        /// How it ended.
-        status: ExitStatus,
-        /// Its last lines.
-        output: String,
-    },
-    /// A piece of the step's work failed (a read, a copy, a check).
-    #[error("{what}: {detail}")]
-    Work {
-        /// What was being done.
-        what: String,
-        /// What went wrong.
-        detail: String,
-    },
-    /// The work did not finish in time.
-    #[error("{what} did not finish within {waited:?}; it was stopped")]
-    WorkTimeout {
-        /// What was being done.
-        what: String,
-        /// The deadline.
-        waited: Duration,
-    },
-    /// The keyspace after the step is not the one before it.
-    #[error("the keyspace etcd {version} serves after the step is not the one before it ({detail}); the step was not recorded; do not serve this data until the difference is understood: a rebuilding step left the data untouched, but an in-place step ran etcd {version} on it, so compare it with a backup (take one with --backup always before rerunning)")]
-    Changed {
-        /// The release that served the result.
-        version: Version,
-        /// Both fingerprints and what differs.
-        detail: String,
-    },
-    /// The data's v2 store holds keys, and the step's release serves no v2
-    /// store (3.6 refuses to start on custom v2 content).
-    #[error("the data's v2 store holds {keys} keys (e.g. {sample:?}), and etcd {version} has no v2 store to hold them (it refuses to start on such data); nothing was run; move what they hold into the v3 keyspace (or delete them: ETCDCTL_API=2 etcdctl rm, with an etcd of {last} serving the data), check with `etcdutl check v2store`, then rerun")]
-    V2KeysUnsupported {
-        /// The release without a v2 store.
-        version: Version,
-        /// The release that served the data last.
-        last: Version,
-        /// How many v2 keys.
-        keys: usize,
-        /// Some of them.
-        sample: Vec<String>,
-    },
-    /// The backup before a destructive step failed.
-    #[error("cannot back up the data dir before a step that rewrites it")]
-    Backup(#[source] backup::BackupError),
-    /// The step worked but could not be recorded.
-    #[error("etcd {} ran on the data but {} could not be recorded", .pair.version, .pair)]
-    Record {
-        /// What should have been recorded.
-        pair: VersionPair,
-        /// Why it was not.
-        #[source]
-        source: DataDirError,
-    },
-}
+pub use crate::effects::{EtcdApi, HealthError, Launcher, Progress, RunningEtcd, StepError, Tools};
+pub use crate::steps::{StepSettings, TtlLeases, HEALTH_POLL_INTERVAL, WORK_TIMEOUT};
+pub use crate::swap::Disk;
 
 /// Why the plan stopped.
 #[derive(Debug, thiserror::Error)]
@@ -318,72 +68,16 @@ pub enum ExecuteError {
     },
 }
 
-/// How keys that expired in the v2 store get their expiry in v3.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TtlLeases {
-    /// Each key gets a lease with its own remaining TTL; keys that expire
-    /// in the same second share one.
-    #[default]
-    Exact,
-    /// The Kubernetes tool's way: every key under the TTL keys directory
-    /// gets one lease of an hour (other TTL keys still get exact leases).
-    Flat,
-}
-
-impl std::str::FromStr for TtlLeases {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "exact" => Ok(TtlLeases::Exact),
-            "flat" => Ok(TtlLeases::Flat),
-            _ => Err("expected exact or flat".to_string()),
-        }
-    }
-}
-
-/// The parts of the configuration every step shares.
-#[derive(Debug, Clone)]
-pub struct StepSettings<'a> {
-    /// Member name.
-    pub name: &'a str,
-    /// Data dir.
-    pub data_dir: &'a Path,
-    /// Loopback client port.
-    pub client_port: u16,
-    /// `--listen-peer-urls`.
-    pub listen_peer_urls: &'a str,
-    /// `--initial-advertise-peer-urls`.
-    pub initial_advertise_peer_urls: &'a str,
-    /// `--initial-cluster`.
-    pub initial_cluster: &'a str,
-    /// `--initial-cluster-token` for restored and rebuilt data.
-    pub initial_cluster_token: &'a str,
-    /// `ETCD_CREDS`.
-    pub extra_args: &'a [String],
-    /// Deadline for the first successful write.
-    pub health_timeout: Duration,
-    /// Backups before destructive steps.
-    pub backup: &'a BackupPolicy,
-    /// Expiry of migrated v2 TTL keys.
-    pub ttl_leases: TtlLeases,
-    /// The Kubernetes TTL keys directory (flat mode).
-    pub ttl_keys_directory: &'a str,
-    /// Leave the v2 copies of migrated keys in place.
-    pub keep_v2_keys: bool,
-    /// The release that reads the data as recorded before the first step,
-    /// for the baseline fingerprint ([`crate::plan::baseline_reader`]).
-    pub baseline: Option<Version>,
-}
-
 /// Runs a plan's steps through the given effects.
-pub struct Executor<'a, L, H, T, P> {
+pub struct Executor<'a, L, A, T, D, P> {
     /// Starts etcd.
     pub launcher: &'a L,
-    /// Proves it healthy.
-    pub health: &'a H,
+    /// Talks to its API: proves it healthy, reads and writes keys.
+    pub api: &'a A,
     /// Runs offline tools.
     pub tools: &'a T,
+    /// Backs up, and does the rebuilding steps' scratch and swap work.
+    pub disk: &'a D,
     /// Records progress.
     pub progress: &'a mut P,
     /// Shared step settings.
@@ -392,52 +86,38 @@ pub struct Executor<'a, L, H, T, P> {
     pub termination: watch::Receiver<Option<Signal>>,
 }
 
-/// What ended a wait that races the etcd process and the stop signal.
-pub(crate) enum Race<T> {
-    Done(T),
-    Signal(Signal),
-    Exited(ExitStatus),
-    Deadline,
+/// The step under way: where it is in the plan, and what version.txt says.
+struct Position {
+    index: usize,
+    total: usize,
+    step: Step,
+    label: String,
+    recorded: VersionPair,
 }
 
-/// A step-level failure before the step was recorded.
-pub(crate) enum Failure {
-    Step(StepError),
-    Interrupted(Signal),
-}
+impl Position {
+    /// The step failed with `source`.
+    fn failed(&self, source: StepError) -> ExecuteError {
+        ExecuteError::Step {
+            index: self.index,
+            total: self.total,
+            step: self.step,
+            recorded: self.recorded,
+            source: Box::new(source),
+        }
+    }
 
-impl From<StepError> for Failure {
-    fn from(err: StepError) -> Self {
-        Failure::Step(err)
+    /// A stop signal came; `during` names what it interrupted.
+    fn interrupted(&self, signal: Signal, during: Option<String>) -> ExecuteError {
+        ExecuteError::Interrupted {
+            signal,
+            during,
+            recorded: self.recorded,
+        }
     }
 }
 
-/// A step's etcd that has accepted a write and is serving the data.
-pub(crate) struct Serving<E> {
-    pub(crate) etcd: E,
-    pub(crate) pid: i32,
-    pub(crate) version: Version,
-    pub(crate) endpoint: String,
-    pub(crate) started: Instant,
-    pub(crate) healthy_after: Duration,
-    /// The hidden v2 nodes the data it serves recorded when it started.
-    pub(crate) hidden_v2: Vec<String>,
-    /// The leases' TTLs where the release cannot tell them (3.0): what
-    /// the data recorded, counted from `started`, and what the step
-    /// granted itself since.
-    pub(crate) known: KnownLeases,
-}
-
-/// How a step's etcd is to be started, beyond the shared settings.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Run<'p> {
-    pub(crate) version: Version,
-    pub(crate) storage: Storage,
-    pub(crate) data_dir: &'p Path,
-    pub(crate) new_cluster: bool,
-}
-
-impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
+impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A, T, D, P> {
     /// Runs every step in order, recording each as it completes.
     pub async fn execute(&mut self, plan: &Plan) -> Result<(), ExecuteError> {
         let total = plan.steps.len();
@@ -453,106 +133,133 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             _ => None,
         };
         for (i, step) in plan.steps.iter().enumerate() {
-            let label = format!("{}/{total}", i + 1);
-            let fail = |recorded, source| ExecuteError::Step {
+            let at = Position {
                 index: i + 1,
                 total,
                 step: *step,
+                label: format!("{}/{total}", i + 1),
                 recorded,
-                source: Box::new(source),
             };
-            if let Some(signal) = *self.termination.borrow() {
-                return Err(ExecuteError::Interrupted {
-                    signal,
-                    during: None,
-                    recorded,
-                });
-            }
-            if let Some(side) = before.as_ref().and_then(Fingerprint::v2_side) {
-                if side.keys > 0 && !step.runs().has_v2_api() {
-                    return Err(fail(
-                        recorded,
-                        StepError::V2KeysUnsupported {
-                            version: step.runs(),
-                            last: recorded.version,
-                            keys: side.keys,
-                            sample: side.sample().to_vec(),
-                        },
-                    ));
-                }
-            }
+            self.stop_if_signalled(&at)?;
+            check_v2_side(&at, before.as_ref())?;
             let wants_backup = match self.settings.backup.mode {
                 BackupMode::Always => true,
                 BackupMode::Destructive => step.is_destructive(),
                 BackupMode::Never => false,
             };
             if wants_backup && !backed_up {
-                match self.back_up(recorded) {
-                    Ok(()) => {}
-                    Err(Failure::Interrupted(signal)) => {
-                        return Err(ExecuteError::Interrupted {
-                            signal,
-                            during: Some(format!("{label} ({step}), in the backup before it")),
-                            recorded,
-                        })
-                    }
-                    Err(Failure::Step(err)) => return Err(fail(recorded, err)),
-                }
+                self.back_up(&at)?;
                 backed_up = true;
-                // A signal that came as the copy finished: no etcd starts.
-                if let Some(signal) = *self.termination.borrow() {
-                    return Err(ExecuteError::Interrupted {
-                        signal,
-                        during: None,
-                        recorded,
-                    });
-                }
             }
-            let started = Instant::now();
-            log::info(
-                "step start",
-                &[
-                    ("step", label.clone().into()),
-                    ("kind", step.kind().into()),
-                    ("from", step.before().to_string().into()),
-                    ("to", step.result().to_string().into()),
-                ],
-            );
-            let after = match self.run_step(step, &label, before.as_ref()).await {
-                Ok(after) => after,
-                Err(Failure::Interrupted(signal)) => {
-                    return Err(ExecuteError::Interrupted {
-                        signal,
-                        during: Some(format!("{label} ({step})")),
-                        recorded,
-                    })
-                }
-                Err(Failure::Step(source)) => return Err(fail(recorded, source)),
-            };
-            crate::failpoint!("step-after-stop");
-            let pair = step.result();
-            self.progress
-                .record(pair)
-                .map_err(|source| fail(recorded, StepError::Record { pair, source }))?;
-            recorded = pair;
-            crate::failpoint!("step-after-record");
-            if step.is_destructive() {
-                // Only now: until version.txt names the step, its scratch
-                // dir (and swap journal) is what a restart recovers from.
-                crate::rebuild::finish_rebuild(self.settings.data_dir);
-            }
-            log::info(
-                "step done",
-                &[
-                    ("step", label.into()),
-                    ("recorded", pair.to_string().into()),
-                    ("fingerprint", after.to_string().into()),
-                    ("ms", log::ms(started.elapsed())),
-                ],
-            );
-            before = Some(after);
+            before = Some(self.run_and_record(&at, before.as_ref()).await?);
+            recorded = step.result();
         }
         Ok(())
+    }
+
+    /// The effects and settings the steps work with.
+    fn context(&self) -> Context<'_, L, A, T, D> {
+        Context {
+            launcher: self.launcher,
+            api: self.api,
+            tools: self.tools,
+            disk: self.disk,
+            settings: self.settings.clone(),
+            termination: self.termination.clone(),
+        }
+    }
+
+    /// Fails if a stop signal has come.
+    fn stop_if_signalled(&self, at: &Position) -> Result<(), ExecuteError> {
+        match *self.termination.borrow() {
+            Some(signal) => Err(at.interrupted(signal, None)),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the backup before the step `at`.
+    fn back_up(&self, at: &Position) -> Result<(), ExecuteError> {
+        match self.context().back_up(at.recorded) {
+            Ok(()) => {}
+            Err(Failure::Interrupted(signal)) => {
+                let during = format!("{} ({}), in the backup before it", at.label, at.step);
+                return Err(at.interrupted(signal, Some(during)));
+            }
+            Err(Failure::Step(err)) => return Err(at.failed(err)),
+        }
+        // A signal that came as the copy finished: no etcd starts.
+        self.stop_if_signalled(at)
+    }
+
+    /// Runs the step `at` and records it; returns the fingerprint of its
+    /// result.
+    async fn run_and_record(
+        &mut self,
+        at: &Position,
+        before: Option<&Fingerprint>,
+    ) -> Result<Fingerprint, ExecuteError> {
+        let (step, label) = (&at.step, &at.label);
+        let started = Instant::now();
+        log::info(
+            "step start",
+            &[
+                ("step", label.clone().into()),
+                ("kind", step.kind().into()),
+                ("from", step.before().to_string().into()),
+                ("to", step.result().to_string().into()),
+            ],
+        );
+        let after = match self.run_step(step, label, before).await {
+            Ok(after) => after,
+            Err(Failure::Interrupted(signal)) => {
+                return Err(at.interrupted(signal, Some(format!("{label} ({step})"))))
+            }
+            Err(Failure::Step(source)) => return Err(at.failed(source)),
+        };
+        crate::failpoint!("step-after-stop");
+        let pair = step.result();
+        self.progress
+            .record(pair)
+            .map_err(|source| at.failed(StepError::Record { pair, source }))?;
+        crate::failpoint!("step-after-record");
+        if step.is_destructive() {
+            // Only now: until version.txt names the step, its scratch
+            // dir (and swap journal) is what a restart recovers from.
+            self.disk.finish(self.settings.data_dir);
+        }
+        log::info(
+            "step done",
+            &[
+                ("step", label.clone().into()),
+                ("recorded", pair.to_string().into()),
+                ("fingerprint", after.to_string().into()),
+                ("ms", log::ms(started.elapsed())),
+            ],
+        );
+        Ok(after)
+    }
+
+    /// Runs one step of its kind; returns the fingerprint of its result,
+    /// checked against `before` (the keyspace as the last step left it).
+    async fn run_step(
+        &self,
+        step: &Step,
+        label: &str,
+        before: Option<&Fingerprint>,
+    ) -> Result<Fingerprint, Failure> {
+        let cx = self.context();
+        match *step {
+            Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. } => {
+                run_in_place(&cx, step.result(), label, before).await
+            }
+            Step::StorageMigration { at } => storage_migration(&cx, at, label, before).await,
+            Step::MinorRollback { serve, to, .. } => {
+                minor_rollback(&cx, serve, to, label, before).await
+            }
+            Step::RollbackToEtcd2 { serve, to, .. } => {
+                rollback_to_etcd2(&cx, serve, to, label, before).await
+            }
+        }
     }
 
     /// Serves the data with the release version.txt names and fingerprints
@@ -564,7 +271,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
     /// the data as a downgrade). That release then reads the baseline: it is
     /// the newest that may have touched the data, and `first` runs it again.
     async fn baseline(
-        &mut self,
+        &self,
         version: Version,
         first: &Step,
         recorded: VersionPair,
@@ -609,7 +316,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
 
     /// One baseline read: `version` serves the data as recorded.
     async fn read_baseline(
-        &mut self,
+        &self,
         version: Version,
         recorded: VersionPair,
     ) -> Result<Fingerprint, ExecuteError> {
@@ -620,35 +327,12 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                 recorded,
             });
         }
-        let started = Instant::now();
-        let label = "baseline";
-        let run = Run {
-            version,
-            storage: recorded.storage,
-            data_dir: self.settings.data_dir,
-            new_cluster: false,
-        };
-        let read = async {
-            let mut serving = self.start_serving(run, label).await?;
-            let fingerprint = self
-                .read_fingerprint(&mut serving, recorded.storage)
-                .await?;
-            crate::failpoint!("baseline-read");
-            self.stop_serving(serving, label).await?;
-            Ok::<_, Failure>(fingerprint)
-        };
-        match read.await {
-            Ok(fingerprint) => {
-                log::info(
-                    "baseline read",
-                    &[
-                        ("version", version.to_string().into()),
-                        ("fingerprint", fingerprint.to_string().into()),
-                        ("ms", log::ms(started.elapsed())),
-                    ],
-                );
-                Ok(fingerprint)
-            }
+        match self
+            .context()
+            .read_baseline(version, recorded.storage)
+            .await
+        {
+            Ok(fingerprint) => Ok(fingerprint),
             Err(Failure::Interrupted(signal)) => Err(ExecuteError::Interrupted {
                 signal,
                 during: Some(format!("the baseline read by etcd {version}")),
@@ -661,410 +345,23 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             }),
         }
     }
+}
 
-    /// Reads the fingerprint of what `serving` serves (see
-    /// [`Executor::while_serving`] for what ends the read early).
-    pub(crate) async fn read_fingerprint(
-        &self,
-        serving: &mut Serving<L::Etcd>,
-        storage: Storage,
-    ) -> Result<Fingerprint, Failure> {
-        let endpoint = serving.endpoint.clone();
-        let hidden = serving.hidden_v2.clone();
-        let known = serving.known.clone();
-        self.while_serving(
-            serving,
-            "fingerprint the keyspace",
-            self.health.fingerprint(&endpoint, storage, &hidden, &known),
-        )
-        .await
+/// Refuses the step `at` when the data's v2 store holds keys and the
+/// step's release serves no v2 store.
+fn check_v2_side(at: &Position, before: Option<&Fingerprint>) -> Result<(), ExecuteError> {
+    let Some(side) = before.and_then(Fingerprint::v2_side) else {
+        return Ok(());
+    };
+    if side.keys > 0 && !at.step.runs().has_v2_api() {
+        return Err(at.failed(StepError::V2KeysUnsupported {
+            version: at.step.runs(),
+            last: at.recorded.version,
+            keys: side.keys,
+            sample: side.sample().to_vec(),
+        }));
     }
-
-    /// Fails (stopping `serving`) unless `after` holds what `before` held.
-    pub(crate) async fn check_kept(
-        &self,
-        serving: &mut Serving<L::Etcd>,
-        before: Option<&Fingerprint>,
-        after: &Fingerprint,
-    ) -> Result<(), Failure> {
-        let Some(before) = before else {
-            return Ok(());
-        };
-        if let Err(detail) = before.check_kept_by(after) {
-            stop_serving_quietly(serving).await;
-            return Err(Failure::Step(StepError::Changed {
-                version: serving.version,
-                detail,
-            }));
-        }
-        Ok(())
-    }
-
-    /// Takes the backup. The copy runs on this thread, so it asks the
-    /// termination channel itself, between files and between chunks: a
-    /// signal stops it within a chunk's time and removes the partial copy.
-    fn back_up(&self, pair: VersionPair) -> Result<(), Failure> {
-        let started = Instant::now();
-        log::info(
-            "backup start",
-            &[
-                (
-                    "dir",
-                    self.settings.backup.root.display().to_string().into(),
-                ),
-                ("holds", pair.to_string().into()),
-            ],
-        );
-        let stop = || *self.termination.borrow();
-        let path = backup::create(
-            self.settings.data_dir,
-            self.settings.backup,
-            pair,
-            SystemTime::now(),
-            &stop,
-        )
-        .map_err(|err| match err {
-            backup::BackupError::Interrupted { signal, .. } => Failure::Interrupted(signal),
-            err => Failure::Step(StepError::Backup(err)),
-        })?;
-        log::info(
-            "backup taken",
-            &[
-                ("path", path.display().to_string().into()),
-                ("holds", pair.to_string().into()),
-                ("ms", log::ms(started.elapsed())),
-                ("verify", backup::verify_command(&path).into()),
-                (
-                    "restore",
-                    backup::restore_command(self.settings.data_dir, &path).into(),
-                ),
-            ],
-        );
-        Ok(())
-    }
-
-    /// Runs one step; returns the fingerprint of its result, checked
-    /// against `before` (the keyspace as the last step left it).
-    async fn run_step(
-        &mut self,
-        step: &Step,
-        label: &str,
-        before: Option<&Fingerprint>,
-    ) -> Result<Fingerprint, Failure> {
-        match *step {
-            Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. } => {
-                let pair = step.result();
-                let run = Run {
-                    version: pair.version,
-                    storage: pair.storage,
-                    data_dir: self.settings.data_dir,
-                    new_cluster: false,
-                };
-                let mut serving = self.start_serving(run, label).await?;
-                let after = self.read_fingerprint(&mut serving, pair.storage).await?;
-                crate::failpoint!("step-after-fingerprint");
-                self.check_kept(&mut serving, before, &after).await?;
-                self.stop_serving(serving, label).await?;
-                Ok(after)
-            }
-            Step::StorageMigration { at } => self.storage_migration(at, label, before).await,
-            Step::MinorRollback { serve, to, .. } => {
-                self.minor_rollback(serve, to, label, before).await
-            }
-            Step::RollbackToEtcd2 { serve, to, .. } => {
-                self.rollback_to_etcd2(serve, to, label, before).await
-            }
-        }
-    }
-
-    /// Starts `run.version` on `run.data_dir` and waits until one write
-    /// succeeds: the proof that this release can serve the data. On any
-    /// failure the etcd is stopped before returning.
-    pub(crate) async fn start_serving(
-        &mut self,
-        run: Run<'_>,
-        label: &str,
-    ) -> Result<Serving<L::Etcd>, Failure> {
-        let settings = self.settings.clone();
-        let data_dir = run.data_dir.to_string_lossy();
-        let spec = StepEtcd {
-            version: run.version,
-            storage: run.storage,
-            name: settings.name,
-            data_dir: &data_dir,
-            client_port: settings.client_port,
-            listen_peer_urls: settings.listen_peer_urls,
-            initial_advertise_peer_urls: settings.initial_advertise_peer_urls,
-            initial_cluster: settings.initial_cluster,
-            new_cluster_token: run.new_cluster.then_some(settings.initial_cluster_token),
-            extra_args: settings.extra_args,
-        };
-        let hidden_v2 = self.launcher.hidden_v2_paths(run.data_dir);
-        let granted = self.granted_leases(run);
-        let started = Instant::now();
-        let mut etcd = self.launcher.launch(&spec)?;
-        let pid = etcd.pid();
-        log::info(
-            "etcd started",
-            &[
-                ("step", label.into()),
-                ("version", run.version.to_string().into()),
-                ("pid", pid.into()),
-                ("client", spec.client_url().into()),
-                ("data_dir", data_dir.as_ref().into()),
-            ],
-        );
-        let endpoint = spec.client_url();
-        let value = run.version.to_string();
-        let deadline = tokio::time::Instant::now() + settings.health_timeout;
-        let mut last_error = String::from("no attempt finished");
-        let ended = loop {
-            let attempt = self
-                .race(
-                    &mut etcd,
-                    deadline,
-                    self.health.write(&endpoint, run.storage, &value),
-                )
-                .await;
-            let ended = match attempt {
-                Race::Done(Ok(())) => {
-                    crate::failpoint!("step-after-health-write");
-                    if let Err(holder) = etcd.owns_listener(spec.client_port) {
-                        stop_quietly(&mut etcd, pid).await;
-                        return Err(Failure::Step(StepError::NotOurs {
-                            version: run.version,
-                            pid,
-                            endpoint,
-                            holder,
-                        }));
-                    }
-                    return Ok(Serving {
-                        etcd,
-                        pid,
-                        version: run.version,
-                        endpoint,
-                        started,
-                        healthy_after: started.elapsed(),
-                        hidden_v2,
-                        known: KnownLeases::granted_at(&granted, started),
-                    });
-                }
-                Race::Done(Err(HealthError::Refused { reason, remedy })) => {
-                    stop_quietly(&mut etcd, pid).await;
-                    return Err(Failure::Step(StepError::Refused {
-                        version: run.version,
-                        pid,
-                        reason,
-                        remedy,
-                    }));
-                }
-                Race::Done(Err(HealthError::NotYet(err))) => {
-                    last_error = err;
-                    self.race(
-                        &mut etcd,
-                        deadline,
-                        tokio::time::sleep(HEALTH_POLL_INTERVAL),
-                    )
-                    .await
-                }
-                Race::Signal(signal) => Race::Signal(signal),
-                Race::Exited(status) => Race::Exited(status),
-                Race::Deadline => Race::Deadline,
-            };
-            if !matches!(ended, Race::Done(())) {
-                break ended;
-            }
-        };
-        let failure = match ended {
-            Race::Signal(signal) => {
-                stop_quietly(&mut etcd, pid).await;
-                Failure::Interrupted(signal)
-            }
-            Race::Exited(status) => Failure::Step(StepError::ExitedEarly {
-                version: run.version,
-                pid,
-                status,
-                output: etcd.recent_output().join("\n"),
-            }),
-            Race::Deadline | Race::Done(()) => {
-                // Stopped first, so the report carries its last words.
-                stop_quietly(&mut etcd, pid).await;
-                Failure::Step(StepError::HealthTimeout {
-                    version: run.version,
-                    pid,
-                    waited: settings.health_timeout,
-                    last_error,
-                    output: etcd.recent_output().join("\n"),
-                })
-            }
-        };
-        Err(failure)
-    }
-
-    /// What `run`'s data records of its leases' TTLs, when `run`'s release
-    /// cannot tell them (etcd3 data under 3.0): read offline, before that
-    /// etcd starts. A read that fails is logged and leaves them unknown:
-    /// the fingerprint then takes every leased key as one that may expire
-    /// at any moment, which weakens the check but loses nothing.
-    fn granted_leases(&self, run: Run<'_>) -> BTreeMap<i64, i64> {
-        if run.storage != Storage::Etcd3 || run.version.has_lease_time_to_live() {
-            return BTreeMap::new();
-        }
-        let reading = Instant::now();
-        match self.launcher.granted_leases(run.data_dir) {
-            Ok(granted) => {
-                let granted = granted.unwrap_or_default();
-                log::info(
-                    "lease TTLs read from the data",
-                    &[
-                        ("version", run.version.to_string().into()),
-                        ("data_dir", run.data_dir.display().to_string().into()),
-                        ("leases", granted.len().into()),
-                        ("ms", log::ms(reading.elapsed())),
-                    ],
-                );
-                granted
-            }
-            Err(err) => {
-                log::warn(
-                    "cannot read the leases' TTLs from the data; its leased keys count as expiring at any moment",
-                    &[
-                        ("version", run.version.to_string().into()),
-                        ("data_dir", run.data_dir.display().to_string().into()),
-                        ("error", err.into()),
-                    ],
-                );
-                BTreeMap::new()
-            }
-        }
-    }
-
-    /// Stops a serving etcd and logs how the step's etcd went.
-    pub(crate) async fn stop_serving(
-        &mut self,
-        mut serving: Serving<L::Etcd>,
-        label: &str,
-    ) -> Result<(), Failure> {
-        let stopping = Instant::now();
-        let (status, killed) = serving
-            .etcd
-            .stop()
-            .await
-            .map_err(|source| StepError::Stop {
-                version: serving.version,
-                source,
-            })?;
-        let clean = matches!(
-            status,
-            ExitStatus::Exited(0) | ExitStatus::Signaled(Signal::SIGTERM)
-        ) && !killed;
-        let fields = [
-            ("step", label.into()),
-            ("version", serving.version.to_string().into()),
-            ("pid", serving.pid.into()),
-            ("healthy_ms", log::ms(serving.healthy_after)),
-            ("served_ms", log::ms(serving.started.elapsed())),
-            ("stop_ms", log::ms(stopping.elapsed())),
-            ("exit", status.to_string().into()),
-        ];
-        if clean {
-            log::info("etcd healthy and stopped", &fields);
-        } else {
-            // Every write we made was committed (raft fsyncs before it
-            // acknowledges), so the step stands; an unclean stop only costs
-            // the next start a longer WAL replay.
-            log::warn("etcd healthy but stopped uncleanly", &fields);
-        }
-        Ok(())
-    }
-
-    /// Does `work` while `serving` runs: fails (and stops etcd) if etcd
-    /// dies, a stop signal arrives, the work fails or takes longer than
-    /// [`WORK_TIMEOUT`].
-    pub(crate) async fn while_serving<R>(
-        &self,
-        serving: &mut Serving<L::Etcd>,
-        what: &str,
-        work: impl Future<Output = Result<R, String>>,
-    ) -> Result<R, Failure> {
-        let deadline = tokio::time::Instant::now() + WORK_TIMEOUT;
-        let failure = match self.race(&mut serving.etcd, deadline, work).await {
-            Race::Done(Ok(value)) => return Ok(value),
-            Race::Done(Err(detail)) => Failure::Step(StepError::Work {
-                what: what.to_string(),
-                detail,
-            }),
-            Race::Signal(signal) => Failure::Interrupted(signal),
-            Race::Exited(status) => {
-                return Err(Failure::Step(StepError::ExitedEarly {
-                    version: serving.version,
-                    pid: serving.pid,
-                    status,
-                    output: serving.etcd.recent_output().join("\n"),
-                }))
-            }
-            Race::Deadline => Failure::Step(StepError::WorkTimeout {
-                what: what.to_string(),
-                waited: WORK_TIMEOUT,
-            }),
-        };
-        stop_quietly(&mut serving.etcd, serving.pid).await;
-        Err(failure)
-    }
-
-    /// Runs an offline tool, unless a stop signal comes first (dropping the
-    /// tool's future stops it).
-    pub(crate) async fn offline(
-        &self,
-        binary: Binary,
-        args: &[String],
-        env: &[(&str, &str)],
-    ) -> Result<(), Failure> {
-        let mut termination = self.termination.clone();
-        let started = Instant::now();
-        let result = tokio::select! {
-            biased;
-            signal = termination.wait_for(Option::is_some) => match signal.ok().and_then(|s| *s) {
-                Some(signal) => return Err(Failure::Interrupted(signal)),
-                None => Err(StepError::WorkTimeout { what: binary.to_string(), waited: WORK_TIMEOUT }),
-            },
-            _ = tokio::time::sleep(WORK_TIMEOUT) => Err(StepError::WorkTimeout { what: binary.to_string(), waited: WORK_TIMEOUT }),
-            result = self.tools.run(binary, args, env) => result,
-        };
-        log::info(
-            "tool finished",
-            &[
-                ("tool", binary.to_string().into()),
-                ("args", args.join(" ").into()),
-                ("ok", result.is_ok().into()),
-                ("ms", log::ms(started.elapsed())),
-            ],
-        );
-        result.map_err(Failure::Step)
-    }
-
-    /// Polls `work` until it finishes, unless etcd exits, a stop signal
-    /// arrives or the deadline passes first.
-    pub(crate) async fn race<R>(
-        &self,
-        etcd: &mut L::Etcd,
-        deadline: tokio::time::Instant,
-        work: impl Future<Output = R>,
-    ) -> Race<R> {
-        let mut termination = self.termination.clone();
-        tokio::select! {
-            biased;
-            signal = termination.wait_for(Option::is_some) => match signal.ok().and_then(|s| *s) {
-                Some(signal) => Race::Signal(signal),
-                // The sender lives as long as the supervisor; if it is gone,
-                // no signal can come: treat it as a deadline so we never spin.
-                None => Race::Deadline,
-            },
-            status = etcd.wait() => Race::Exited(status),
-            _ = tokio::time::sleep_until(deadline) => Race::Deadline,
-            output = work => Race::Done(output),
-        }
-    }
+    Ok(())
 }
 
 /// The first line of an error report and its last non-empty one (etcd's
@@ -1075,28 +372,27 @@ fn first_and_last_lines(text: &str) -> (String, String) {
     (first.to_string(), last.unwrap_or_default().to_string())
 }
 
-/// Stops a serving etcd on a failure path (see [`stop_quietly`]).
-pub(crate) async fn stop_serving_quietly<E: RunningEtcd>(serving: &mut Serving<E>) {
-    stop_quietly(&mut serving.etcd, serving.pid).await;
-}
-
-/// Stops an etcd on a failure path, where the failure itself is what gets
-/// reported; a stop error is logged.
-async fn stop_quietly<E: RunningEtcd>(etcd: &mut E, pid: i32) {
-    if let Err(err) = etcd.stop().await {
-        log::error(
-            "cannot stop etcd",
-            &[("pid", pid.into()), ("error", err.to_string().into())],
-        );
-    }
-}
+#[cfg(test)]
+mod rebuild_tests;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{plan, Bundle};
+    use crate::backup::{BackupError, BackupPolicy, StopCheck};
+    use crate::datadir::DataDirError;
+    use crate::dialect::StepEtcd;
+    use crate::effects::LeasePlan;
+    use crate::keyspace::{Entry, KnownLeases, Ours, Read};
+    use crate::plan::{plan, Binary, Bundle};
+    use crate::supervisor::{ExitStatus, SupervisorError};
+    use crate::swap::SwapError;
+    use crate::version::Storage;
     use std::cell::RefCell;
+    use std::collections::BTreeMap;
+    use std::future::Future;
+    use std::path::{Path, PathBuf};
     use std::rc::Rc;
+    use std::time::Duration;
 
     /// How the fake etcd of one step behaves.
     #[derive(Clone, Copy, Debug, PartialEq)]
@@ -1191,6 +487,46 @@ mod tests {
         }
     }
 
+    /// Upgrades do no disk work (and these walks take no backup).
+    struct NoDisk;
+
+    impl Disk for NoDisk {
+        fn back_up(
+            &self,
+            _data_dir: &Path,
+            _policy: &BackupPolicy,
+            _pair: VersionPair,
+            _stop: StopCheck<'_>,
+        ) -> Result<PathBuf, BackupError> {
+            panic!("an upgrade took a backup")
+        }
+        fn fresh_work_dir(&self, _data_dir: &Path) -> Result<PathBuf, SwapError> {
+            panic!("an upgrade made a scratch dir")
+        }
+        fn create_dir(&self, _dir: &Path) -> Result<(), SwapError> {
+            panic!("an upgrade made a scratch dir")
+        }
+        fn copy_dir(
+            &self,
+            _from: &Path,
+            _to: &Path,
+            _stop: StopCheck<'_>,
+        ) -> Result<(), BackupError> {
+            panic!("an upgrade copied the data")
+        }
+        fn swap(
+            &self,
+            _data_dir: &Path,
+            _rebuilt: &Path,
+            _pair: VersionPair,
+        ) -> Result<(), SwapError> {
+            panic!("an upgrade swapped the member dir")
+        }
+        fn finish(&self, _data_dir: &Path) {
+            panic!("an upgrade finished a rebuild")
+        }
+    }
+
     struct FakeProgress {
         journal: Rc<RefCell<Journal>>,
         fail: bool,
@@ -1262,7 +598,7 @@ mod tests {
         }
     }
 
-    impl Health for FakeHealth {
+    impl EtcdApi for FakeHealth {
         fn write(
             &self,
             _endpoint: &str,
@@ -1315,6 +651,45 @@ mod tests {
                 .map(|v| behaviour_of(&self.behaviours, v))
                 .unwrap_or(Behaviour::Healthy);
             async move { Ok(fake_keyspace(behaviour)) }
+        }
+
+        async fn read_all(
+            &self,
+            _endpoint: &str,
+            _storage: Storage,
+            _hidden: &[String],
+            _known: &KnownLeases,
+        ) -> Result<Read, String> {
+            panic!("an upgrade read the whole keyspace")
+        }
+
+        async fn read_v2(
+            &self,
+            _endpoint: &str,
+            _hidden: &[String],
+        ) -> Result<Option<Vec<Entry>>, String> {
+            panic!("an upgrade read the v2 store")
+        }
+
+        async fn write_all_v2(&self, _endpoint: &str, _entries: &[Entry]) -> Result<(), String> {
+            panic!("an upgrade wrote v2 keys")
+        }
+
+        async fn delete_v2_tree(
+            &self,
+            _endpoint: &str,
+            _hidden: &[String],
+        ) -> Result<usize, String> {
+            panic!("an upgrade deleted v2 keys")
+        }
+
+        async fn apply_leases(
+            &self,
+            _endpoint: &str,
+            _plan: &LeasePlan,
+            _hidden: &[Entry],
+        ) -> Result<KnownLeases, String> {
+            panic!("an upgrade attached leases")
         }
 
         fn ours(&self) -> Ours {
@@ -1420,8 +795,9 @@ mod tests {
         };
         let mut executor = Executor {
             launcher: &launcher,
-            health: &health,
+            api: &health,
             tools: &NoTools,
+            disk: &NoDisk,
             progress: &mut progress,
             settings: StepSettings {
                 name: "m",

@@ -1,4 +1,7 @@
-//! This module owns the proof of health: one write through the API the
+//! This module owns the real etcd API the steps go through (`EtcdApi`:
+//! the health write below, the keyspace reads and v2 writes of `keyspace`,
+//! and the leased puts of the storage migration), and the proof of health:
+//! one write through the API the
 //! data is served by (v2 HTTP for etcd2 storage, v3 gRPC for etcd3), of a
 //! key that cannot be the user's, removed again at once. `/health` is not
 //! used: 3.5 answers it while refusing every v3 call as "not capable"
@@ -19,13 +22,14 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{AlarmAction, AlarmType, Compare, CompareOp, PutOptions, Txn, TxnOp};
 
-use crate::executor::{Health, HealthError};
-use crate::keyspace::{self, Fingerprint, KnownLeases, Ours};
+use crate::effects::{EtcdApi, HealthError, LeasePlan};
+use crate::keyspace::{self, Entry, Fingerprint, KnownLeases, Ours, Read};
 use crate::log::error_chain;
+use crate::swap::fresh_mark;
 use crate::version::Storage;
 
 /// Seconds a health key lives if it is never removed (a crash between the
@@ -37,6 +41,80 @@ pub const HEALTH_KEY_TTL_SECS: i64 = 60;
 /// single-member write is a few ms; 2.x holds writes up to 500 ms before it
 /// has elected itself.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why a call to a step's etcd failed (or could not be made); each names
+/// the URL or endpoint and the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client: {source}")]
+    Client {
+        /// Why.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A v2 request got no answer.
+    #[error("v2 {method} {url}: {detail}")]
+    V2Send {
+        /// The HTTP method.
+        method: &'static str,
+        /// The key's URL.
+        url: String,
+        /// What went wrong, with its causes.
+        detail: String,
+    },
+    /// A v2 request was answered with an error status.
+    #[error("v2 {method} {url}: HTTP {status}: {body}")]
+    V2Status {
+        /// The HTTP method.
+        method: &'static str,
+        /// The key's URL.
+        url: String,
+        /// The status.
+        status: reqwest::StatusCode,
+        /// What etcd said.
+        body: String,
+    },
+    /// The v3 client could not connect to the endpoint.
+    #[error("{detail}")]
+    Connect {
+        /// The step's client URL.
+        endpoint: String,
+        /// What went wrong (names the endpoint).
+        detail: String,
+    },
+    /// A v3 call on a key failed.
+    #[error("{op} {key}: {source}")]
+    V3Key {
+        /// What was being done.
+        op: &'static str,
+        /// The key (or key prefix).
+        key: String,
+        /// Why.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A lease could not be granted.
+    #[error("grant a {ttl} s lease: {source}")]
+    Grant {
+        /// Its TTL in seconds.
+        ttl: i64,
+        /// Why.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A put under a lease failed.
+    #[error("put {key} under lease {lease:x}: {source}")]
+    LeasedPut {
+        /// The key.
+        key: String,
+        /// The lease.
+        lease: i64,
+        /// Why.
+        #[source]
+        source: etcd_client::Error,
+    },
+}
 
 /// Writes through the real APIs.
 pub struct EtcdHealth {
@@ -51,17 +129,17 @@ pub struct EtcdHealth {
 impl EtcdHealth {
     /// A prober with its own HTTP client (no proxy: steps are on loopback)
     /// and this run's health key prefix.
-    pub fn new() -> Result<Self, String> {
+    pub fn new() -> Result<Self, ApiError> {
         crate::tls::ensure_provider();
         let http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(ATTEMPT_TIMEOUT)
             .timeout(ATTEMPT_TIMEOUT)
             .build()
-            .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
+            .map_err(|source| ApiError::Client { source })?;
         Ok(EtcdHealth {
             http,
-            ours: RefCell::new(Ours::for_run(&crate::rebuild::fresh_mark())),
+            ours: RefCell::new(Ours::for_run(&fresh_mark())),
             attempts: Cell::new(0),
         })
     }
@@ -74,7 +152,7 @@ impl EtcdHealth {
     }
 
     /// v2: a create-only PUT with a TTL, then a DELETE.
-    async fn write_v2(&self, endpoint: &str, value: &str) -> Result<(), String> {
+    async fn write_v2(&self, endpoint: &str, value: &str) -> Result<(), ApiError> {
         let key = self.next_key();
         let url = keyspace::v2_url(endpoint, key.as_bytes());
         let put = format!("{url}?ttl={HEALTH_KEY_TTL_SECS}&prevExist=false");
@@ -85,25 +163,43 @@ impl EtcdHealth {
             .body(keyspace::form_encode(value.as_bytes()))
             .send()
             .await
-            .map_err(|err| format!("v2 PUT {put}: {}", error_chain(&err)))?;
+            .map_err(|err| ApiError::V2Send {
+                method: "PUT",
+                url: put.clone(),
+                detail: error_chain(&err),
+            })?;
         let status = response.status();
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
-            return Err(format!("v2 PUT {put}: HTTP {status}: {}", body.trim()));
+            return Err(ApiError::V2Status {
+                method: "PUT",
+                url: put,
+                status,
+                body: body.trim().to_string(),
+            });
         }
         let response = self
             .http
             .delete(&url)
             .send()
             .await
-            .map_err(|err| format!("v2 DELETE {url}: {}", error_chain(&err)))?;
+            .map_err(|err| ApiError::V2Send {
+                method: "DELETE",
+                url: url.clone(),
+                detail: error_chain(&err),
+            })?;
         let status = response.status();
         // 404: it expired already, which only a very slow step can see.
         if status.is_success() || status.as_u16() == 404 {
             return Ok(());
         }
         let body = response.text().await.unwrap_or_default();
-        Err(format!("v2 DELETE {url}: HTTP {status}: {}", body.trim()))
+        Err(ApiError::V2Status {
+            method: "DELETE",
+            url,
+            status,
+            body: body.trim().to_string(),
+        })
     }
 
     /// After a write: the server must be the release we started, and the
@@ -183,7 +279,7 @@ impl EtcdHealth {
     }
 }
 
-impl Health for EtcdHealth {
+impl EtcdApi for EtcdHealth {
     fn fingerprint(
         &self,
         endpoint: &str,
@@ -208,19 +304,175 @@ impl Health for EtcdHealth {
         let value = value.to_string();
         async move {
             match storage {
-                Storage::Etcd2 => self
-                    .write_v2(&endpoint, &value)
-                    .await
-                    .map_err(|text| auth_refusal(&text).unwrap_or(HealthError::NotYet(text)))?,
+                Storage::Etcd2 => self.write_v2(&endpoint, &value).await.map_err(|err| {
+                    let text = err.to_string();
+                    auth_refusal(&text).unwrap_or(HealthError::NotYet(text))
+                })?,
                 Storage::Etcd3 => self.write_v3(&endpoint, &value).await?,
             }
             self.check_versions(&endpoint, &value).await
         }
     }
 
+    fn read_all(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+        hidden: &[String],
+        known: &KnownLeases,
+    ) -> impl Future<Output = Result<Read, String>> {
+        let endpoint = endpoint.to_string();
+        let ours = self.ours.borrow().clone();
+        let hidden = hidden.to_vec();
+        let known = known.clone();
+        async move { keyspace::read_all(&endpoint, storage, &ours, &hidden, &known).await }
+    }
+
+    fn read_v2(
+        &self,
+        endpoint: &str,
+        hidden: &[String],
+    ) -> impl Future<Output = Result<Option<Vec<Entry>>, String>> {
+        let ours = self.ours.borrow().clone();
+        async move { keyspace::read_v2(endpoint, &ours, hidden).await }
+    }
+
+    fn write_all_v2(
+        &self,
+        endpoint: &str,
+        entries: &[Entry],
+    ) -> impl Future<Output = Result<(), String>> {
+        keyspace::write_all_v2(endpoint, entries)
+    }
+
+    fn delete_v2_tree(
+        &self,
+        endpoint: &str,
+        hidden: &[String],
+    ) -> impl Future<Output = Result<usize, String>> {
+        keyspace::delete_v2_tree(endpoint, hidden)
+    }
+
+    fn apply_leases(
+        &self,
+        endpoint: &str,
+        plan: &LeasePlan,
+        hidden: &[Entry],
+    ) -> impl Future<Output = Result<KnownLeases, String>> {
+        let ours = self.ours.borrow().clone();
+        async move {
+            apply_leases(endpoint, plan, &ours, hidden)
+                .await
+                .map_err(|err| err.to_string())
+        }
+    }
+
     fn ours(&self) -> Ours {
         self.ours.borrow().clone()
     }
+}
+
+/// Grants one lease per group and re-puts its keys under it; puts the
+/// hidden keys `etcdctl migrate` skipped (`hidden`, and those of the
+/// groups); deletes the expired keys that it copied without a TTL.
+/// Returns the leases granted, each TTL counted from just before its
+/// grant.
+async fn apply_leases(
+    endpoint: &str,
+    plan: &LeasePlan,
+    ours: &Ours,
+    hidden: &[Entry],
+) -> Result<KnownLeases, ApiError> {
+    let mut granted = KnownLeases::new();
+    let mut client = keyspace::v3_client(endpoint)
+        .await
+        .map_err(|detail| ApiError::Connect {
+            endpoint: endpoint.to_string(),
+            detail: detail.to_string(),
+        })?;
+    // A health key of this run whose removal failed is still in the v2
+    // store until its TTL runs out, and `etcdctl migrate` copied it
+    // without one: remove the copy.
+    client
+        .delete(
+            ours.key_prefix().as_bytes(),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .map_err(|source| ApiError::V3Key {
+            op: "delete",
+            key: format!("{}*", ours.key_prefix()),
+            source,
+        })?;
+    for entry in hidden {
+        client
+            .put(entry.key.clone(), entry.value.clone(), None)
+            .await
+            .map_err(|source| ApiError::V3Key {
+                op: "put hidden",
+                key: String::from_utf8_lossy(&entry.key).into_owned(),
+                source,
+            })?;
+    }
+    for key in &plan.expired {
+        client
+            .delete(key.as_bytes(), None)
+            .await
+            .map_err(|source| ApiError::V3Key {
+                op: "delete expired",
+                key: key.clone(),
+                source,
+            })?;
+    }
+    for (ttl, entries) in &plan.groups {
+        let asked = Instant::now();
+        let lease = client
+            .lease_grant(*ttl, None)
+            .await
+            .map_err(|source| ApiError::Grant { ttl: *ttl, source })?;
+        granted.insert(lease.id(), lease.ttl(), asked);
+        for entry in entries {
+            put_under_lease(&mut client, entry, lease.id()).await?;
+        }
+    }
+    Ok(granted)
+}
+
+/// Re-puts `entry` under `lease`, only if `etcdctl migrate` copied it: a
+/// key the v2 store purged after we read it must not come back, even
+/// briefly. A hidden key it never copies: the read just before is its
+/// proof.
+async fn put_under_lease(
+    client: &mut etcd_client::Client,
+    entry: &Entry,
+    lease: i64,
+) -> Result<(), ApiError> {
+    let options = etcd_client::PutOptions::new().with_lease(lease);
+    let guard = if keyspace::is_hidden_v2(&entry.key) {
+        Vec::new()
+    } else {
+        vec![etcd_client::Compare::version(
+            entry.key.clone(),
+            etcd_client::CompareOp::Greater,
+            0,
+        )]
+    };
+    let txn = etcd_client::Txn::new()
+        .when(guard)
+        .and_then([etcd_client::TxnOp::put(
+            entry.key.clone(),
+            entry.value.clone(),
+            Some(options),
+        )]);
+    client
+        .txn(txn)
+        .await
+        .map_err(|source| ApiError::LeasedPut {
+            key: String::from_utf8_lossy(&entry.key).into_owned(),
+            lease,
+            source,
+        })?;
+    Ok(())
 }
 
 /// What a step's `/version` says about the release and cluster version.

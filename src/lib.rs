@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod config;
 pub mod datadir;
 pub mod dialect;
+pub mod effects;
 pub mod etcd;
 pub mod exec;
 pub mod executor;
@@ -23,8 +24,9 @@ pub mod log;
 pub mod ondisk;
 pub mod paths;
 pub mod plan;
-pub mod rebuild;
+pub mod steps;
 pub mod supervisor;
+pub mod swap;
 pub mod tls;
 pub mod version;
 
@@ -317,7 +319,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         wait_for_processes_on(&config.data_dir)?;
         if interrupted {
             datadir::remove_stale_version_temp(&config.data_dir)?;
-            rebuild::recover_interrupted_swap(&config.data_dir)?;
+            swap::recover_interrupted_swap(&config.data_dir)?;
         }
     }
     let state = datadir::inspect(&config.data_dir)?;
@@ -503,14 +505,15 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         );
     } else {
         let launcher = etcd::ProcessLauncher::new(supervisor.clone(), config.bin_dir.clone());
-        let health = health::EtcdHealth::new().map_err(Error::Runtime)?;
+        let health = health::EtcdHealth::new().map_err(|err| Error::Runtime(err.to_string()))?;
         let mut progress = DataDirProgress {
             dir: &config.data_dir,
         };
         let mut executor = Executor {
             launcher: &launcher,
-            health: &health,
+            api: &health,
             tools: &launcher,
+            disk: &swap::LocalDisk,
             progress: &mut progress,
             settings: StepSettings {
                 name,

@@ -1,0 +1,314 @@
+//! This module owns the seam between the steps and the world: the small
+//! traits through which every step kind starts etcd (`Launcher`,
+//! `RunningEtcd`), talks to its API (`EtcdApi`: the health write, the
+//! keyspace reads, the v2 writes and deletes, the leased puts), runs the
+//! offline tools (`Tools`) and records progress (`Progress`), and the
+//! `StepError` a step fails with. The disk work (backup, scratch dir, swap)
+//! goes through `swap::Disk`. The real implementations live in `etcd`,
+//! `health`, `swap` and `lib`; the fakes live in the tests.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::backup;
+use crate::datadir::DataDirError;
+use crate::dialect::StepEtcd;
+use crate::keyspace::{Entry, Fingerprint, KnownLeases, Ours, Read};
+use crate::plan::Binary;
+use crate::supervisor::{ExitStatus, SupervisorError};
+use crate::swap::SwapError;
+use crate::version::{Storage, Version, VersionPair};
+
+/// Starts a step's etcd.
+pub trait Launcher {
+    /// The running process.
+    type Etcd: RunningEtcd;
+    /// Starts etcd as `spec` says.
+    fn launch(&self, spec: &StepEtcd<'_>) -> Result<Self::Etcd, StepError>;
+    /// The hidden v2 nodes (names starting with `_`) the data in
+    /// `data_dir` records, read offline before an etcd starts on it: the
+    /// v2 API lists none of them, so the reads must ask for each.
+    fn hidden_v2_paths(&self, data_dir: &Path) -> Vec<String>;
+    /// The TTL each lease of the data in `data_dir` was granted (lease id →
+    /// seconds), read offline while no etcd runs on it; `Ok(None)` where
+    /// the data holds no lease table (no bolt database). For a release
+    /// that cannot tell a lease's TTL (3.0 has no LeaseTimeToLive), read
+    /// just before it starts on the data.
+    fn granted_leases(&self, data_dir: &Path) -> Result<Option<BTreeMap<i64, i64>>, String>;
+}
+
+/// A step's running etcd.
+pub trait RunningEtcd {
+    /// Its pid, for logs and errors.
+    fn pid(&self) -> i32;
+    /// Resolves when it has exited; callable again afterwards.
+    fn wait(&mut self) -> impl Future<Output = ExitStatus>;
+    /// SIGTERM, grace, SIGKILL, reap. Returns the status and whether
+    /// SIGKILL was needed.
+    fn stop(&mut self) -> impl Future<Output = Result<(ExitStatus, bool), SupervisorError>>;
+    /// Its last lines of output, for error reports.
+    fn recent_output(&mut self) -> Vec<String>;
+    /// Proves that this process holds the socket listening on loopback
+    /// `port`: then every call to that port reaches it, and none reached
+    /// another process that took the port first (etcd binds at start and
+    /// exits if it cannot). `Err` names the holder, if one is found.
+    fn owns_listener(&self, port: u16) -> Result<(), String>;
+}
+
+/// Why one health attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HealthError {
+    /// Not yet: etcd is starting, electing, or the attempt timed out. The
+    /// next attempt may succeed.
+    #[error("{0}")]
+    NotYet(String),
+    /// Never, on this data as it is: etcd answered, and its answer shows a
+    /// condition no retry clears (an alarm raised in the data). Carries what
+    /// etcd said and what the operator must do.
+    #[error("{reason}; {remedy}")]
+    Refused {
+        /// What etcd reported.
+        reason: String,
+        /// What to do about it.
+        remedy: String,
+    },
+}
+
+/// A step's etcd API: the health write, and every read and write a step
+/// makes on the keyspace it serves. Errors are the API's own words, which
+/// name the endpoint's URL and the key.
+pub trait EtcdApi {
+    /// Checks the data's alarms (where the API has them) and writes the
+    /// health key once.
+    fn write(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+        value: &str,
+    ) -> impl Future<Output = Result<(), HealthError>>;
+
+    /// Reads the whole keyspace through `storage`'s API (and the hidden v2
+    /// nodes named in `hidden`) and fingerprints it; `known` holds the
+    /// leases' TTLs where the release cannot tell them (3.0).
+    fn fingerprint(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+        hidden: &[String],
+        known: &KnownLeases,
+    ) -> impl Future<Output = Result<Fingerprint, String>>;
+
+    /// Reads every entry through `storage`'s API (etcd3 data: its v2 side
+    /// store too), this run's health keys left out, and fingerprints it.
+    fn read_all(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+        hidden: &[String],
+        known: &KnownLeases,
+    ) -> impl Future<Output = Result<Read, String>>;
+
+    /// Reads the v2 store (`None` where the release serves no v2 API).
+    fn read_v2(
+        &self,
+        endpoint: &str,
+        hidden: &[String],
+    ) -> impl Future<Output = Result<Option<Vec<Entry>>, String>>;
+
+    /// Writes `entries` through the v2 API, each with its TTL.
+    fn write_all_v2(
+        &self,
+        endpoint: &str,
+        entries: &[Entry],
+    ) -> impl Future<Output = Result<(), String>>;
+
+    /// Removes every top-level v2 node (and the hidden ones named);
+    /// returns how many were removed.
+    fn delete_v2_tree(
+        &self,
+        endpoint: &str,
+        hidden: &[String],
+    ) -> impl Future<Output = Result<usize, String>>;
+
+    /// Grants one lease per group of `plan` and re-puts its keys under it,
+    /// puts `hidden` (keys `etcdctl migrate` skipped), deletes the expired
+    /// keys and this run's health keys; returns the leases granted.
+    fn apply_leases(
+        &self,
+        endpoint: &str,
+        plan: &LeasePlan,
+        hidden: &[Entry],
+    ) -> impl Future<Output = Result<KnownLeases, String>>;
+
+    /// What the health writes of this run put into the keyspace, for the
+    /// reads to leave out.
+    fn ours(&self) -> Ours;
+}
+
+/// Which keys get which lease.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LeasePlan {
+    /// Lease TTL in seconds → the keys (and values) under it.
+    pub groups: BTreeMap<i64, Vec<Entry>>,
+    /// Keys whose TTL ran out: deleted from v3, not carried over.
+    pub expired: Vec<String>,
+}
+
+/// Runs the offline tools of a release (`etcdctl`, `etcdutl`).
+pub trait Tools {
+    /// Runs `binary` with `args` (and `env`) to completion. Dropping the
+    /// future stops the tool.
+    fn run(
+        &self,
+        binary: Binary,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> impl Future<Output = Result<(), StepError>>;
+}
+
+/// Where completed steps are recorded.
+pub trait Progress {
+    /// Durably records that the data is now at `pair`.
+    fn record(&mut self, pair: VersionPair) -> Result<(), DataDirError>;
+}
+
+/// Why one step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// etcd could not be started.
+    #[error("cannot start etcd {version}")]
+    Launch {
+        /// The release.
+        version: Version,
+        /// Why.
+        #[source]
+        source: SupervisorError,
+    },
+    /// etcd exited before it accepted a write.
+    #[error("etcd {version} (pid {pid}) exited with {status} before the step's work was done; its last output:\n{output}")]
+    ExitedEarly {
+        /// The release.
+        version: Version,
+        /// Its pid.
+        pid: i32,
+        /// How it ended.
+        status: ExitStatus,
+        /// Its last lines.
+        output: String,
+    },
+    /// etcd answered, but refuses writes on this data until the operator
+    /// acts (e.g. a NOSPACE alarm raised before the migration).
+    #[error("etcd {version} (pid {pid}) serves the data but refuses writes: {reason}; it was stopped and nothing was recorded; {remedy}")]
+    Refused {
+        /// The release.
+        version: Version,
+        /// Its pid.
+        pid: i32,
+        /// What etcd reported.
+        reason: String,
+        /// What to do.
+        remedy: String,
+    },
+    /// What answered on the step's client port is not the etcd we started
+    /// (another process took the port first).
+    #[error("the etcd answering on {endpoint} is not etcd {version} (pid {pid}) that etcd-migrate started on the data: {holder}; nothing it said was used; stop whatever else listens there, or give the steps another loopback port with --port, and rerun")]
+    NotOurs {
+        /// The release we started.
+        version: Version,
+        /// Its pid.
+        pid: i32,
+        /// The step's client URL.
+        endpoint: String,
+        /// Who holds the port, as far as /proc tells.
+        holder: String,
+    },
+    /// etcd never accepted a write before the deadline.
+    #[error("etcd {version} (pid {pid}) did not accept a write within {waited:?} (last attempt: {last_error}); it was stopped; its last output:\n{output}")]
+    HealthTimeout {
+        /// The release.
+        version: Version,
+        /// Its pid.
+        pid: i32,
+        /// The deadline.
+        waited: Duration,
+        /// The last failed attempt.
+        last_error: String,
+        /// Its last lines.
+        output: String,
+    },
+    /// etcd could not be stopped.
+    #[error("cannot stop etcd {version}")]
+    Stop {
+        /// The release.
+        version: Version,
+        /// Why.
+        #[source]
+        source: SupervisorError,
+    },
+    /// An offline tool failed.
+    #[error("{binary} {args} failed with {status}; its last output:\n{output}")]
+    Tool {
+        /// The tool.
+        binary: Binary,
+        /// Its arguments, for the operator to rerun by hand.
+        args: String,
+        /// How it ended.
+        status: ExitStatus,
+        /// Its last lines.
+        output: String,
+    },
+    /// A piece of the step's work failed (a read, a copy, a check).
+    #[error("{what}: {detail}")]
+    Work {
+        /// What was being done.
+        what: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The work did not finish in time.
+    #[error("{what} did not finish within {waited:?}; it was stopped")]
+    WorkTimeout {
+        /// What was being done.
+        what: String,
+        /// The deadline.
+        waited: Duration,
+    },
+    /// The keyspace after the step is not the one before it.
+    #[error("the keyspace etcd {version} serves after the step is not the one before it ({detail}); the step was not recorded; do not serve this data until the difference is understood: a rebuilding step left the data untouched, but an in-place step ran etcd {version} on it, so compare it with a backup (take one with --backup always before rerunning)")]
+    Changed {
+        /// The release that served the result.
+        version: Version,
+        /// Both fingerprints and what differs.
+        detail: String,
+    },
+    /// The data's v2 store holds keys, and the step's release serves no v2
+    /// store (3.6 refuses to start on custom v2 content).
+    #[error("the data's v2 store holds {keys} keys (e.g. {sample:?}), and etcd {version} has no v2 store to hold them (it refuses to start on such data); nothing was run; move what they hold into the v3 keyspace (or delete them: ETCDCTL_API=2 etcdctl rm, with an etcd of {last} serving the data), check with `etcdutl check v2store`, then rerun")]
+    V2KeysUnsupported {
+        /// The release without a v2 store.
+        version: Version,
+        /// The release that served the data last.
+        last: Version,
+        /// How many v2 keys.
+        keys: usize,
+        /// Some of them.
+        sample: Vec<String>,
+    },
+    /// The scratch dir or the member swap failed.
+    #[error(transparent)]
+    Swap(#[from] SwapError),
+    /// The backup before a destructive step failed.
+    #[error("cannot back up the data dir before a step that rewrites it")]
+    Backup(#[source] backup::BackupError),
+    /// The step worked but could not be recorded.
+    #[error("etcd {} ran on the data but {} could not be recorded", .pair.version, .pair)]
+    Record {
+        /// What should have been recorded.
+        pair: VersionPair,
+        /// Why it was not.
+        #[source]
+        source: DataDirError,
+    },
+}

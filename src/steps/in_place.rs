@@ -1,0 +1,26 @@
+//! This module owns the in-place steps (a patch or a minor upgrade): the
+//! step's release serves the data as it is, takes a write, and must serve
+//! the keyspace the last step left.
+
+use crate::effects::{EtcdApi, Launcher, Tools};
+use crate::keyspace::Fingerprint;
+use crate::steps::{run, Context, Failure};
+use crate::swap::Disk;
+use crate::version::VersionPair;
+
+/// Runs `pair.version` on the data; returns the fingerprint of what it
+/// serves, checked against `before`.
+pub(crate) async fn run_in_place<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
+    cx: &Context<'_, L, A, T, D>,
+    pair: VersionPair,
+    label: &str,
+    before: Option<&Fingerprint>,
+) -> Result<Fingerprint, Failure> {
+    let serve = run(pair.version, pair.storage, cx.settings.data_dir);
+    let mut serving = cx.start_serving(serve, label).await?;
+    let after = cx.read_fingerprint(&mut serving, pair.storage).await?;
+    crate::failpoint!("step-after-fingerprint");
+    cx.check_kept(&mut serving, before, &after).await?;
+    cx.stop_serving(serving, label).await?;
+    Ok(after)
+}
