@@ -205,51 +205,86 @@ pub fn read(data_dir: &Path) -> Result<OnDisk, OnDiskError> {
     let Some(member_dir) = member_dir(data_dir) else {
         return Ok(OnDisk::default());
     };
-    let snap_dir = member_dir.join("snap");
-    let wal_dir = member_dir.join("wal");
     let mut notes = Vec::new();
+    let sources = Sources::open(&member_dir, &mut notes)?;
+    let replayed = replay(sources, &mut notes)?;
+    Ok(replayed.into_on_disk(notes))
+}
 
-    let newest = snap::newest(&snap_dir)?;
-    for (path, why) in &newest.skipped {
-        notes.push(format!(
-            "passed over the broken snapshot {}: {why}",
-            path.display()
-        ));
-    }
-    let (v2, snap_index) = match newest.snapshot {
-        Some(snapshot) => (snapshot.v2, snapshot.index),
-        None => (V2State::default(), 0),
-    };
+/// What the replay starts from: the newest readable snapshot's v2 store,
+/// bolt's small buckets, and the WAL segments after the snapshot.
+struct Sources {
+    v2: V2State,
+    snap_index: u64,
+    bolt: Option<BoltState>,
+    segments: Vec<wal::Segment>,
+}
 
-    let db_path = snap_dir.join("db");
-    let bolt = if db_path.exists() {
-        Some(read_bolt(&db_path, &mut notes)?)
-    } else {
-        None
-    };
-
-    let segments = match wal::segments(&wal_dir, snap_index) {
-        Err(OnDiskError::WalSequence { .. }) if snap_index == 0 && !newest.skipped.is_empty() => {
-            let reasons: Vec<String> = newest
-                .skipped
-                .iter()
-                .map(|(path, why)| format!("{}: {why}", path.display()))
-                .collect();
-            return Err(OnDiskError::NoUsableSnapshot {
-                dir: snap_dir,
-                reasons: reasons.join("; "),
-            });
+impl Sources {
+    fn open(member_dir: &Path, notes: &mut Vec<String>) -> Result<Self, OnDiskError> {
+        let snap_dir = member_dir.join("snap");
+        let newest = snap::newest(&snap_dir)?;
+        for (path, why) in &newest.skipped {
+            notes.push(format!(
+                "passed over the broken snapshot {}: {why}",
+                path.display()
+            ));
         }
-        other => other?,
-    };
+        let (v2, snap_index) = match newest.snapshot {
+            Some(snapshot) => (snapshot.v2, snapshot.index),
+            None => (V2State::default(), 0),
+        };
+        let db_path = snap_dir.join("db");
+        let bolt = if db_path.exists() {
+            Some(read_bolt(&db_path, notes)?)
+        } else {
+            None
+        };
+        let segments = match wal::segments(&member_dir.join("wal"), snap_index) {
+            // With every snapshot broken, a WAL that starts after one cannot
+            // be read from its start: say why the snapshots were passed over.
+            Err(OnDiskError::WalSequence { .. })
+                if snap_index == 0 && !newest.skipped.is_empty() =>
+            {
+                let reasons: Vec<String> = newest
+                    .skipped
+                    .iter()
+                    .map(|(path, why)| format!("{}: {why}", path.display()))
+                    .collect();
+                return Err(OnDiskError::NoUsableSnapshot {
+                    dir: snap_dir,
+                    reasons: reasons.join("; "),
+                });
+            }
+            other => other?,
+        };
+        Ok(Sources {
+            v2,
+            snap_index,
+            bolt,
+            segments,
+        })
+    }
+}
 
-    let (v3, consistent_index) = match &bolt {
+/// The state after the WAL is replayed on the sources.
+struct Replayed {
+    ids: Option<(u64, u64)>,
+    bolt: Option<BoltState>,
+    v2: V2State,
+    v3: Option<V3State>,
+}
+
+/// Replays the WAL after the snapshot (and after bolt's consistent index)
+/// on what the sources hold, noting a torn tail and undecodable records.
+fn replay(sources: Sources, notes: &mut Vec<String>) -> Result<Replayed, OnDiskError> {
+    let (v3, consistent_index) = match &sources.bolt {
         Some(bolt) => (Some(bolt.v3.clone()), bolt.consistent_index),
         None => (None, 0),
     };
-    let mut replay = Replay::new(v2, snap_index, v3, consistent_index);
+    let mut replay = Replay::new(sources.v2, sources.snap_index, v3, consistent_index);
     let mut ids = None;
-    let end = wal::read(&segments, |record| {
+    let end = wal::read(&sources.segments, |record| {
         match record {
             wal::Record::Metadata {
                 node_id,
@@ -275,39 +310,52 @@ pub fn read(data_dir: &Path) -> Result<OnDisk, OnDiskError> {
             v2.more_problems
         ));
     }
-
-    let cluster_version = match (&bolt, v2.version_from_wal) {
-        (_, true) => v2.cluster_version.clone(),
-        (
-            Some(BoltState {
-                cluster_version: Some(version),
-                ..
-            }),
-            false,
-        ) => Some(version.clone()),
-        _ => v2.cluster_version.clone(),
-    };
-    let members: Vec<MemberOnDisk> = if v2.members.is_empty() {
-        bolt.as_ref()
-            .map(|bolt| bolt.members.values().cloned().collect())
-            .unwrap_or_default()
-    } else {
-        v2.members.values().cloned().collect()
-    };
-    Ok(OnDisk {
-        member_id: ids.map(|(member, _)| member),
-        cluster_id: ids.map(|(_, cluster)| cluster),
-        cluster_version,
-        members,
-        v3_auth_enabled: v3.as_ref().is_some_and(|v3| v3.auth_enabled),
-        v2_auth_enabled: v2
-            .v2_auth
-            .as_deref()
-            .is_some_and(|value| serde_json::from_str::<bool>(value).unwrap_or(false)),
-        leases: v3.map(|v3| v3.leases),
-        v2_hidden_paths: v2.hidden.into_iter().collect(),
-        notes,
+    Ok(Replayed {
+        ids,
+        bolt: sources.bolt,
+        v2,
+        v3,
     })
+}
+
+impl Replayed {
+    /// What the data records: the cluster version and membership from the
+    /// WAL where it set them, else from bolt.
+    fn into_on_disk(self, notes: Vec<String>) -> OnDisk {
+        let Replayed { ids, bolt, v2, v3 } = self;
+        let cluster_version = match (&bolt, v2.version_from_wal) {
+            (_, true) => v2.cluster_version.clone(),
+            (
+                Some(BoltState {
+                    cluster_version: Some(version),
+                    ..
+                }),
+                false,
+            ) => Some(version.clone()),
+            _ => v2.cluster_version.clone(),
+        };
+        let members: Vec<MemberOnDisk> = if v2.members.is_empty() {
+            bolt.as_ref()
+                .map(|bolt| bolt.members.values().cloned().collect())
+                .unwrap_or_default()
+        } else {
+            v2.members.values().cloned().collect()
+        };
+        OnDisk {
+            member_id: ids.map(|(member, _)| member),
+            cluster_id: ids.map(|(_, cluster)| cluster),
+            cluster_version,
+            members,
+            v3_auth_enabled: v3.as_ref().is_some_and(|v3| v3.auth_enabled),
+            v2_auth_enabled: v2
+                .v2_auth
+                .as_deref()
+                .is_some_and(|value| serde_json::from_str::<bool>(value).unwrap_or(false)),
+            leases: v3.map(|v3| v3.leases),
+            v2_hidden_paths: v2.hidden.into_iter().collect(),
+            notes,
+        }
+    }
 }
 
 /// What bolt says, before the log is replayed on it.
@@ -347,27 +395,58 @@ fn read_bolt(path: &Path, notes: &mut Vec<String>) -> Result<BoltState, OnDiskEr
             .get(&cluster, b"clusterVersion")?
             .map(|v| String::from_utf8_lossy(&v).into_owned());
     }
+    read_bolt_auth(&db, &damaged, &mut state.v3)?;
+    read_bolt_leases(&db, &damaged, &mut state.v3)?;
+    state.members = read_bolt_members(&db, path, notes)?;
+    Ok(state)
+}
+
+/// The v3 auth flag and whether a root user with the root role exists.
+fn read_bolt_auth(
+    db: &bolt::Db,
+    damaged: &dyn Fn(String) -> OnDiskError,
+    v3: &mut V3State,
+) -> Result<(), OnDiskError> {
     if let Some(auth) = db.bucket(b"auth")? {
-        state.v3.auth_enabled = db.get(&auth, b"authEnabled")?.as_deref() == Some(&[1u8][..]);
+        v3.auth_enabled = db.get(&auth, b"authEnabled")?.as_deref() == Some(&[1u8][..]);
     }
     if let Some(users) = db.bucket(b"authUsers")? {
         if let Some(root) = db.get(&users, b"root")? {
             let roles = proto::strings_field(&root, 3)
                 .map_err(|err| damaged(format!("authUsers/root is no user record: {err}")))?;
-            state.v3.root_exists = true;
-            state.v3.root_has_root_role = roles.iter().any(|role| role == "root");
+            v3.root_exists = true;
+            v3.root_has_root_role = roles.iter().any(|role| role == "root");
         }
     }
-    if let Some(lease) = db.bucket(b"lease")? {
-        db.for_each(&lease, |key, value| {
-            let id = proto::varint_field(value, 1)
-                .map_err(|err| damaged(format!("lease {key:02x?} is no lease record: {err}")))?;
-            let ttl = proto::varint_field(value, 2)
-                .map_err(|err| damaged(format!("lease {key:02x?} is no lease record: {err}")))?;
-            state.v3.leases.insert(id as i64, ttl as i64);
-            Ok(())
-        })?;
-    }
+    Ok(())
+}
+
+/// Every lease's id and granted TTL.
+fn read_bolt_leases(
+    db: &bolt::Db,
+    damaged: &dyn Fn(String) -> OnDiskError,
+    v3: &mut V3State,
+) -> Result<(), OnDiskError> {
+    let Some(lease) = db.bucket(b"lease")? else {
+        return Ok(());
+    };
+    db.for_each(&lease, |key, value| {
+        let id = proto::varint_field(value, 1)
+            .map_err(|err| damaged(format!("lease {key:02x?} is no lease record: {err}")))?;
+        let ttl = proto::varint_field(value, 2)
+            .map_err(|err| damaged(format!("lease {key:02x?} is no lease record: {err}")))?;
+        v3.leases.insert(id as i64, ttl as i64);
+        Ok(())
+    })
+}
+
+/// The membership bolt records, less the removed members; a record that
+/// is not member JSON becomes a note.
+fn read_bolt_members(
+    db: &bolt::Db,
+    path: &Path,
+    notes: &mut Vec<String>,
+) -> Result<BTreeMap<u64, MemberOnDisk>, OnDiskError> {
     let mut removed = std::collections::BTreeSet::new();
     if let Some(bucket) = db.bucket(b"members_removed")? {
         db.for_each(&bucket, |key, _| {
@@ -380,32 +459,34 @@ fn read_bolt(path: &Path, notes: &mut Vec<String>) -> Result<BoltState, OnDiskEr
             Ok(())
         })?;
     }
-    if let Some(bucket) = db.bucket(b"members")? {
-        db.for_each(&bucket, |key, value| {
-            match serde_json::from_slice::<state::MemberJson>(value) {
-                Ok(member) if !removed.contains(&member.id) => {
-                    state.members.insert(
-                        member.id,
-                        MemberOnDisk {
-                            id: member.id,
-                            name: member.name,
-                            peer_urls: member.peer_urls.unwrap_or_default(),
-                            client_urls: member.client_urls.unwrap_or_default(),
-                            is_learner: member.is_learner,
-                        },
-                    );
-                }
-                Ok(_) => {}
-                Err(err) => notes.push(format!(
-                    "members/{} in {} is not member JSON: {err}",
-                    String::from_utf8_lossy(key),
-                    path.display()
-                )),
+    let mut members = BTreeMap::new();
+    let Some(bucket) = db.bucket(b"members")? else {
+        return Ok(members);
+    };
+    db.for_each(&bucket, |key, value| {
+        match serde_json::from_slice::<state::MemberJson>(value) {
+            Ok(member) if !removed.contains(&member.id) => {
+                members.insert(
+                    member.id,
+                    MemberOnDisk {
+                        id: member.id,
+                        name: member.name,
+                        peer_urls: member.peer_urls.unwrap_or_default(),
+                        client_urls: member.client_urls.unwrap_or_default(),
+                        is_learner: member.is_learner,
+                    },
+                );
             }
-            Ok(())
-        })?;
-    }
-    Ok(state)
+            Ok(_) => {}
+            Err(err) => notes.push(format!(
+                "members/{} in {} is not member JSON: {err}",
+                String::from_utf8_lossy(key),
+                path.display()
+            )),
+        }
+        Ok(())
+    })?;
+    Ok(members)
 }
 
 #[cfg(test)]
