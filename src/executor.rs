@@ -16,7 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
-use crate::backup::{self, BackupMode, BackupPolicy};
+use crate::backup::{self, BackupPolicy};
+use crate::config::{Member, TtlLeases};
 use crate::datadir::DataDirError;
 use crate::dialect::StepEtcd;
 use crate::keyspace::{Fingerprint, KnownLeases, Ours};
@@ -318,49 +319,13 @@ pub enum ExecuteError {
     },
 }
 
-/// How keys that expired in the v2 store get their expiry in v3.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TtlLeases {
-    /// Each key gets a lease with its own remaining TTL; keys that expire
-    /// in the same second share one.
-    #[default]
-    Exact,
-    /// The Kubernetes tool's way: every key under the TTL keys directory
-    /// gets one lease of an hour (other TTL keys still get exact leases).
-    Flat,
-}
-
-impl std::str::FromStr for TtlLeases {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "exact" => Ok(TtlLeases::Exact),
-            "flat" => Ok(TtlLeases::Flat),
-            _ => Err("expected exact or flat".to_string()),
-        }
-    }
-}
-
 /// The parts of the configuration every step shares.
 #[derive(Debug, Clone)]
 pub struct StepSettings<'a> {
-    /// Member name.
-    pub name: &'a str,
+    /// The member every step's etcd runs as.
+    pub member: &'a Member,
     /// Data dir.
     pub data_dir: &'a Path,
-    /// Loopback client port.
-    pub client_port: u16,
-    /// `--listen-peer-urls`.
-    pub listen_peer_urls: &'a str,
-    /// `--initial-advertise-peer-urls`.
-    pub initial_advertise_peer_urls: &'a str,
-    /// `--initial-cluster`.
-    pub initial_cluster: &'a str,
-    /// `--initial-cluster-token` for restored and rebuilt data.
-    pub initial_cluster_token: &'a str,
-    /// `ETCD_CREDS`.
-    pub extra_args: &'a [String],
     /// Deadline for the first successful write.
     pub health_timeout: Duration,
     /// Backups before destructive steps.
@@ -371,9 +336,6 @@ pub struct StepSettings<'a> {
     pub ttl_keys_directory: &'a str,
     /// Leave the v2 copies of migrated keys in place.
     pub keep_v2_keys: bool,
-    /// The release that reads the data as recorded before the first step,
-    /// for the baseline fingerprint ([`crate::plan::baseline_reader`]).
-    pub baseline: Option<Version>,
 }
 
 /// Runs a plan's steps through the given effects.
@@ -438,15 +400,15 @@ pub(crate) struct Run<'p> {
 }
 
 impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
-    /// Runs every step in order, recording each as it completes.
+    /// Runs every step in order, recording each as it completes, with the
+    /// plan's baseline read and backup.
     pub async fn execute(&mut self, plan: &Plan) -> Result<(), ExecuteError> {
         let total = plan.steps.len();
         let mut recorded = plan.current;
-        let mut backed_up = false;
         // The keyspace as the last completed step left it; each step must
         // hand on the same. The rebuilding steps read their source first,
         // so without a baseline reader the first of them sets it.
-        let mut before = match (self.settings.baseline, plan.steps.first()) {
+        let mut before = match (plan.baseline, plan.steps.first()) {
             (Some(version), Some(first)) => {
                 Some(self.baseline(version, first, plan.current).await?)
             }
@@ -481,12 +443,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                     ));
                 }
             }
-            let wants_backup = match self.settings.backup.mode {
-                BackupMode::Always => true,
-                BackupMode::Destructive => step.is_destructive(),
-                BackupMode::Never => false,
-            };
-            if wants_backup && !backed_up {
+            if plan.backup == Some(i) {
                 match self.back_up(recorded) {
                     Ok(()) => {}
                     Err(Failure::Interrupted(signal)) => {
@@ -498,7 +455,6 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                     }
                     Err(Failure::Step(err)) => return Err(fail(recorded, err)),
                 }
-                backed_up = true;
                 // A signal that came as the copy finished: no etcd starts.
                 if let Some(signal) = *self.termination.borrow() {
                     return Err(ExecuteError::Interrupted {
@@ -790,14 +746,9 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         let spec = StepEtcd {
             version: run.version,
             storage: run.storage,
-            name: settings.name,
+            member: settings.member,
             data_dir: &data_dir,
-            client_port: settings.client_port,
-            listen_peer_urls: settings.listen_peer_urls,
-            initial_advertise_peer_urls: settings.initial_advertise_peer_urls,
-            initial_cluster: settings.initial_cluster,
-            new_cluster_token: run.new_cluster.then_some(settings.initial_cluster_token),
-            extra_args: settings.extra_args,
+            new_cluster: run.new_cluster,
         };
         let hidden_v2 = self.launcher.hidden_v2_paths(run.data_dir);
         let granted = self.granted_leases(run);
@@ -829,7 +780,7 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             let ended = match attempt {
                 Race::Done(Ok(())) => {
                     crate::failpoint!("step-after-health-write");
-                    if let Err(holder) = etcd.owns_listener(spec.client_port) {
+                    if let Err(holder) = etcd.owns_listener(spec.member.client_port) {
                         stop_quietly(&mut etcd, pid).await;
                         return Err(Failure::Step(StepError::NotOurs {
                             version: run.version,
@@ -1094,6 +1045,7 @@ async fn stop_quietly<E: RunningEtcd>(etcd: &mut E, pid: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backup::BackupMode;
     use crate::plan::{plan, Bundle};
     use std::cell::RefCell;
     use std::rc::Rc;
@@ -1412,7 +1364,15 @@ mod tests {
             fail: record_fails,
         };
         let (sender, termination) = watch::channel(signal);
-        let extra = Vec::new();
+        let member = Member {
+            name: "m".to_string(),
+            client_port: 18629,
+            listen_peer_urls: "http://localhost:2380".to_string(),
+            initial_advertise_peer_urls: "http://localhost:2380".to_string(),
+            initial_cluster: "m=http://localhost:2380".to_string(),
+            initial_cluster_token: "etcd-cluster".to_string(),
+            extra_args: Vec::new(),
+        };
         let backup = BackupPolicy {
             mode: BackupMode::Destructive,
             root: "/data.backup".into(),
@@ -1424,20 +1384,13 @@ mod tests {
             tools: &NoTools,
             progress: &mut progress,
             settings: StepSettings {
-                name: "m",
+                member: &member,
                 data_dir: Path::new("/data"),
-                client_port: 18629,
-                listen_peer_urls: "http://localhost:2380",
-                initial_advertise_peer_urls: "http://localhost:2380",
-                initial_cluster: "m=http://localhost:2380",
-                initial_cluster_token: "etcd-cluster",
-                extra_args: &extra,
                 health_timeout: Duration::from_millis(300),
                 backup: &backup,
                 ttl_leases: TtlLeases::Exact,
                 ttl_keys_directory: "/registry/events",
                 keep_v2_keys: false,
-                baseline: crate::plan::baseline_reader(&plan, &bundle),
             },
             termination,
         };

@@ -14,9 +14,10 @@ use std::time::Instant;
 
 use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
 
+use crate::config::TtlLeases;
 use crate::datadir::{self, DataDirError, WORK_DIR};
 use crate::executor::{
-    Executor, Failure, Health, Launcher, Progress, Run, Serving, StepError, Tools, TtlLeases,
+    Executor, Failure, Health, Launcher, Progress, Run, Serving, StepError, Tools,
 };
 use crate::keyspace::{self, Entry, Fingerprint, KnownLeases, Ours};
 use crate::log;
@@ -466,13 +467,13 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
             "--data-dir",
             &restored.to_string_lossy(),
             "--name",
-            settings.name,
+            &settings.member.name,
             "--initial-cluster",
-            settings.initial_cluster,
+            &settings.member.initial_cluster,
             "--initial-advertise-peer-urls",
-            settings.initial_advertise_peer_urls,
+            &settings.member.initial_advertise_peer_urls,
             "--initial-cluster-token",
-            settings.initial_cluster_token,
+            &settings.member.initial_cluster_token,
         ]);
         self.offline(restorer, &restore_args, &[("ETCDCTL_API", "3")])
             .await?;
