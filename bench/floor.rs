@@ -26,6 +26,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
+use etcd_migrate::config::Member;
 use etcd_migrate::dialect::StepEtcd;
 use etcd_migrate::version::{Storage, Version};
 use nix::sys::signal::{kill, Signal};
@@ -136,20 +137,23 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
         Some(storage) => storage.parse().map_err(|e| format!("--storage: {e}"))?,
         None => version.default_storage(),
     };
-    let initial_cluster = format!("{name}={peer_url}");
+    let member = Member {
+        name: name.to_string(),
+        client_port,
+        listen_peer_urls: peer_url.to_string(),
+        initial_advertise_peer_urls: peer_url.to_string(),
+        initial_cluster: format!("{name}={peer_url}"),
+        initial_cluster_token: "etcd-cluster".to_string(),
+        extra_args: Vec::new(),
+    };
     // The exact line a real step gets: built by src/dialect.rs itself, so
     // the floor cannot drift from what is measured.
     let spec = StepEtcd {
         version,
         storage,
-        name,
+        member: &member,
         data_dir,
-        client_port,
-        listen_peer_urls: peer_url,
-        initial_advertise_peer_urls: peer_url,
-        initial_cluster: &initial_cluster,
-        new_cluster_token: None,
-        extra_args: &[],
+        new_cluster: false,
     };
     let client_url = spec.client_url();
     let mut flags = spec.args();

@@ -12,7 +12,6 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::backup::{BackupMode, BackupPolicy};
-use crate::executor::TtlLeases;
 use crate::log::LogFormat;
 use crate::paths;
 use crate::version::{ParseError, Storage, Version, VersionPair};
@@ -52,34 +51,22 @@ pub struct Config {
     pub target: VersionPair,
     /// The etcd data dir.
     pub data_dir: PathBuf,
-    /// The member name.
-    pub name: String,
+    /// The member every step's etcd runs as.
+    pub member: Member,
     /// Where `etcd-<v>`, `etcdctl-<v>`, `etcdutl-<v>` live.
     pub bin_dir: PathBuf,
     /// The releases to use; `None` means every `etcd-<semver>` in `bin_dir`.
     pub bundled_versions: Option<Vec<Version>>,
-    /// The loopback client port of every intermediate etcd.
-    pub client_port: u16,
-    /// The peer port the defaults below are built from.
+    /// The peer port the default peer URLs are built from.
     pub peer_port: u16,
-    /// `--listen-peer-urls` of every intermediate etcd.
-    pub listen_peer_urls: String,
-    /// `--initial-advertise-peer-urls` of every intermediate etcd.
-    pub initial_advertise_peer_urls: String,
-    /// `--initial-cluster` of every intermediate etcd.
-    pub initial_cluster: String,
     /// Client URLs for the exec'd etcd when its arguments set none.
     pub listen_client_urls: Option<String>,
     /// The Kubernetes key prefix (used by the storage-migration steps).
     pub data_prefix: String,
     /// Keys under here get a flat lease in the Kubernetes-compatible TTL mode.
     pub ttl_keys_directory: String,
-    /// Extra etcd flags for every intermediate etcd (`ETCD_CREDS`).
-    pub extra_args: Vec<String>,
     /// Deadline for a step's etcd to accept its first write.
     pub health_timeout: Duration,
-    /// `--initial-cluster-token` for restored and rebuilt data.
-    pub initial_cluster_token: String,
     /// When and where backups are taken, and how many are kept.
     pub backup: BackupPolicy,
     /// How v2 TTL keys get their expiry in v3.
@@ -97,6 +84,57 @@ pub struct Config {
     /// step's etcd run elsewhere: a plan with steps refuses them (the
     /// no-op and patch paths start no etcd and pass them on).
     pub data_elsewhere: Vec<DataElsewhere>,
+}
+
+/// The member every step's etcd runs as: its name, where it listens, the
+/// cluster it names and the user's extra flags. Resolved once; the steps
+/// and each step's command line borrow it whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The member name.
+    pub name: String,
+    /// The loopback client port of every intermediate etcd.
+    pub client_port: u16,
+    /// `--listen-peer-urls` of every intermediate etcd.
+    pub listen_peer_urls: String,
+    /// `--initial-advertise-peer-urls` of every intermediate etcd.
+    pub initial_advertise_peer_urls: String,
+    /// `--initial-cluster` of every intermediate etcd.
+    pub initial_cluster: String,
+    /// `--initial-cluster-token` for restored and rebuilt data.
+    pub initial_cluster_token: String,
+    /// Extra etcd flags for every intermediate etcd (`ETCD_CREDS`).
+    pub extra_args: Vec<String>,
+}
+
+impl Member {
+    /// This member under `name`, the name its data records: rebuilt data
+    /// keeps it, and an etcd started on existing data with another name
+    /// would rename the member. `--initial-cluster` then lists that one
+    /// member at the advertised peer URLs (a restore refuses a name the
+    /// initial cluster lacks).
+    pub fn named(&self, name: &str) -> Member {
+        if name == self.name {
+            return self.clone();
+        }
+        Member {
+            name: name.to_string(),
+            initial_cluster: format!("{name}={}", self.initial_advertise_peer_urls),
+            ..self.clone()
+        }
+    }
+}
+
+/// How keys that expired in the v2 store get their expiry in v3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TtlLeases {
+    /// Each key gets a lease with its own remaining TTL; keys that expire
+    /// in the same second share one.
+    #[default]
+    Exact,
+    /// The Kubernetes tool's way: every key under the TTL keys directory
+    /// gets one lease of an hour (other TTL keys still get exact leases).
+    Flat,
 }
 
 /// An etcd setting the steps cannot honour. Each step runs etcd on the
@@ -305,8 +343,8 @@ struct Cli {
     #[arg(long)]
     backup_keep: Option<usize>,
     /// Expiry of v2 TTL keys in v3: exact (a lease per remaining TTL) or flat (one 1 h lease for --ttl-keys-directory, as Kubernetes did) [default: exact]
-    #[arg(long)]
-    ttl_leases: Option<String>,
+    #[arg(long, value_enum)]
+    ttl_leases: Option<TtlLeases>,
     /// Keep the v2 copies of migrated keys (etcd 3.6 refuses to start with them)
     #[arg(long)]
     keep_v2_keys: bool,
@@ -356,17 +394,106 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = Cli::try_parse_from(args)?;
-    // An empty env var counts as unset: manifests often template `VAR: ""`.
-    let env = |name: &str| env(name).filter(|value| !value.trim().is_empty());
-    let mut overridden = Vec::new();
-    // Flag, else env var; a flag that shadows a different env var is noted.
-    let mut pick = |flag_value: Option<String>, flag: &'static str, var: &'static str| {
-        let env_value = env(var);
-        match (flag_value, env_value) {
+    let mut cli = Cli::try_parse_from(args)?;
+    let mut picker = Picker {
+        env,
+        overridden: Vec::new(),
+    };
+    let target = resolve_target(&mut cli, &mut picker)?;
+    let data_dir = resolve_data_dir(&mut cli, &mut picker)?;
+    let name = picker
+        .pick(cli.name.take(), "--name", "ETCD_NAME")
+        .or_else(|| {
+            picker
+                .env("ETCD_HOSTNAME")
+                .map(|host| format!("etcd-{host}"))
+        })
+        .or_else(|| picker.env("HOSTNAME").map(|host| format!("etcd-{host}")))
+        .ok_or(ConfigError::NoName)?;
+    let (bin_dir, bundled_versions) = resolve_releases(&mut cli)?;
+    let (member, peer_port) = resolve_member(&mut cli, &mut picker, name, &data_dir)?;
+    let listen_client_urls = picker.pick(
+        cli.listen_client_urls.take(),
+        "--listen-client-urls",
+        "LISTEN_CLIENT_URLS",
+    );
+    let data_prefix = picker
+        .pick(
+            cli.etcd_data_prefix.take(),
+            "--etcd-data-prefix",
+            "ETCD_DATA_PREFIX",
+        )
+        .unwrap_or_else(|| "/registry".to_string());
+    let ttl_keys_directory = cli
+        .ttl_keys_directory
+        .take()
+        .unwrap_or_else(|| format!("{data_prefix}/events"));
+    let health_timeout = resolve_health_timeout(cli.health_timeout)?;
+    let log_format = cli
+        .log_format
+        .parse()
+        .map_err(|reason| ConfigError::Invalid {
+            setting: "--log-format".to_string(),
+            value: cli.log_format.clone(),
+            reason,
+        })?;
+    let backup = resolve_backup(&mut cli, &data_dir)?;
+    let env = |name: &str| picker.env(name);
+    let config_file = EtcdConfigFile::find(&cli.etcd_args, &env);
+    let data_elsewhere = find_data_elsewhere(
+        &cli.etcd_args,
+        config_file.as_ref(),
+        &member.extra_args,
+        &data_dir,
+        &env,
+    );
+    let mode = resolve_mode(&mut cli, config_file.as_ref(), &data_dir, &env)?;
+    Ok(Config {
+        target,
+        data_dir,
+        member,
+        bin_dir,
+        bundled_versions,
+        peer_port,
+        listen_client_urls,
+        data_prefix,
+        ttl_keys_directory,
+        health_timeout,
+        backup,
+        ttl_leases: cli.ttl_leases.unwrap_or_default(),
+        keep_v2_keys: cli.keep_v2_keys,
+        mode,
+        log_format,
+        overridden: picker.overridden,
+        data_elsewhere,
+    })
+}
+
+/// Reads each setting as its flag, else its env var, and notes every flag
+/// that shadows a different env var.
+struct Picker<'e> {
+    env: &'e dyn Fn(&str) -> Option<String>,
+    overridden: Vec<Override>,
+}
+
+impl Picker<'_> {
+    /// The env var `name`. An empty one counts as unset: manifests often
+    /// template `VAR: ""`.
+    fn env(&self, name: &str) -> Option<String> {
+        (self.env)(name).filter(|value| !value.trim().is_empty())
+    }
+
+    /// The flag's value, else the env var's.
+    fn pick(
+        &mut self,
+        flag_value: Option<String>,
+        flag: &'static str,
+        var: &'static str,
+    ) -> Option<String> {
+        match (flag_value, self.env(var)) {
             (Some(used), Some(ignored)) => {
                 if used.trim() != ignored.trim() {
-                    overridden.push(Override {
+                    self.overridden.push(Override {
                         flag,
                         env: var,
                         used: used.clone(),
@@ -378,15 +505,22 @@ where
             (Some(used), None) => Some(used),
             (None, from_env) => from_env,
         }
-    };
+    }
+}
 
-    let version_text = pick(cli.target_version, "--target-version", "TARGET_VERSION").ok_or(
-        ConfigError::Missing {
+/// `--target-version` and `--target-storage` (default: the version's own).
+fn resolve_target(cli: &mut Cli, picker: &mut Picker) -> Result<VersionPair, ConfigError> {
+    let version_text = picker
+        .pick(
+            cli.target_version.take(),
+            "--target-version",
+            "TARGET_VERSION",
+        )
+        .ok_or(ConfigError::Missing {
             flag: "--target-version",
             env: "TARGET_VERSION",
             hint: "the etcd release to run, e.g. 3.5.16",
-        },
-    )?;
+        })?;
     let version: Version =
         version_text
             .trim()
@@ -396,7 +530,11 @@ where
                 value: version_text.clone(),
                 reason: err.to_string(),
             })?;
-    let storage = match pick(cli.target_storage, "--target-storage", "TARGET_STORAGE") {
+    let storage = match picker.pick(
+        cli.target_storage.take(),
+        "--target-storage",
+        "TARGET_STORAGE",
+    ) {
         None => version.default_storage(),
         Some(text) => text
             .trim()
@@ -414,38 +552,54 @@ where
             reason: format!("etcd {version} has no etcd3 storage; use etcd2 or a 3.x target"),
         });
     }
+    Ok(VersionPair { version, storage })
+}
 
-    let data_dir = pick(
-        cli.data_dir.map(|dir| dir.to_string_lossy().into_owned()),
-        "--data-dir",
-        "DATA_DIRECTORY",
-    )
-    .ok_or(ConfigError::Missing {
-        flag: "--data-dir",
-        env: "DATA_DIRECTORY",
-        hint: "the etcd data dir to migrate, e.g. /var/etcd/data",
-    })?;
-    // One spelling from here on: `/var/etcd/data/`, `//var/etcd/data` and
-    // `./data` run from `/var/etcd` are the same dir, and every path built
-    // from it (the default backup dir, the scratch dir, etcd's --data-dir)
-    // or compared with it must not depend on how the manifest wrote it.
-    let data_dir = absolute_setting(&data_dir, with_env("--data-dir", "DATA_DIRECTORY"))?;
-    let name = pick(cli.name, "--name", "ETCD_NAME")
-        .or_else(|| env("ETCD_HOSTNAME").map(|host| format!("etcd-{host}")))
-        .or_else(|| env("HOSTNAME").map(|host| format!("etcd-{host}")))
-        .ok_or(ConfigError::NoName)?;
-
-    // Absolute, so that every message naming a binary names where it was
-    // looked for, whatever the working dir.
-    let bin_dir = match cli.bin_dir {
+/// `--bin-dir` (absolute, so that every message naming a binary names
+/// where it was looked for, whatever the working dir) and
+/// `--bundled-versions`.
+fn resolve_releases(cli: &mut Cli) -> Result<(PathBuf, Option<Vec<Version>>), ConfigError> {
+    let bin_dir = match cli.bin_dir.take() {
         Some(dir) => absolute_setting(&dir.to_string_lossy(), "--bin-dir".to_string())?,
         None => PathBuf::from(DEFAULT_BIN_DIR),
     };
     let bundled_versions = cli
         .bundled_versions
+        .take()
         .map(|list| parse_version_list(&list))
         .transpose()?;
+    Ok((bin_dir, bundled_versions))
+}
 
+/// `--data-dir`, as one absolute spelling.
+fn resolve_data_dir(cli: &mut Cli, picker: &mut Picker) -> Result<PathBuf, ConfigError> {
+    let data_dir = picker
+        .pick(
+            cli.data_dir
+                .take()
+                .map(|dir| dir.to_string_lossy().into_owned()),
+            "--data-dir",
+            "DATA_DIRECTORY",
+        )
+        .ok_or(ConfigError::Missing {
+            flag: "--data-dir",
+            env: "DATA_DIRECTORY",
+            hint: "the etcd data dir to migrate, e.g. /var/etcd/data",
+        })?;
+    // One spelling from here on: `/var/etcd/data/`, `//var/etcd/data` and
+    // `./data` run from `/var/etcd` are the same dir, and every path built
+    // from it (the default backup dir, the scratch dir, etcd's --data-dir)
+    // or compared with it must not depend on how the manifest wrote it.
+    absolute_setting(&data_dir, with_env("--data-dir", "DATA_DIRECTORY"))
+}
+
+/// The member the steps run as, and the peer port its default URLs use.
+fn resolve_member(
+    cli: &mut Cli,
+    picker: &mut Picker,
+    name: String,
+    data_dir: &Path,
+) -> Result<(Member, u16), ConfigError> {
     // The Kubernetes image told etcd-events apart by its data dir path
     // (as given; here the absolute, normalised one, which names the same
     // dir however it was spelt).
@@ -466,72 +620,75 @@ where
         }
     }
     let local_peer = format!("http://localhost:{peer_port}");
-    let listen_peer_urls = pick(
-        cli.listen_peer_urls,
-        "--listen-peer-urls",
-        "LISTEN_PEER_URLS",
-    )
-    .unwrap_or_else(|| local_peer.clone());
-    let initial_advertise_peer_urls = pick(
-        cli.initial_advertise_peer_urls,
-        "--initial-advertise-peer-urls",
-        "INITIAL_ADVERTISE_PEER_URLS",
-    )
-    .unwrap_or_else(|| local_peer.clone());
-    let initial_cluster = pick(cli.initial_cluster, "--initial-cluster", "INITIAL_CLUSTER")
+    let listen_peer_urls = picker
+        .pick(
+            cli.listen_peer_urls.take(),
+            "--listen-peer-urls",
+            "LISTEN_PEER_URLS",
+        )
+        .unwrap_or_else(|| local_peer.clone());
+    let initial_advertise_peer_urls = picker
+        .pick(
+            cli.initial_advertise_peer_urls.take(),
+            "--initial-advertise-peer-urls",
+            "INITIAL_ADVERTISE_PEER_URLS",
+        )
+        .unwrap_or_else(|| local_peer.clone());
+    let initial_cluster = picker
+        .pick(
+            cli.initial_cluster.take(),
+            "--initial-cluster",
+            "INITIAL_CLUSTER",
+        )
         .unwrap_or_else(|| format!("{name}={local_peer}"));
-    let listen_client_urls = pick(
-        cli.listen_client_urls,
-        "--listen-client-urls",
-        "LISTEN_CLIENT_URLS",
-    );
-    let data_prefix = pick(
-        cli.etcd_data_prefix,
-        "--etcd-data-prefix",
-        "ETCD_DATA_PREFIX",
-    )
-    .unwrap_or_else(|| "/registry".to_string());
-    let ttl_keys_directory = cli
-        .ttl_keys_directory
-        .unwrap_or_else(|| format!("{data_prefix}/events"));
-    let extra_args: Vec<String> = pick(
-        cli.etcd_server_extra_args,
-        "--etcd-server-extra-args",
-        "ETCD_CREDS",
-    )
-    .map(|text| text.split_whitespace().map(str::to_string).collect())
-    .unwrap_or_default();
-    let health_timeout = match cli.health_timeout {
-        None => DEFAULT_HEALTH_TIMEOUT,
-        Some(secs) if HEALTH_TIMEOUT_RANGE.contains(&secs) => Duration::from_secs(secs),
-        Some(secs) => {
-            return Err(ConfigError::Invalid {
-                setting: "--health-timeout".to_string(),
-                value: secs.to_string(),
-                reason: format!(
-                    "give from {} to {} seconds (24 h): a step needs time to start etcd, and a deadline past that is no deadline",
-                    HEALTH_TIMEOUT_RANGE.start(),
-                    HEALTH_TIMEOUT_RANGE.end()
-                ),
-            })
-        }
+    let extra_args: Vec<String> = picker
+        .pick(
+            cli.etcd_server_extra_args.take(),
+            "--etcd-server-extra-args",
+            "ETCD_CREDS",
+        )
+        .map(|text| text.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    let initial_cluster_token = picker
+        .pick(
+            cli.initial_cluster_token.take(),
+            "--initial-cluster-token",
+            "INITIAL_CLUSTER_TOKEN",
+        )
+        .unwrap_or_else(|| "etcd-cluster".to_string());
+    let member = Member {
+        name,
+        client_port,
+        listen_peer_urls,
+        initial_advertise_peer_urls,
+        initial_cluster,
+        initial_cluster_token,
+        extra_args,
     };
-    let log_format = cli
-        .log_format
-        .parse()
-        .map_err(|reason| ConfigError::Invalid {
-            setting: "--log-format".to_string(),
-            value: cli.log_format.clone(),
-            reason,
-        })?;
+    Ok((member, peer_port))
+}
 
-    let initial_cluster_token = pick(
-        cli.initial_cluster_token,
-        "--initial-cluster-token",
-        "INITIAL_CLUSTER_TOKEN",
-    )
-    .unwrap_or_else(|| "etcd-cluster".to_string());
-    let backup_mode: BackupMode = match cli.backup {
+/// `--health-timeout`, within [`HEALTH_TIMEOUT_RANGE`].
+fn resolve_health_timeout(secs: Option<u64>) -> Result<Duration, ConfigError> {
+    match secs {
+        None => Ok(DEFAULT_HEALTH_TIMEOUT),
+        Some(secs) if HEALTH_TIMEOUT_RANGE.contains(&secs) => Ok(Duration::from_secs(secs)),
+        Some(secs) => Err(ConfigError::Invalid {
+            setting: "--health-timeout".to_string(),
+            value: secs.to_string(),
+            reason: format!(
+                "give from {} to {} seconds (24 h): a step needs time to start etcd, and a deadline past that is no deadline",
+                HEALTH_TIMEOUT_RANGE.start(),
+                HEALTH_TIMEOUT_RANGE.end()
+            ),
+        }),
+    }
+}
+
+/// `--backup`, `--backup-dir` (default: beside the data dir) and
+/// `--backup-keep`.
+fn resolve_backup(cli: &mut Cli, data_dir: &Path) -> Result<BackupPolicy, ConfigError> {
+    let mode: BackupMode = match cli.backup.take() {
         None => BackupMode::default(),
         Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
             setting: "--backup".to_string(),
@@ -539,7 +696,7 @@ where
             reason,
         })?,
     };
-    let backup_root = match cli.backup_dir {
+    let root = match cli.backup_dir.take() {
         Some(dir) => absolute_setting(&dir.to_string_lossy(), "--backup-dir".to_string())?,
         // Built from the normalised data dir: `/var/etcd/data/` + ".backup"
         // would have been `/var/etcd/data/.backup`, inside the data dir.
@@ -551,81 +708,45 @@ where
     };
     // A backup dir inside the data dir is refused where a backup is
     // planned (backup::check_before_run), with the resolved paths.
-    let backup_keep = cli.backup_keep.unwrap_or(3);
-    if backup_keep == 0 {
+    let keep = cli.backup_keep.unwrap_or(3);
+    if keep == 0 {
         return Err(ConfigError::Invalid {
             setting: "--backup-keep".to_string(),
             value: "0".to_string(),
             reason: "keep at least one backup, or pass --backup never".to_string(),
         });
     }
-    let ttl_leases: TtlLeases = match cli.ttl_leases {
-        None => TtlLeases::default(),
-        Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
-            setting: "--ttl-leases".to_string(),
-            value: text.clone(),
-            reason,
-        })?,
-    };
+    Ok(BackupPolicy { mode, root, keep })
+}
 
-    let config_file = EtcdConfigFile::find(&cli.etcd_args, &env);
-    let data_elsewhere = find_data_elsewhere(
-        &cli.etcd_args,
-        config_file.as_ref(),
-        &extra_args,
-        &data_dir,
-        &env,
-    );
-    let mode = match (cli.dry_run, cli.no_exec) {
-        (true, true) => return Err(ConfigError::Modes),
+/// Exec (the default), `--no-exec` or `--dry-run`; in exec mode the exec'd
+/// etcd must serve the migrated data dir.
+fn resolve_mode(
+    cli: &mut Cli,
+    config_file: Option<&EtcdConfigFile>,
+    data_dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Mode, ConfigError> {
+    match (cli.dry_run, cli.no_exec) {
+        (true, true) => Err(ConfigError::Modes),
         (true, false) if !cli.etcd_args.is_empty() => {
-            return Err(ConfigError::ArgsWithoutExec { mode: "--dry-run" })
+            Err(ConfigError::ArgsWithoutExec { mode: "--dry-run" })
         }
         (false, true) if !cli.etcd_args.is_empty() => {
-            return Err(ConfigError::ArgsWithoutExec { mode: "--no-exec" })
+            Err(ConfigError::ArgsWithoutExec { mode: "--no-exec" })
         }
-        (true, false) => Mode::DryRun,
-        (false, true) => Mode::NoExec,
+        (true, false) => Ok(Mode::DryRun),
+        (false, true) => Ok(Mode::NoExec),
         (false, false) => {
-            check_data_dir_arg(&cli.etcd_args, &data_dir, &env)?;
-            if let Some(file) = &config_file {
-                file.check_serves(&data_dir)?;
+            check_data_dir_arg(&cli.etcd_args, data_dir, env)?;
+            if let Some(file) = config_file {
+                file.check_serves(data_dir)?;
             }
-            Mode::Exec {
-                etcd_args: cli.etcd_args,
-            }
+            Ok(Mode::Exec {
+                etcd_args: std::mem::take(&mut cli.etcd_args),
+            })
         }
-    };
-
-    Ok(Config {
-        target: VersionPair { version, storage },
-        data_dir,
-        name,
-        bin_dir,
-        bundled_versions,
-        client_port,
-        peer_port,
-        listen_peer_urls,
-        initial_advertise_peer_urls,
-        initial_cluster,
-        listen_client_urls,
-        data_prefix,
-        ttl_keys_directory,
-        extra_args,
-        health_timeout,
-        initial_cluster_token,
-        backup: BackupPolicy {
-            mode: backup_mode,
-            root: backup_root,
-            keep: backup_keep,
-        },
-        ttl_leases,
-        keep_v2_keys: cli.keep_v2_keys,
-        mode,
-        log_format,
-        overridden,
-        data_elsewhere,
-    })
+    }
 }
 
 /// `value` as an absolute, normalised path ([`paths::absolute`]), or the
@@ -808,27 +929,9 @@ fn find_data_elsewhere(
     data_dir: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<DataElsewhere> {
-    let mut found = Vec::new();
-    let default_wal = data_dir.join("member/wal");
-    let wal_dir = |setting: String, value: String, found: &mut Vec<DataElsewhere>| {
-        let wal = Path::new(&value);
-        // Empty is etcd's default (`--wal-dir=` sets nothing).
-        if !value.is_empty() && !paths::same(wal, &default_wal) {
-            found.push(DataElsewhere::WalDir {
-                setting,
-                wal_dir: paths::absolute(wal).unwrap_or_else(|_| wal.to_path_buf()),
-                data_dir: data_dir.to_path_buf(),
-            });
-        }
-    };
-    let other_data_dir = |setting: String, theirs: String, found: &mut Vec<DataElsewhere>| {
-        if !theirs.is_empty() && !paths::same(Path::new(&theirs), data_dir) {
-            found.push(DataElsewhere::DataDir {
-                setting,
-                theirs,
-                data_dir: data_dir.to_path_buf(),
-            });
-        }
+    let mut found = Elsewhere {
+        data_dir,
+        found: Vec::new(),
     };
     match config_file {
         Some(EtcdConfigFile {
@@ -838,40 +941,72 @@ fn find_data_elsewhere(
         }) => {
             let setting = |key: &str| format!("{key} in the etcd config file {file} (from {from})");
             if let Some(theirs) = file_data_dir {
-                other_data_dir(setting("data-dir"), theirs.clone(), &mut found);
+                found.other_data_dir(setting("data-dir"), theirs.clone());
             }
             if let Some(wal) = file_wal_dir {
-                wal_dir(setting("wal-dir"), wal.clone(), &mut found);
+                found.wal_dir(setting("wal-dir"), wal.clone());
             }
         }
         Some(EtcdConfigFile {
             file,
             from,
             read: Err(reason),
-        }) => found.push(DataElsewhere::UnreadableConfigFile {
+        }) => found.found.push(DataElsewhere::UnreadableConfigFile {
             file: file.clone(),
             from,
             reason: reason.clone(),
         }),
         None => {
             if let Some(wal) = flag_in_args(etcd_args, "wal-dir") {
-                wal_dir("--wal-dir in the etcd arguments".into(), wal, &mut found);
+                found.wal_dir("--wal-dir in the etcd arguments".into(), wal);
             } else if let Some(wal) = env("ETCD_WAL_DIR") {
-                wal_dir("$ETCD_WAL_DIR".into(), wal, &mut found);
+                found.wal_dir("$ETCD_WAL_DIR".into(), wal);
             }
         }
     }
     let in_creds = |flag: &str| format!("{flag} in --etcd-server-extra-args ($ETCD_CREDS)");
     if flag_in_args(extra_args, "config-file").is_some() {
-        found.push(DataElsewhere::ConfigFileForSteps);
+        found.found.push(DataElsewhere::ConfigFileForSteps);
     }
     if let Some(wal) = flag_in_args(extra_args, "wal-dir") {
-        wal_dir(in_creds("--wal-dir"), wal, &mut found);
+        found.wal_dir(in_creds("--wal-dir"), wal);
     }
     if let Some(theirs) = flag_in_args(extra_args, "data-dir") {
-        other_data_dir(in_creds("--data-dir"), theirs, &mut found);
+        found.other_data_dir(in_creds("--data-dir"), theirs);
     }
-    found
+    found.found
+}
+
+/// The settings found so far that put data outside `data_dir`.
+struct Elsewhere<'a> {
+    data_dir: &'a Path,
+    found: Vec<DataElsewhere>,
+}
+
+impl Elsewhere<'_> {
+    /// A WAL dir set by `setting`, unless it is etcd's default place.
+    fn wal_dir(&mut self, setting: String, value: String) {
+        let wal = Path::new(&value);
+        // Empty is etcd's default (`--wal-dir=` sets nothing).
+        if !value.is_empty() && !paths::same(wal, &self.data_dir.join("member/wal")) {
+            self.found.push(DataElsewhere::WalDir {
+                setting,
+                wal_dir: paths::absolute(wal).unwrap_or_else(|_| wal.to_path_buf()),
+                data_dir: self.data_dir.to_path_buf(),
+            });
+        }
+    }
+
+    /// A data dir set by `setting`, unless it is ours.
+    fn other_data_dir(&mut self, setting: String, theirs: String) {
+        if !theirs.is_empty() && !paths::same(Path::new(&theirs), self.data_dir) {
+            self.found.push(DataElsewhere::DataDir {
+                setting,
+                theirs,
+                data_dir: self.data_dir.to_path_buf(),
+            });
+        }
+    }
 }
 
 /// The exec'd etcd must serve the dir that was migrated: refuse arguments
@@ -921,19 +1056,25 @@ mod tests {
     fn defaults_match_the_kubernetes_image() {
         let config = resolve_with(&[], &MINIMAL).expect("resolves");
         assert_eq!(config.target.to_string(), "3.5.16/etcd3");
-        assert_eq!(config.name, "etcd-m1");
-        assert_eq!(config.client_port, 18629);
+        assert_eq!(config.member.name, "etcd-m1");
+        assert_eq!(config.member.client_port, 18629);
         assert_eq!(config.peer_port, 2380);
-        assert_eq!(config.listen_peer_urls, "http://localhost:2380");
-        assert_eq!(config.initial_advertise_peer_urls, "http://localhost:2380");
-        assert_eq!(config.initial_cluster, "etcd-m1=http://localhost:2380");
+        assert_eq!(config.member.listen_peer_urls, "http://localhost:2380");
+        assert_eq!(
+            config.member.initial_advertise_peer_urls,
+            "http://localhost:2380"
+        );
+        assert_eq!(
+            config.member.initial_cluster,
+            "etcd-m1=http://localhost:2380"
+        );
         assert_eq!(config.data_prefix, "/registry");
         assert_eq!(config.ttl_keys_directory, "/registry/events");
         assert_eq!(config.bin_dir, PathBuf::from("/usr/local/bin"));
         assert_eq!(config.health_timeout, DEFAULT_HEALTH_TIMEOUT);
         assert_eq!(config.mode, Mode::Exec { etcd_args: vec![] });
-        assert!(config.extra_args.is_empty());
-        assert_eq!(config.initial_cluster_token, "etcd-cluster");
+        assert!(config.member.extra_args.is_empty());
+        assert_eq!(config.member.initial_cluster_token, "etcd-cluster");
         assert_eq!(config.backup.mode, BackupMode::Destructive);
         assert_eq!(config.backup.root, PathBuf::from("/var/etcd/data.backup"));
         assert_eq!(config.backup.keep, 3);
@@ -1017,8 +1158,8 @@ mod tests {
             ],
         )
         .expect("resolves");
-        assert_eq!((config.client_port, config.peer_port), (18631, 2381));
-        assert_eq!(config.initial_cluster, "e=http://localhost:2381");
+        assert_eq!((config.member.client_port, config.peer_port), (18631, 2381));
+        assert_eq!(config.member.initial_cluster, "e=http://localhost:2381");
     }
 
     #[test]
@@ -1038,12 +1179,18 @@ mod tests {
         let config = resolve_with(&[], &env).expect("resolves");
         assert_eq!(config.target.to_string(), "3.4.23/etcd2");
         assert_eq!(config.data_dir, PathBuf::from("/env/dir"));
-        assert_eq!(config.name, "from-env");
-        assert_eq!(config.initial_cluster, "from-env=http://10.0.0.1:2380");
-        assert_eq!(config.listen_peer_urls, "http://10.0.0.1:2380");
-        assert_eq!(config.initial_advertise_peer_urls, "http://localhost:2380");
+        assert_eq!(config.member.name, "from-env");
         assert_eq!(
-            config.extra_args,
+            config.member.initial_cluster,
+            "from-env=http://10.0.0.1:2380"
+        );
+        assert_eq!(config.member.listen_peer_urls, "http://10.0.0.1:2380");
+        assert_eq!(
+            config.member.initial_advertise_peer_urls,
+            "http://localhost:2380"
+        );
+        assert_eq!(
+            config.member.extra_args,
             ["--peer-client-cert-auth", "--peer-cert-file=/c"]
         );
         assert_eq!(config.ttl_keys_directory, "/prefix/events");
@@ -1073,13 +1220,19 @@ mod tests {
         let config = resolve_with(&flags, &env).expect("resolves");
         assert_eq!(config.target.to_string(), "3.5.1/etcd3");
         assert_eq!(config.data_dir, PathBuf::from("/flag/dir"));
-        assert_eq!(config.name, "from-flag");
-        assert_eq!(config.initial_cluster, "from-flag=http://127.0.0.1:2380");
-        assert_eq!(config.extra_args, ["--a", "--b"]);
+        assert_eq!(config.member.name, "from-flag");
+        assert_eq!(
+            config.member.initial_cluster,
+            "from-flag=http://127.0.0.1:2380"
+        );
+        assert_eq!(config.member.extra_args, ["--a", "--b"]);
         assert_eq!(config.data_prefix, "/p2");
         assert_eq!(config.ttl_keys_directory, "/p2/ttl");
-        assert_eq!((config.client_port, config.peer_port), (1234, 4321));
-        assert_eq!(config.initial_advertise_peer_urls, "http://localhost:4321");
+        assert_eq!((config.member.client_port, config.peer_port), (1234, 4321));
+        assert_eq!(
+            config.member.initial_advertise_peer_urls,
+            "http://localhost:4321"
+        );
     }
 
     #[test]
@@ -1134,11 +1287,42 @@ mod tests {
     }
 
     #[test]
+    fn the_member_under_the_name_its_data_records_names_only_itself() {
+        let config = resolve_with(&["--initial-cluster", "m1=http://10.0.0.1:2380"], &MINIMAL)
+            .expect("resolves");
+        assert_eq!(config.member.named("etcd-m1"), config.member);
+        let renamed = config.member.named("old");
+        assert_eq!(renamed.name, "old");
+        assert_eq!(renamed.initial_cluster, "old=http://localhost:2380");
+        assert_eq!(
+            Member {
+                name: config.member.name.clone(),
+                initial_cluster: config.member.initial_cluster.clone(),
+                ..renamed
+            },
+            config.member,
+            "nothing else changes"
+        );
+    }
+
+    #[test]
+    fn ttl_leases_takes_exact_or_flat() {
+        let with = |value: &str| resolve_with(&["--ttl-leases", value], &MINIMAL);
+        assert_eq!(with("flat").expect("flat").ttl_leases, TtlLeases::Flat);
+        assert_eq!(with("exact").expect("exact").ttl_leases, TtlLeases::Exact);
+        let err = with("hourly").expect_err("hourly").to_string();
+        assert!(
+            err.contains("--ttl-leases") && err.contains("exact, flat"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn name_falls_back_to_etcd_hostname_then_hostname() {
         let base = [("TARGET_VERSION", "3.5.16"), ("DATA_DIRECTORY", "/d")];
         let with = |extra: &[(&str, &str)]| {
             let env: Vec<(&str, &str)> = base.iter().chain(extra).copied().collect();
-            resolve_with(&[], &env).map(|c| c.name)
+            resolve_with(&[], &env).map(|c| c.member.name)
         };
         assert_eq!(
             with(&[("ETCD_HOSTNAME", "a"), ("HOSTNAME", "b")]).expect("name"),

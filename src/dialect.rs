@@ -2,6 +2,7 @@
 //! command line an intermediate etcd gets for a step. Pure, so every
 //! release's line is checked in a table test without running it.
 
+use crate::config::Member;
 use crate::version::{Minor, Storage, Version};
 
 /// Raft heartbeat for an isolated single-member step, in ms. Every release
@@ -19,46 +20,38 @@ pub struct StepEtcd<'a> {
     pub version: Version,
     /// The storage the data holds while it runs.
     pub storage: Storage,
-    /// Member name.
-    pub name: &'a str,
-    /// Data dir.
+    /// The member it runs as (its `ETCD_CREDS` appended last, so the user
+    /// can override anything).
+    pub member: &'a Member,
+    /// Data dir (the data dir, or a scratch dir being rebuilt).
     pub data_dir: &'a str,
-    /// Loopback client port.
-    pub client_port: u16,
-    /// `--listen-peer-urls`.
-    pub listen_peer_urls: &'a str,
-    /// `--initial-advertise-peer-urls`.
-    pub initial_advertise_peer_urls: &'a str,
-    /// `--initial-cluster`.
-    pub initial_cluster: &'a str,
-    /// Bootstrap a new single-member cluster with this token (an empty
-    /// data dir being rebuilt); `None` for existing data.
-    pub new_cluster_token: Option<&'a str>,
-    /// `ETCD_CREDS`, appended last so the user can override anything.
-    pub extra_args: &'a [String],
+    /// Bootstrap a new single-member cluster with the member's cluster
+    /// token (an empty data dir being rebuilt); false for existing data.
+    pub new_cluster: bool,
 }
 
 impl StepEtcd<'_> {
     /// The client URL, loopback only: no client outside this host (or this
     /// container) can reach an intermediate etcd.
     pub fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://127.0.0.1:{}", self.member.client_port)
     }
 
     /// The full argument list (without the program name).
     pub fn args(&self) -> Vec<String> {
         let client_url = self.client_url();
+        let member = self.member;
         let mut args: Vec<String> = [
-            ("--name", self.name),
+            ("--name", member.name.as_str()),
             ("--data-dir", self.data_dir),
             ("--listen-client-urls", &client_url),
             ("--advertise-client-urls", &client_url),
-            ("--listen-peer-urls", self.listen_peer_urls),
+            ("--listen-peer-urls", &member.listen_peer_urls),
             (
                 "--initial-advertise-peer-urls",
-                self.initial_advertise_peer_urls,
+                &member.initial_advertise_peer_urls,
             ),
-            ("--initial-cluster", self.initial_cluster),
+            ("--initial-cluster", &member.initial_cluster),
         ]
         .iter()
         .map(|(flag, value)| format!("{flag}={value}"))
@@ -79,9 +72,12 @@ impl StepEtcd<'_> {
         if self.version.minor_line() > Minor::new(2, 2) {
             args.push("--snapshot-count=1".to_string());
         }
-        if let Some(token) = self.new_cluster_token {
+        if self.new_cluster {
             args.push("--initial-cluster-state=new".to_string());
-            args.push(format!("--initial-cluster-token={token}"));
+            args.push(format!(
+                "--initial-cluster-token={}",
+                member.initial_cluster_token
+            ));
         }
         if self.version.needs_enable_v2_flag() {
             // 3.4 and 3.5 serve the v2 API only when asked. Every step
@@ -90,7 +86,7 @@ impl StepEtcd<'_> {
             // read, fingerprinted and carried like the v3 keys.
             args.push("--enable-v2=true".to_string());
         }
-        args.extend(self.extra_args.iter().cloned());
+        args.extend(member.extra_args.iter().cloned());
         args
     }
 }
@@ -100,18 +96,21 @@ mod tests {
     use super::*;
 
     fn step(version: &str, storage: Storage) -> Vec<String> {
-        let extra = vec!["--peer-client-cert-auth".to_string()];
+        let member = Member {
+            name: "etcd-m1".to_string(),
+            client_port: 18629,
+            listen_peer_urls: "http://localhost:2380".to_string(),
+            initial_advertise_peer_urls: "http://localhost:2380".to_string(),
+            initial_cluster: "etcd-m1=http://localhost:2380".to_string(),
+            initial_cluster_token: "etcd-cluster".to_string(),
+            extra_args: vec!["--peer-client-cert-auth".to_string()],
+        };
         StepEtcd {
             version: version.parse().expect("version"),
             storage,
-            new_cluster_token: None,
-            name: "etcd-m1",
+            member: &member,
             data_dir: "/var/etcd/data",
-            client_port: 18629,
-            listen_peer_urls: "http://localhost:2380",
-            initial_advertise_peer_urls: "http://localhost:2380",
-            initial_cluster: "etcd-m1=http://localhost:2380",
-            extra_args: &extra,
+            new_cluster: false,
         }
         .args()
     }

@@ -12,7 +12,6 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
-use crate::backup::BackupMode;
 use crate::keyspace::Fingerprint;
 use crate::log;
 use crate::plan::{Plan, Step};
@@ -24,7 +23,7 @@ use crate::steps::{Context, Failure};
 use crate::version::{Version, VersionPair};
 
 pub use crate::effects::{EtcdApi, HealthError, Launcher, Progress, RunningEtcd, StepError, Tools};
-pub use crate::steps::{StepSettings, TtlLeases, HEALTH_POLL_INTERVAL, WORK_TIMEOUT};
+pub use crate::steps::{StepSettings, HEALTH_POLL_INTERVAL, WORK_TIMEOUT};
 pub use crate::swap::Disk;
 
 /// Why the plan stopped.
@@ -122,11 +121,10 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
     pub async fn execute(&mut self, plan: &Plan) -> Result<(), ExecuteError> {
         let total = plan.steps.len();
         let mut recorded = plan.current;
-        let mut backed_up = false;
         // The keyspace as the last completed step left it; each step must
         // hand on the same. The rebuilding steps read their source first,
         // so without a baseline reader the first of them sets it.
-        let mut before = match (self.settings.baseline, plan.steps.first()) {
+        let mut before = match (plan.baseline, plan.steps.first()) {
             (Some(version), Some(first)) => {
                 Some(self.baseline(version, first, plan.current).await?)
             }
@@ -142,14 +140,9 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
             };
             self.stop_if_signalled(&at)?;
             check_v2_side(&at, before.as_ref())?;
-            let wants_backup = match self.settings.backup.mode {
-                BackupMode::Always => true,
-                BackupMode::Destructive => step.is_destructive(),
-                BackupMode::Never => false,
-            };
-            if wants_backup && !backed_up {
+            // The plan decided which step the backup precedes (if any).
+            if plan.backup == Some(i) {
                 self.back_up(&at)?;
-                backed_up = true;
             }
             before = Some(self.run_and_record(&at, before.as_ref()).await?);
             recorded = step.result();
@@ -378,7 +371,8 @@ mod rebuild_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backup::{BackupError, BackupPolicy, StopCheck};
+    use crate::backup::{BackupError, BackupMode, BackupPolicy, StopCheck};
+    use crate::config::{Member, TtlLeases};
     use crate::datadir::DataDirError;
     use crate::dialect::StepEtcd;
     use crate::effects::LeasePlan;
@@ -787,7 +781,15 @@ mod tests {
             fail: record_fails,
         };
         let (sender, termination) = watch::channel(signal);
-        let extra = Vec::new();
+        let member = Member {
+            name: "m".to_string(),
+            client_port: 18629,
+            listen_peer_urls: "http://localhost:2380".to_string(),
+            initial_advertise_peer_urls: "http://localhost:2380".to_string(),
+            initial_cluster: "m=http://localhost:2380".to_string(),
+            initial_cluster_token: "etcd-cluster".to_string(),
+            extra_args: Vec::new(),
+        };
         let backup = BackupPolicy {
             mode: BackupMode::Destructive,
             root: "/data.backup".into(),
@@ -800,20 +802,13 @@ mod tests {
             disk: &NoDisk,
             progress: &mut progress,
             settings: StepSettings {
-                name: "m",
+                member: &member,
                 data_dir: Path::new("/data"),
-                client_port: 18629,
-                listen_peer_urls: "http://localhost:2380",
-                initial_advertise_peer_urls: "http://localhost:2380",
-                initial_cluster: "m=http://localhost:2380",
-                initial_cluster_token: "etcd-cluster",
-                extra_args: &extra,
                 health_timeout: Duration::from_millis(300),
                 backup: &backup,
                 ttl_leases: TtlLeases::Exact,
                 ttl_keys_directory: "/registry/events",
                 keep_v2_keys: false,
-                baseline: crate::plan::baseline_reader(&plan, &bundle),
             },
             termination,
         };

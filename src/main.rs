@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use etcd_migrate::config::{self, ConfigError};
-use etcd_migrate::exec::{self, ExecError, Inherited};
+use etcd_migrate::exec::{self, ExecError, ExecTarget, Inherited};
 use etcd_migrate::{log, run, signal_exit_code, Outcome, EXIT_FAILURE, EXIT_OK, EXIT_PRECONDITION};
 
 fn main() -> ExitCode {
@@ -40,35 +40,41 @@ fn main() -> ExitCode {
     };
     match run(&config, original_mask) {
         Ok(Outcome::Exit) => ExitCode::from(EXIT_OK),
-        Ok(Outcome::Exec(target)) => {
-            log::info(
-                "exec",
-                &[
-                    ("program", target.program.display().to_string().into()),
-                    ("args", target.args.join(" ").into()),
-                ],
-            );
-            let inherited = Inherited {
+        Ok(Outcome::Exec(target)) => hand_over(
+            target,
+            Inherited {
                 signal_mask: original_mask,
                 umask,
-            };
-            match target.exec(inherited) {
-                ExecError::Interrupted(signal) => {
-                    log::error(
-                        &format!("stopped by {signal} before exec; the data dir is migrated"),
-                        &[],
-                    );
-                    ExitCode::from(signal_exit_code(signal))
-                }
-                err => {
-                    log::error(&log::error_chain(&err), &[]);
-                    ExitCode::from(EXIT_FAILURE)
-                }
-            }
-        }
+            },
+        ),
         Err(err) => {
             log::error(&log::error_chain(&err), &[("exit", err.exit_code().into())]);
             ExitCode::from(err.exit_code())
+        }
+    }
+}
+
+/// Execs the target etcd with what the process inherited given back;
+/// returns only when that fails.
+fn hand_over(target: ExecTarget, inherited: Inherited) -> ExitCode {
+    log::info(
+        "exec",
+        &[
+            ("program", target.program.display().to_string().into()),
+            ("args", target.args.join(" ").into()),
+        ],
+    );
+    match target.exec(inherited) {
+        ExecError::Interrupted(signal) => {
+            log::error(
+                &format!("stopped by {signal} before exec; the data dir is migrated"),
+                &[],
+            );
+            ExitCode::from(signal_exit_code(signal))
+        }
+        err => {
+            log::error(&log::error_chain(&err), &[]);
+            ExitCode::from(EXIT_FAILURE)
         }
     }
 }

@@ -1,12 +1,20 @@
-//! This module owns the migration plan: the pure function `plan()` that turns
-//! (what the data dir holds, what the user asked for, what the image bundles)
-//! into an ordered list of steps, or a reason why no safe path exists. No
+//! This module owns the migration plan and every decision in it: the pure
+//! function `plan()` that turns (what version.txt says, what the user asked
+//! for, what the image bundles) into an ordered list of steps, or a reason
+//! why no safe path exists; and `decide()`, which adds what follows from the
+//! same inputs (an empty or missing data dir, data from the future, a
+//! multi-member `--initial-cluster`, the baseline reader, the backup). No
 //! clock, filesystem, process or network is touched here, so every supported
-//! and rejected combination is one row in the table test below.
+//! and rejected combination is one row in the table tests below, and
+//! `--dry-run` prints the plan's `Display`.
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::PathBuf;
 
+use crate::backup::BackupMode;
+use crate::config::Member;
+use crate::datadir::DirState;
 use crate::version::{Minor, Storage, Version, VersionPair};
 
 /// The oldest minor line this tool can read (the Kubernetes image started
@@ -96,15 +104,105 @@ pub enum Step {
     },
 }
 
-/// The ordered work from the recorded state to the target.
+/// The ordered work from the recorded state to the target, and every
+/// decision the run carries out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// What `version.txt` says now.
+    /// What `version.txt` says now (the target, for an empty data dir).
     pub current: VersionPair,
     /// What the user asked for.
     pub target: VersionPair,
-    /// The steps, in order; empty for a no-op or a patch-only change.
+    /// The steps, in order; empty for a no-op, a patch-only change or an
+    /// empty data dir.
     pub steps: Vec<Step>,
+    /// What the data dir held: missing (created), empty, or recorded.
+    pub found: DirState,
+    /// The release that reads the baseline fingerprint before the first
+    /// step ([`baseline_reader`]), if any.
+    pub baseline: Option<Version>,
+    /// The index of the step a backup is taken before, if any.
+    pub backup: Option<usize>,
+    /// Where the plan runs, for its `Display`; `None` for a bare route.
+    pub site: Option<Site>,
+}
+
+/// What a run does with the data dir once it holds the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Nothing: version.txt already names the target.
+    Nothing,
+    /// Record the target without a step; the reason is logged.
+    Record {
+        /// "empty data dir" or "patch change, no step needed".
+        reason: &'static str,
+    },
+    /// Run the steps.
+    Steps,
+}
+
+/// Where a plan runs: what `--dry-run` shows beside the decisions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Site {
+    /// The data dir.
+    pub data_dir: PathBuf,
+    /// Where the binaries are.
+    pub bin_dir: PathBuf,
+    /// The member the steps run as (under the name the data records).
+    pub member: Member,
+    /// The member name the configuration gives.
+    pub configured_name: String,
+    /// Where backups go.
+    pub backup_root: PathBuf,
+    /// How many backups are kept.
+    pub backup_keep: usize,
+    /// An interrupted step left a scratch dir (finished or discarded first).
+    pub interrupted: bool,
+}
+
+/// What [`decide`] decides from, all of it read beforehand.
+#[derive(Debug, Clone)]
+pub struct Situation<'a> {
+    /// What the data dir holds.
+    pub found: DirState,
+    /// What the user asked for.
+    pub target: VersionPair,
+    /// What the image bundles.
+    pub bundle: &'a Bundle,
+    /// When to back up.
+    pub backup: BackupMode,
+    /// `--initial-cluster`.
+    pub initial_cluster: &'a str,
+}
+
+/// Why a run must not start, decided from its [`Situation`] alone.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum Refusal {
+    /// version.txt names a release newer than anything the image can run.
+    #[error("the data was last run by etcd {}, newer than {known}", .current.version)]
+    FutureData {
+        /// What version.txt says.
+        current: VersionPair,
+        /// What the image knows, for the message.
+        known: String,
+    },
+    /// No safe path from the recorded release to the target.
+    #[error("no safe path from {current} to the target")]
+    NoPath {
+        /// What version.txt says.
+        current: VersionPair,
+        /// Why.
+        #[source]
+        source: PlanError,
+    },
+    /// An empty or missing data dir cannot be started at the target.
+    #[error("cannot start an empty data dir at the target")]
+    FreshTarget(#[source] PlanError),
+    /// Steps are needed but `--initial-cluster` lists other members.
+    #[error("INITIAL_CLUSTER lists {members} members")]
+    MultiMember {
+        /// How many.
+        members: usize,
+    },
 }
 
 /// Why no safe path exists. Every variant names the versions involved and
@@ -406,15 +504,266 @@ impl Plan {
         self.steps.is_empty() && !self.is_noop()
     }
 
-    /// Every binary the plan needs, each once, in a stable order.
+    /// True when the data dir held a `version.txt`.
+    pub fn is_recorded(&self) -> bool {
+        matches!(self.found, DirState::Recorded(_))
+    }
+
+    /// True when a step rewrites the data (and so needs scratch space).
+    pub fn is_destructive(&self) -> bool {
+        self.steps.iter().any(Step::is_destructive)
+    }
+
+    /// What the run does with the data dir.
+    pub fn work(&self) -> Work {
+        match (&self.found, self.steps.is_empty()) {
+            (_, false) => Work::Steps,
+            (DirState::Recorded(current), true) if *current == self.target => Work::Nothing,
+            (DirState::Recorded(_), true) => Work::Record {
+                reason: "patch change, no step needed",
+            },
+            (DirState::Missing | DirState::Empty, true) => Work::Record {
+                reason: "empty data dir",
+            },
+        }
+    }
+
+    /// Every binary the plan's steps need, each once, in a stable order.
     pub fn binaries(&self) -> Vec<Binary> {
         let set: BTreeSet<Binary> = self.steps.iter().flat_map(Step::binaries).collect();
         set.into_iter().collect()
     }
+
+    /// Every binary the run needs: the steps', the baseline reader's, and
+    /// the target's server (even with --no-exec: the manifest starts it
+    /// next, and a bundle that lists it without the file is broken).
+    pub fn needed_binaries(&self) -> Vec<Binary> {
+        let mut needed = self.binaries();
+        let target = Binary::etcd(self.target.version);
+        let baseline = self.baseline.map(Binary::etcd);
+        for binary in [Some(target), baseline].into_iter().flatten() {
+            if !needed.contains(&binary) {
+                needed.push(binary);
+            }
+        }
+        needed
+    }
+
+    /// The step the backup is taken before, if any.
+    pub fn backup_step(&self) -> Option<&Step> {
+        self.steps.get(self.backup?)
+    }
+
+    /// This plan, placed where it runs (for its `Display`).
+    pub fn at(self, site: Site) -> Plan {
+        Plan {
+            site: Some(site),
+            ..self
+        }
+    }
 }
 
-/// Computes the path from `current` to `target` using only releases in
-/// `bundle`. Pure: the same inputs always give the same plan or error.
+/// Decides the whole plan for `situation`: the steps, or the refusal, and
+/// what the run does besides (record an empty dir, read a baseline, back
+/// up before a step).
+pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
+    let Situation {
+        ref found,
+        target,
+        bundle,
+        backup,
+        initial_cluster,
+    } = *situation;
+    let mut plan = match *found {
+        DirState::Recorded(current) => {
+            refuse_future_data(current, bundle)?;
+            plan(current, target, bundle).map_err(|source| Refusal::NoPath { current, source })?
+        }
+        DirState::Missing | DirState::Empty => {
+            if !bundle.contains(target.version) {
+                return Err(Refusal::FreshTarget(PlanError::TargetNotBundled {
+                    target: target.version,
+                    bundled: bundle.to_string(),
+                }));
+            }
+            Plan {
+                current: target,
+                target,
+                steps: Vec::new(),
+                found: found.clone(),
+                baseline: None,
+                backup: None,
+                site: None,
+            }
+        }
+    };
+    let members = initial_cluster_members(initial_cluster);
+    if !plan.steps.is_empty() && members > 1 {
+        return Err(Refusal::MultiMember { members });
+    }
+    plan.backup = backup_before(&plan.steps, backup);
+    Ok(plan)
+}
+
+/// Refuses data last run by a release newer than anything the image has:
+/// no bundled etcd can serve it, so no path (up or down) can start.
+fn refuse_future_data(current: VersionPair, bundle: &Bundle) -> Result<(), Refusal> {
+    let known = if current.version.major > 3 {
+        Some("any release etcd-migrate knows (2.2 … 3.x)".to_string())
+    } else {
+        bundle
+            .versions()
+            .last()
+            .filter(|newest| newest.minor_line() < current.version.minor_line())
+            .map(|newest| format!("anything this image bundles (newest: {newest})"))
+    };
+    match known {
+        Some(known) => Err(Refusal::FutureData { current, known }),
+        None => Ok(()),
+    }
+}
+
+/// The index of the step a backup is taken before: the first step
+/// (`always`), the first destructive one (`destructive`), or none.
+pub fn backup_before(steps: &[Step], mode: BackupMode) -> Option<usize> {
+    match mode {
+        BackupMode::Always => (!steps.is_empty()).then_some(0),
+        BackupMode::Destructive => steps.iter().position(Step::is_destructive),
+        BackupMode::Never => None,
+    }
+}
+
+/// How many distinct member names `--initial-cluster` lists.
+pub fn initial_cluster_members(initial_cluster: &str) -> usize {
+    let mut names: Vec<&str> = initial_cluster
+        .split(',')
+        .filter_map(|entry| entry.split_once('=').map(|(name, _)| name.trim()))
+        .filter(|name| !name.is_empty())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names.len()
+}
+
+impl fmt::Display for Plan {
+    /// What `--dry-run` prints: one line per decision and per step.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let site = self.site.as_ref();
+        let target = self.target;
+        if let Some(site) = site {
+            let name = &site.member.name;
+            if *name == site.configured_name {
+                writeln!(f, "member: {name}")?;
+            } else {
+                writeln!(
+                    f,
+                    "member: {name} (as the data records it; the configuration says {})",
+                    site.configured_name
+                )?;
+            }
+        }
+        let dir = site.map_or("(not placed)".to_string(), |s| {
+            s.data_dir.display().to_string()
+        });
+        match self.found {
+            DirState::Missing => writeln!(
+                f,
+                "data dir {dir}: missing; would create it (mode 0700) and record {target}"
+            )?,
+            DirState::Empty => writeln!(f, "data dir {dir}: empty; would record {target}")?,
+            DirState::Recorded(current) => {
+                writeln!(f, "data dir {dir}: {current}; target {target}")?
+            }
+        }
+        if site.is_some_and(|s| s.interrupted) {
+            writeln!(f, "an interrupted step left a scratch dir; a real run first finishes its swap (if it happened) or discards it")?;
+        }
+        if self.is_patch_only() {
+            writeln!(
+                f,
+                "patch change within {}: no step; would record {target}",
+                target.version.minor_line()
+            )?;
+        }
+        self.fmt_steps(f)?;
+        self.fmt_backup(f)?;
+        writeln!(
+            f,
+            "then: exec {} (or exit 0 with --no-exec)",
+            self.binary_path(Binary::etcd(target.version))
+        )
+    }
+}
+
+impl Plan {
+    /// A binary as the run finds it: its path in the bin dir (its name,
+    /// for a bare route).
+    fn binary_path(&self, binary: Binary) -> String {
+        match &self.site {
+            Some(site) => site.bin_dir.join(binary.to_string()).display().to_string(),
+            None => binary.to_string(),
+        }
+    }
+
+    /// One line per step (with the binaries, the client URL and the peer
+    /// URLs it runs with), then the baseline read.
+    fn fmt_steps(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let total = self.steps.len();
+        for (i, step) in self.steps.iter().enumerate() {
+            let binaries: Vec<String> = step
+                .binaries()
+                .into_iter()
+                .map(|b| self.binary_path(b))
+                .collect();
+            write!(
+                f,
+                "step {}/{total}: {step}; runs {}",
+                i + 1,
+                binaries.join(" + ")
+            )?;
+            match &self.site {
+                Some(site) => writeln!(
+                    f,
+                    "; client http://127.0.0.1:{}; peer {}",
+                    site.member.client_port, site.member.listen_peer_urls
+                )?,
+                None => writeln!(f)?,
+            }
+        }
+        if let Some(version) = self.baseline {
+            writeln!(
+                f,
+                "baseline: {} serves the data as recorded once before step 1, to fingerprint it",
+                self.binary_path(Binary::etcd(version))
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The backup line, when one is taken.
+    fn fmt_backup(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(step) = self.backup_step() else {
+            return Ok(());
+        };
+        let before = step.before();
+        match &self.site {
+            Some(site) => writeln!(
+                f,
+                "backup: before {step}, into {}/<time>-{}-{} (keeping {})",
+                site.backup_root.display(),
+                before.version,
+                before.storage,
+                site.backup_keep
+            ),
+            None => writeln!(f, "backup: before {step}"),
+        }
+    }
+}
+
+/// Computes the route from `current` to `target` using only releases in
+/// `bundle`, with its baseline reader; no backup and no site ([`decide`]
+/// makes the run's whole plan). Pure: the same inputs always give the same
+/// plan or error.
 pub fn plan(current: VersionPair, target: VersionPair, bundle: &Bundle) -> Result<Plan, PlanError> {
     check_known(current.version)?;
     check_known(target.version)?;
@@ -443,11 +792,17 @@ pub fn plan(current: VersionPair, target: VersionPair, bundle: &Bundle) -> Resul
         (Storage::Etcd2, _) => planner.etcd2_to_etcd3(current.version, target.version)?,
         (Storage::Etcd3, _) => planner.etcd3_to_etcd2(current.version, target.version)?,
     };
-    Ok(Plan {
+    let mut plan = Plan {
         current,
         target,
         steps,
-    })
+        found: DirState::Recorded(current),
+        baseline: None,
+        backup: None,
+        site: None,
+    };
+    plan.baseline = baseline_reader(&plan, bundle);
+    Ok(plan)
 }
 
 fn check_known(version: Version) -> Result<(), PlanError> {
@@ -1184,6 +1539,153 @@ mod tests {
             let want = want.map(|v| v.parse().expect("version"));
             assert_eq!(baseline_reader(&plan, &full), want, "{current} -> {target}");
         }
+    }
+
+    #[test]
+    fn counts_initial_cluster_members() {
+        assert_eq!(initial_cluster_members("etcd-a=http://localhost:2380"), 1);
+        assert_eq!(
+            initial_cluster_members("a=http://1:2380,a=https://1:2380"),
+            1
+        );
+        assert_eq!(
+            initial_cluster_members("a=http://1:2380,b=http://2:2380,c=http://3:2380"),
+            3
+        );
+    }
+
+    /// What a row of the decision table expects of the plan.
+    #[derive(Debug)]
+    struct Decided {
+        steps: usize,
+        baseline: Option<&'static str>,
+        backup: Option<usize>,
+        work: Work,
+    }
+
+    const ONE: &str = "m=http://localhost:2380";
+    const TWO: &str = "m=http://localhost:2380,n=http://10.0.0.2:2380";
+
+    /// One row per situation: what the run decides besides the route, or
+    /// the start of the refusal.
+    #[test]
+    fn decision_table() {
+        use BackupMode::{Always, Destructive, Never};
+        let record = |reason| Work::Record { reason };
+        let ok = |steps, baseline, backup, work| {
+            Ok(Decided {
+                steps,
+                baseline,
+                backup,
+                work,
+            })
+        };
+        let recorded = |s: &str| DirState::Recorded(pair_or_raw(s));
+        type Row = (
+            DirState,
+            &'static str,
+            BackupMode,
+            &'static str,
+            Result<Decided, &'static str>,
+        );
+        let rows: Vec<Row> = vec![
+            // The empty-dir case: record the target, if the image has it.
+            (DirState::Missing, "3.5.16/etcd3", Destructive, ONE, ok(0, None, None, record("empty data dir"))),
+            (DirState::Empty, "3.5.16/etcd3", Always, TWO, ok(0, None, None, record("empty data dir"))),
+            (DirState::Empty, "3.4.99/etcd3", Destructive, ONE, Err("cannot start an empty data dir")),
+            // Nothing to do, and a patch change recorded without a step.
+            (recorded("3.5.16/etcd3"), "3.5.16/etcd3", Always, TWO, ok(0, None, None, Work::Nothing)),
+            (recorded("3.5.1/etcd3"), "3.5.16/etcd3", Always, TWO, ok(0, None, None, record("patch change, no step needed"))),
+            // In-place steps: a baseline, a backup only when always.
+            (recorded("3.3.25/etcd3"), "3.5.16/etcd3", Destructive, ONE, ok(2, Some("3.3.25"), None, Work::Steps)),
+            (recorded("3.3.25/etcd3"), "3.5.16/etcd3", Always, ONE, ok(2, Some("3.3.25"), Some(0), Work::Steps)),
+            (recorded("3.3.25/etcd3"), "3.5.16/etcd3", Never, ONE, ok(2, Some("3.3.25"), None, Work::Steps)),
+            (recorded("3.4.20/etcd3"), "3.5.16/etcd3", Destructive, ONE, ok(2, None, None, Work::Steps)),
+            // Destructive steps: the backup before the first of them.
+            (recorded("3.5.16/etcd3"), "3.3.25/etcd3", Destructive, ONE, ok(2, None, Some(0), Work::Steps)),
+            (recorded("3.3.25/etcd3"), "3.4.23/etcd2", Destructive, ONE, ok(2, Some("3.3.25"), Some(1), Work::Steps)),
+            (recorded("3.3.25/etcd3"), "3.4.23/etcd2", Always, ONE, ok(2, Some("3.3.25"), Some(0), Work::Steps)),
+            (recorded("3.3.25/etcd3"), "3.4.23/etcd2", Never, ONE, ok(2, Some("3.3.25"), None, Work::Steps)),
+            // Data from the future: no bundled etcd can serve it.
+            (recorded("3.6.5/etcd3"), "3.5.16/etcd3", Destructive, ONE, Err("the data was last run by etcd 3.6.5, newer than anything this image bundles (newest: 3.5.16)")),
+            (recorded("4.0.0/etcd3"), "3.5.16/etcd3", Destructive, ONE, Err("the data was last run by etcd 4.0.0, newer than any release etcd-migrate knows")),
+            // No route.
+            (recorded("3.3.25/etcd3"), "3.7.0/etcd3", Destructive, ONE, Err("no safe path from 3.3.25/etcd3")),
+            // Steps in a multi-member cluster; without steps, no refusal.
+            (recorded("3.3.25/etcd3"), "3.5.16/etcd3", Destructive, TWO, Err("INITIAL_CLUSTER lists 2 members")),
+            (DirState::Missing, "3.5.16/etcd3", Destructive, TWO, ok(0, None, None, record("empty data dir"))),
+        ];
+        let bundle = bundle(CI);
+        for (found, target, backup, initial_cluster, expect) in rows {
+            let situation = Situation {
+                found: found.clone(),
+                target: pair(target),
+                bundle: &bundle,
+                backup,
+                initial_cluster,
+            };
+            let got = decide(&situation);
+            let row = format!("{found:?} -> {target}, {backup:?}, {initial_cluster}");
+            match (&got, &expect) {
+                (Ok(plan), Ok(want)) => {
+                    assert_eq!(plan.steps.len(), want.steps, "{row}");
+                    assert_eq!(plan.baseline, want.baseline.map(v), "{row}");
+                    assert_eq!(plan.backup, want.backup, "{row}");
+                    assert_eq!(plan.work(), want.work, "{row}");
+                    assert_eq!(plan.found, found, "{row}");
+                }
+                (Err(err), Err(prefix)) => assert!(
+                    err.to_string().starts_with(prefix),
+                    "{row}: refusal {err:?} should start with {prefix:?}"
+                ),
+                _ => panic!("{row}: got {got:?}, expected {expect:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_plan_shows_every_decision() {
+        let bundle = bundle(CI);
+        let situation = Situation {
+            found: DirState::Recorded(pair("3.3.25/etcd3")),
+            target: pair("3.4.23/etcd2"),
+            bundle: &bundle,
+            backup: BackupMode::Destructive,
+            initial_cluster: ONE,
+        };
+        let member = Member {
+            name: "data-name".to_string(),
+            client_port: 18629,
+            listen_peer_urls: "http://localhost:2380".to_string(),
+            initial_advertise_peer_urls: "http://localhost:2380".to_string(),
+            initial_cluster: "data-name=http://localhost:2380".to_string(),
+            initial_cluster_token: "etcd-cluster".to_string(),
+            extra_args: Vec::new(),
+        };
+        let site = Site {
+            data_dir: "/var/etcd/data".into(),
+            bin_dir: "/bin".into(),
+            member,
+            configured_name: "m".to_string(),
+            backup_root: "/var/etcd/data.backup".into(),
+            backup_keep: 3,
+            interrupted: true,
+        };
+        let shown = decide(&situation).expect("plans").at(site).to_string();
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "member: data-name (as the data records it; the configuration says m)",
+                "data dir /var/etcd/data: 3.3.25/etcd3; target 3.4.23/etcd2",
+                "an interrupted step left a scratch dir; a real run first finishes its swap (if it happened) or discards it",
+                "step 1/2: minor-upgrade 3.3.25/etcd3 -> 3.4.23/etcd3; runs /bin/etcd-3.4.23; client http://127.0.0.1:18629; peer http://localhost:2380",
+                "step 2/2: rollback-to-etcd2 3.4.23/etcd3 -> 3.4.23/etcd2; runs /bin/etcd-3.4.23 + /bin/etcd-3.4.23; client http://127.0.0.1:18629; peer http://localhost:2380",
+                "baseline: /bin/etcd-3.3.25 serves the data as recorded once before step 1, to fingerprint it",
+                "backup: before rollback-to-etcd2 3.4.23/etcd3 -> 3.4.23/etcd2, into /var/etcd/data.backup/<time>-3.4.23-etcd3 (keeping 3)",
+                "then: exec /bin/etcd-3.4.23 (or exit 0 with --no-exec)",
+            ]
+        );
     }
 
     #[test]

@@ -16,14 +16,15 @@ use tokio::sync::watch;
 
 use super::{ExecuteError, Executor};
 use crate::backup::{BackupError, BackupMode, BackupPolicy, StopCheck};
+use crate::config::{Member, TtlLeases};
 use crate::datadir::{DataDirError, WORK_DIR};
 use crate::dialect::StepEtcd;
 use crate::effects::{
     EtcdApi, HealthError, Launcher, LeasePlan, Progress, RunningEtcd, StepError, Tools,
 };
 use crate::keyspace::{Entry, Fingerprint, KnownLeases, Ours, Read};
-use crate::plan::{plan, Binary, Bundle};
-use crate::steps::{StepSettings, TtlLeases};
+use crate::plan::{backup_before, plan, Binary, Bundle};
+use crate::steps::StepSettings;
 use crate::supervisor::{ExitStatus, SupervisorError};
 use crate::swap::{Disk, SwapError};
 use crate::version::{Storage, VersionPair};
@@ -352,13 +353,14 @@ impl Outcome {
 fn migrate(current: &str, target: &str, fail: Option<&'static str>) -> Outcome {
     let bundle =
         Bundle::new(["3.3.25", "3.4.23", "3.5.1", "3.5.16"].map(|v| v.parse().expect("version")));
-    let plan = plan(
+    let mut plan = plan(
         current.parse().expect("pair"),
         target.parse().expect("pair"),
         &bundle,
     )
     .expect("plans");
     assert_eq!(plan.steps.len(), 1, "{:?}", plan.steps);
+    plan.backup = backup_before(&plan.steps, BackupMode::Destructive);
     let world = Rc::new(World {
         events: RefCell::new(Vec::new()),
         fail,
@@ -367,7 +369,15 @@ fn migrate(current: &str, target: &str, fail: Option<&'static str>) -> Outcome {
     let fakes = Fakes(Rc::clone(&world));
     let mut progress = Fakes(Rc::clone(&world));
     let (sender, termination) = watch::channel(None);
-    let extra = Vec::new();
+    let member = Member {
+        name: "m".to_string(),
+        client_port: 18629,
+        listen_peer_urls: "http://localhost:2380".to_string(),
+        initial_advertise_peer_urls: "http://localhost:2380".to_string(),
+        initial_cluster: "m=http://localhost:2380".to_string(),
+        initial_cluster_token: "etcd-cluster".to_string(),
+        extra_args: Vec::new(),
+    };
     let backup = BackupPolicy {
         mode: BackupMode::Destructive,
         root: "/data.backup".into(),
@@ -380,20 +390,13 @@ fn migrate(current: &str, target: &str, fail: Option<&'static str>) -> Outcome {
         disk: &fakes,
         progress: &mut progress,
         settings: StepSettings {
-            name: "m",
+            member: &member,
             data_dir: Path::new("/data"),
-            client_port: 18629,
-            listen_peer_urls: "http://localhost:2380",
-            initial_advertise_peer_urls: "http://localhost:2380",
-            initial_cluster: "m=http://localhost:2380",
-            initial_cluster_token: "etcd-cluster",
-            extra_args: &extra,
             health_timeout: Duration::from_millis(300),
             backup: &backup,
             ttl_leases: TtlLeases::Exact,
             ttl_keys_directory: "/registry/events",
             keep_v2_keys: false,
-            baseline: crate::plan::baseline_reader(&plan, &bundle),
         },
         termination,
     };

@@ -126,13 +126,13 @@ async fn restore<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         "--data-dir",
         &restored.to_string_lossy(),
         "--name",
-        settings.name,
+        &settings.member.name,
         "--initial-cluster",
-        settings.initial_cluster,
+        &settings.member.initial_cluster,
         "--initial-advertise-peer-urls",
-        settings.initial_advertise_peer_urls,
+        &settings.member.initial_advertise_peer_urls,
         "--initial-cluster-token",
-        settings.initial_cluster_token,
+        &settings.member.initial_cluster_token,
     ]);
     cx.offline(
         Binary::snapshot_restorer(to),

@@ -20,6 +20,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
 use crate::backup::{self, BackupError, BackupPolicy};
+use crate::config::{Member, TtlLeases};
 use crate::dialect::StepEtcd;
 use crate::effects::{EtcdApi, HealthError, Launcher, RunningEtcd, StepError, Tools};
 use crate::keyspace::{self, Entry, Fingerprint, KnownLeases};
@@ -38,49 +39,13 @@ pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_millis(15);
 /// take seconds; the deadline only catches a hung tool, which is killed.
 pub const WORK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
-/// How keys that expired in the v2 store get their expiry in v3.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TtlLeases {
-    /// Each key gets a lease with its own remaining TTL; keys that expire
-    /// in the same second share one.
-    #[default]
-    Exact,
-    /// The Kubernetes tool's way: every key under the TTL keys directory
-    /// gets one lease of an hour (other TTL keys still get exact leases).
-    Flat,
-}
-
-impl std::str::FromStr for TtlLeases {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "exact" => Ok(TtlLeases::Exact),
-            "flat" => Ok(TtlLeases::Flat),
-            _ => Err("expected exact or flat".to_string()),
-        }
-    }
-}
-
 /// The parts of the configuration every step shares.
 #[derive(Debug, Clone)]
 pub struct StepSettings<'a> {
-    /// Member name.
-    pub name: &'a str,
+    /// The member every step's etcd runs as.
+    pub member: &'a Member,
     /// Data dir.
     pub data_dir: &'a Path,
-    /// Loopback client port.
-    pub client_port: u16,
-    /// `--listen-peer-urls`.
-    pub listen_peer_urls: &'a str,
-    /// `--initial-advertise-peer-urls`.
-    pub initial_advertise_peer_urls: &'a str,
-    /// `--initial-cluster`.
-    pub initial_cluster: &'a str,
-    /// `--initial-cluster-token` for restored and rebuilt data.
-    pub initial_cluster_token: &'a str,
-    /// `ETCD_CREDS`.
-    pub extra_args: &'a [String],
     /// Deadline for the first successful write.
     pub health_timeout: Duration,
     /// Backups before destructive steps.
@@ -91,9 +56,6 @@ pub struct StepSettings<'a> {
     pub ttl_keys_directory: &'a str,
     /// Leave the v2 copies of migrated keys in place.
     pub keep_v2_keys: bool,
-    /// The release that reads the data as recorded before the first step,
-    /// for the baseline fingerprint ([`crate::plan::baseline_reader`]).
-    pub baseline: Option<Version>,
 }
 
 /// What a step works with: the effects and the shared settings.
@@ -192,7 +154,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         let endpoint = spec.client_url();
         self.await_write(&mut etcd, run, &endpoint).await?;
         crate::failpoint!("step-after-health-write");
-        if let Err(holder) = etcd.owns_listener(spec.client_port) {
+        if let Err(holder) = etcd.owns_listener(spec.member.client_port) {
             stop_quietly(&mut etcd, pid).await;
             return Err(Failure::Step(StepError::NotOurs {
                 version: run.version,
@@ -216,18 +178,12 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     /// How `run`'s etcd is started: its release's flags on the shared
     /// settings.
     fn spec<'s>(&'s self, run: Run<'_>, data_dir: &'s str) -> StepEtcd<'s> {
-        let settings = &self.settings;
         StepEtcd {
             version: run.version,
             storage: run.storage,
-            name: settings.name,
+            member: self.settings.member,
             data_dir,
-            client_port: settings.client_port,
-            listen_peer_urls: settings.listen_peer_urls,
-            initial_advertise_peer_urls: settings.initial_advertise_peer_urls,
-            initial_cluster: settings.initial_cluster,
-            new_cluster_token: run.new_cluster.then_some(settings.initial_cluster_token),
-            extra_args: settings.extra_args,
+            new_cluster: run.new_cluster,
         }
     }
 

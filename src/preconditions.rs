@@ -1,0 +1,650 @@
+//! This module owns the checks a run makes before it touches anything,
+//! beyond what the pure plan decides: the data dir's access and read-only
+//! mount, the hold a failed step left, the processes still running on the
+//! data dir, what the data itself records (a version.txt it contradicts,
+//! auth enabled, other members in its membership, its member name), data
+//! kept where a step's etcd will not look, the ports a step listens on, and
+//! the space the backup and the scratch copies need. Each refusal names its
+//! subject and the fix, and exits 2 with nothing touched.
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::backup::{self, BackupError};
+use crate::config::{Config, DataElsewhere, Mode};
+use crate::datadir::{self, DataDirError, DirState};
+use crate::log;
+use crate::ondisk::{self, OnDisk};
+use crate::paths;
+use crate::plan::{Plan, Step};
+use crate::supervisor;
+use crate::version::{Storage, VersionPair};
+
+/// How often the wait for an earlier run's processes looks again.
+const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Why the run must not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PreconditionError {
+    /// The data dir cannot be used as it is (no access, a read-only mount,
+    /// a hold).
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    /// A port a step's etcd must listen on is taken (or not ours to take).
+    #[error("{role} port {port} ({address}, from {setting}) cannot be bound: {reason}; {fix}")]
+    PortUnavailable {
+        /// "client" or "peer".
+        role: &'static str,
+        /// The port.
+        port: u16,
+        /// The address that was tried.
+        address: String,
+        /// The setting it comes from.
+        setting: String,
+        /// The OS error.
+        reason: String,
+        /// What to do.
+        fix: &'static str,
+    },
+    /// The backup or the scratch copies cannot be made: no space, a
+    /// backup dir inside the data dir or not writable, a link in the data
+    /// dir that loops or leads into the copy.
+    #[error(transparent)]
+    Space(#[from] BackupError),
+    /// A process other than ours still runs on the data dir.
+    #[error("{count} process(es) still run on the data dir {data_dir} after {waited:?}, e.g. pid {pid}: {command}; stop it (an etcd already serving this data, or one left by an earlier run) and rerun")]
+    Busy {
+        /// The data dir.
+        data_dir: String,
+        /// How many.
+        count: usize,
+        /// One of them.
+        pid: i32,
+        /// Its command line.
+        command: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// version.txt names a release the data itself contradicts.
+    #[error("{path} says {recorded}, but the data itself records cluster version {cluster_version} (so etcd {} last ran on it); a wrong version.txt walks the data through the wrong releases; write the release that last ran on the data into {path} (e.g. `printf {} > {path}`) and rerun", .cluster_minor, .suggestion)]
+    Mislabelled {
+        /// The version.txt file.
+        path: String,
+        /// What it says.
+        recorded: VersionPair,
+        /// What the data records.
+        cluster_version: String,
+        /// Its minor line.
+        cluster_minor: String,
+        /// A version.txt that would match.
+        suggestion: String,
+    },
+    /// The data has authentication enabled.
+    #[error("the data in {data_dir} has {api} authentication enabled, and etcd-migrate proves each step with writes that carry no credentials; nothing was touched; disable auth for the migration: serve the data with its recorded release {recorded} and run {disable}, rerun etcd-migrate, then enable auth again on the migrated data")]
+    AuthEnabled {
+        /// The data dir.
+        data_dir: String,
+        /// "v3" or "v2".
+        api: &'static str,
+        /// What version.txt says.
+        recorded: VersionPair,
+        /// The command that disables it.
+        disable: &'static str,
+    },
+    /// The data's own membership lists other members.
+    #[error("the data in {data_dir} belongs to a cluster of {count} members ({members}), as its own membership records; etcd-migrate runs each release as an isolated single member, which on such data would rejoin (or lead) the live cluster; nothing was touched; upgrade a multi-member cluster by rolling restarts, one minor at a time, with TARGET_VERSION set to the minor each member runs now")]
+    DataMultiMember {
+        /// The data dir.
+        data_dir: String,
+        /// How many members.
+        count: usize,
+        /// Them, named with their peer URLs.
+        members: String,
+    },
+    /// Steps are needed but etcd's settings keep data where a step's etcd
+    /// will not look (each item says which setting and how to proceed).
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; and: "))]
+    DataElsewhere(Vec<DataElsewhere>),
+    /// A stop signal came while waiting for an earlier run's processes.
+    #[error("stopped by {0}")]
+    Interrupted(Signal),
+}
+
+/// Refuses a data dir on hold, before any clean-up: what the failed run
+/// left (its scratch copy too) is what the operator will look at. Returns
+/// the state `inspect` found, or `None` when it failed otherwise (the
+/// inspection under the lock reports that).
+pub fn check_not_held(
+    first_look: Result<DirState, DataDirError>,
+) -> Result<Option<DirState>, PreconditionError> {
+    match first_look {
+        Ok(state) => Ok(Some(state)),
+        Err(held @ DataDirError::Held { .. }) => Err(held.into()),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Names a read-only mount or a dir owned by someone else now, not when
+/// etcd finds it in the middle of a step. (A file in the dir's place is
+/// reported by `inspect`.)
+pub fn check_access(config: &Config) -> Result<(), PreconditionError> {
+    if config.data_dir.is_dir() || !config.data_dir.exists() {
+        datadir::check_access(&config.data_dir, config.mode != Mode::DryRun)?;
+    }
+    Ok(())
+}
+
+/// Waits (up to the stop grace an etcd gets) for processes on the data dir
+/// to end: after a SIGKILL of an earlier etcd-migrate, its etcd and tools
+/// got SIGTERM from their parent-death signal and may still be stopping,
+/// holding the WAL lock and the ports. Anything still there after that is
+/// not ours to stop: refuse, naming it. No signal thread runs yet, so a
+/// termination signal is looked for on every round (it stays pending).
+pub fn wait_for_processes_on(data_dir: &Path) -> Result<(), PreconditionError> {
+    let started = Instant::now();
+    let deadline = started + supervisor::STOP_GRACE;
+    let mut logged = false;
+    loop {
+        if let Some(signal) = supervisor::take_pending_termination() {
+            return Err(PreconditionError::Interrupted(signal));
+        }
+        let found = processes_on(data_dir);
+        let Some((pid, command)) = found.first().cloned() else {
+            if logged {
+                log::info(
+                    "earlier processes on the data dir have ended",
+                    &[("ms", log::ms(started.elapsed()))],
+                );
+            }
+            return Ok(());
+        };
+        if Instant::now() >= deadline {
+            return Err(PreconditionError::Busy {
+                data_dir: data_dir.display().to_string(),
+                count: found.len(),
+                pid,
+                command,
+                waited: supervisor::STOP_GRACE,
+            });
+        }
+        if !logged {
+            log::warn(
+                "waiting for processes still on the data dir (an earlier run's etcd stopping?)",
+                &[
+                    ("count", found.len().into()),
+                    ("pid", pid.into()),
+                    ("command", command.into()),
+                ],
+            );
+            logged = true;
+        }
+        std::thread::sleep(PROCESS_POLL_INTERVAL);
+    }
+}
+
+/// The command line of the process at `/proc/<pid>` (`proc_dir`). While
+/// a process exits, its main thread can be a zombie with an empty command
+/// line while other threads still hold its ports and locks (measured: an
+/// etcd 3.5 after SIGTERM, on a loaded machine): then any live thread's
+/// command line is read.
+fn command_line(proc_dir: &Path) -> Option<Vec<u8>> {
+    let main = std::fs::read(proc_dir.join("cmdline")).ok()?;
+    if !main.is_empty() {
+        return Some(main);
+    }
+    std::fs::read_dir(proc_dir.join("task"))
+        .ok()?
+        .flatten()
+        .filter_map(|task| std::fs::read(task.path().join("cmdline")).ok())
+        .find(|line| !line.is_empty())
+}
+
+/// etcd, etcdctl and etcdutl processes (by program name; not etcd-migrate)
+/// whose command line names `data_dir` or a path inside it
+/// (`--data-dir=<data>`, `--data-dir <data>/.etcd-migrate.work/v2`): those
+/// a killed etcd-migrate left stopping, or someone else's etcd on the same
+/// data. Wrappers that name the data dir too (`sh -c`, `unshare`, tini,
+/// the Kubernetes wrapper scripts) are not etcd. Each as (pid, command
+/// line). Processes that vanish while being read are skipped.
+pub fn processes_on(data_dir: &Path) -> Vec<(i32, String)> {
+    // Compared as paths, resolved on both sides (crate::paths): an etcd
+    // started with `--data-dir=/var/etcd/data/`, through a symlink, or with
+    // a relative path from its own working dir is on the same data.
+    let dir = paths::resolved(data_dir);
+    let own = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == own {
+            continue;
+        }
+        let Some(raw) = command_line(&entry.path()) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let program = args
+            .first()
+            .and_then(|a| a.rsplit('/').next())
+            .unwrap_or_default();
+        let is_etcd = program.starts_with("etcd") && !program.starts_with("etcd-migrate");
+        if !is_etcd {
+            continue;
+        }
+        // Unreadable for another user's process (no ptrace access): its
+        // relative paths then go unread, its absolute ones still count.
+        let cwd = std::fs::read_link(entry.path().join("cwd")).ok();
+        if names_dir(&args[1..], cwd.as_deref(), &dir) {
+            found.push((pid, args.join(" ")));
+        }
+    }
+    found
+}
+
+/// Whether `args` (of an etcd, etcdctl or etcdutl) name `dir` (resolved)
+/// or a path inside it: an absolute path as an argument or as a flag's
+/// `=` value, or a relative one given to a flag that takes a dir
+/// (`--data-dir`, `--wal-dir`, `-data-dir x`), taken from `cwd`. Other
+/// relative words (`--name=default`) are not read as paths: for an etcd
+/// whose working dir is the data dir they would all seem to lie inside it.
+fn names_dir(args: &[String], cwd: Option<&Path>, dir: &Path) -> bool {
+    let inside = |path: &str| paths::resolved_from(cwd, Path::new(path)).starts_with(dir);
+    let takes_dir = |flag: &str| flag.starts_with('-') && flag.ends_with("-dir");
+    args.iter().enumerate().any(|(i, arg)| {
+        let (flag, value) = match arg.split_once('=') {
+            Some((flag, value)) => (Some(flag), value),
+            None => (None, arg.as_str()),
+        };
+        if value.starts_with('/') {
+            return inside(value);
+        }
+        let dir_value = match flag {
+            Some(flag) => takes_dir(flag),
+            None => i > 0 && takes_dir(&args[i - 1]),
+        };
+        dir_value && cwd.is_some() && !value.is_empty() && inside(value)
+    })
+}
+
+/// Reads what the data itself records (offline, before any etcd runs on
+/// it) and refuses what no step may do to it: a version.txt the data
+/// contradicts, auth-enabled data, data of a multi-member cluster. Returns
+/// the member name the data records, when it has one and steps will run:
+/// rebuilt data keeps it, and a configured name that differs is reported
+/// (an etcd started on existing data with another `--name` would rename
+/// the member). Only for a recorded data dir whose plan changes it.
+pub fn check_recorded_data(
+    config: &Config,
+    plan: &Plan,
+) -> Result<Option<String>, PreconditionError> {
+    let on_disk = match ondisk::read(&config.data_dir) {
+        Ok(on_disk) => on_disk,
+        Err(err) => {
+            // etcd reads the same files and will say what is wrong, with
+            // its own words, when the first step starts it.
+            log::warn(
+                "cannot read what the data records; its etcd will report it",
+                &[("error", err.to_string().into())],
+            );
+            return Ok(None);
+        }
+    };
+    for note in &on_disk.notes {
+        log::info("data read", &[("note", note.as_str().into())]);
+    }
+    if let Some(cluster_version) = &on_disk.cluster_version {
+        check_label(config, plan, cluster_version)?;
+    }
+    if plan.steps.is_empty() {
+        return Ok(None);
+    }
+    check_alone(config, &on_disk)?;
+    check_auth_off(config, plan, &on_disk)?;
+    let recorded_name = on_disk
+        .members
+        .iter()
+        .find(|m| Some(m.id) == on_disk.member_id)
+        .map(|m| m.name.clone())
+        .filter(|name| !name.is_empty());
+    match &recorded_name {
+        Some(name) if *name != config.member.name => log::warn(
+            "the configured member name differs from the data's; the steps use the data's",
+            &[
+                ("data", name.as_str().into()),
+                ("configured", config.member.name.as_str().into()),
+            ],
+        ),
+        _ => {}
+    }
+    Ok(recorded_name)
+}
+
+/// Refuses data whose own membership lists other members.
+fn check_alone(config: &Config, on_disk: &OnDisk) -> Result<(), PreconditionError> {
+    if on_disk.members.len() <= 1 {
+        return Ok(());
+    }
+    let members: Vec<String> = on_disk
+        .members
+        .iter()
+        .map(|m| {
+            let name = if m.name.is_empty() {
+                "(unstarted)"
+            } else {
+                &m.name
+            };
+            format!("{name} {}", m.peer_urls.join(","))
+        })
+        .collect();
+    Err(PreconditionError::DataMultiMember {
+        data_dir: config.data_dir.display().to_string(),
+        count: on_disk.members.len(),
+        members: members.join(", "),
+    })
+}
+
+/// Refuses data with v3 or v2 authentication enabled.
+fn check_auth_off(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), PreconditionError> {
+    let auth = match (on_disk.v3_auth_enabled, on_disk.v2_auth_enabled) {
+        (true, _) => Some(("v3", "`etcdctl --user root auth disable` (ETCDCTL_API=3)")),
+        (false, true) => Some(("v2", "`etcdctl -u root auth disable` (ETCDCTL_API=2)")),
+        (false, false) => None,
+    };
+    match auth {
+        Some((api, disable)) => Err(PreconditionError::AuthEnabled {
+            data_dir: config.data_dir.display().to_string(),
+            api,
+            recorded: plan.current,
+            disable,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a version.txt whose release the data's cluster version
+/// contradicts. The one accepted difference: the data is one minor ahead
+/// of version.txt when the first step runs that minor in place (a run
+/// that died during that step; the baseline handles it).
+fn check_label(
+    config: &Config,
+    plan: &Plan,
+    cluster_version: &str,
+) -> Result<(), PreconditionError> {
+    let recorded = plan.current;
+    let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    let cluster_minor = minor(cluster_version);
+    let recorded_minor = recorded.version.minor_line().to_string();
+    let interrupted_first_step = match plan.steps.first() {
+        Some(step @ (Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. })) => {
+            step.runs().minor_line().to_string() == cluster_minor
+        }
+        _ => false,
+    };
+    if cluster_minor == recorded_minor || interrupted_first_step {
+        return Ok(());
+    }
+    let storage = if cluster_minor.starts_with("2.") {
+        Storage::Etcd2
+    } else {
+        recorded.storage
+    };
+    Err(PreconditionError::Mislabelled {
+        path: config
+            .data_dir
+            .join(datadir::VERSION_FILE)
+            .display()
+            .to_string(),
+        recorded,
+        cluster_version: cluster_version.to_string(),
+        suggestion: format!("{cluster_minor}.<patch>/{storage}"),
+        cluster_minor,
+    })
+}
+
+/// Refuses a plan with steps that its settings or its host cannot carry
+/// out: data kept where a step's etcd will not look, a port a step's etcd
+/// cannot bind, no room (or no safe place) for the backup and the scratch
+/// copies.
+pub fn check_before_steps(config: &Config, plan: &Plan) -> Result<(), PreconditionError> {
+    // A no-op or patch-only plan starts no etcd before the exec, which
+    // gets these settings as they are; a step would not honour them.
+    if !plan.steps.is_empty() && !config.data_elsewhere.is_empty() {
+        return Err(PreconditionError::DataElsewhere(
+            config.data_elsewhere.clone(),
+        ));
+    }
+    // Only when etcd will run: a no-op stays fast, and a dry run may look
+    // at a data dir whose etcd is serving (and holding the ports) right now.
+    if !plan.steps.is_empty() && config.mode != Mode::DryRun {
+        check_ports(config)?;
+    }
+    let backup = plan.backup.is_some();
+    let destructive = plan.is_destructive();
+    if backup || destructive {
+        // The write probe only when the run will write: a dry run changes
+        // nothing, not even a probe file.
+        backup::check_before_run(
+            &config.data_dir,
+            backup.then_some(config.backup.root.as_path()),
+            destructive,
+            config.mode != Mode::DryRun,
+        )?;
+    }
+    Ok(())
+}
+
+/// Checks that every port a step's etcd listens on can be bound now, so a
+/// port held by another process (an etcd already running on this data, a
+/// second pod) is named before anything is touched. etcd binds with
+/// SO_REUSEADDR, and so does `TcpListener`: a port in TIME_WAIT passes.
+fn check_ports(config: &Config) -> Result<(), PreconditionError> {
+    let port = config.member.client_port;
+    let client = SocketAddr::from(([127, 0, 0, 1], port));
+    try_bind(client).map_err(|reason| PreconditionError::PortUnavailable {
+        role: "client",
+        port,
+        address: client.to_string(),
+        setting: "--port (default 18629, or 18631 when the data dir path contains \"event\")"
+            .to_string(),
+        reason,
+        fix: "stop whatever listens there, or give the steps a free loopback port with --port",
+    })?;
+    for (url, address) in peer_addresses(&config.member.listen_peer_urls) {
+        // Port 0 binds "any free port", where no advertised peer URL points
+        // (--peer-port 0 is refused with the configuration).
+        if address.port() == 0 {
+            return Err(PreconditionError::PortUnavailable {
+                role: "peer",
+                port: 0,
+                address: address.to_string(),
+                setting: format!("{url} in --listen-peer-urls (or $LISTEN_PEER_URLS)"),
+                reason: "port 0 makes etcd listen on whatever port is free, which no peer URL can name".to_string(),
+                fix: "give a real port in LISTEN_PEER_URLS (and the same in INITIAL_ADVERTISE_PEER_URLS and INITIAL_CLUSTER)",
+            });
+        }
+        try_bind(address).map_err(|reason| PreconditionError::PortUnavailable {
+            role: "peer",
+            port: address.port(),
+            address: address.to_string(),
+            setting: format!(
+                "{url} in --listen-peer-urls (or $LISTEN_PEER_URLS; default http://localhost:<--peer-port>)"
+            ),
+            reason,
+            fix: "stop whatever listens there (an etcd already serving this data?), or pick a free port with --peer-port, or set LISTEN_PEER_URLS (and INITIAL_ADVERTISE_PEER_URLS and INITIAL_CLUSTER to match)",
+        })?;
+    }
+    Ok(())
+}
+
+fn try_bind(address: SocketAddr) -> Result<(), String> {
+    TcpListener::bind(address)
+        .map(drop)
+        .map_err(|err| err.to_string())
+}
+
+/// The address each URL of `--listen-peer-urls` makes etcd listen on: the
+/// host as Go's `net.Listen` takes it (an IP, or a name of which the first
+/// IPv4 address is used). URLs without a host:port, or whose name does not
+/// resolve, are left for etcd to report.
+fn peer_addresses(urls: &str) -> Vec<(String, SocketAddr)> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .filter_map(|url| {
+            let (scheme, rest) = url.split_once("://")?;
+            if !matches!(scheme, "http" | "https") {
+                return None;
+            }
+            let host_port = rest.split('/').next()?;
+            let resolved: Vec<SocketAddr> = host_port.to_socket_addrs().ok()?.collect();
+            let address = resolved
+                .iter()
+                .find(|a| a.is_ipv4())
+                .or(resolved.first())
+                .copied()?;
+            Some((url.to_string(), address))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn peer_urls_become_the_addresses_etcd_listens_on() {
+        let found = peer_addresses(
+            "http://localhost:2380, https://10.1.2.3:2390/,http://[::1]:2400,unix://x:1,http://nohost",
+        );
+        let addresses: Vec<String> = found.iter().map(|(_, a)| a.to_string()).collect();
+        assert_eq!(
+            addresses,
+            ["127.0.0.1:2380", "10.1.2.3:2390", "[::1]:2400"],
+            "{found:?}"
+        );
+        assert_eq!(found[1].0, "https://10.1.2.3:2390/");
+    }
+
+    #[test]
+    fn an_etcd_names_the_data_dir_however_its_arguments_spell_it() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        std::fs::create_dir(&data).expect("mkdir");
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&data, &link).expect("symlink");
+        let dir = paths::resolved(&data);
+        let args = |list: &[String]| list.to_vec();
+        let shown = data.display().to_string();
+        let cases: Vec<(Vec<String>, Option<&Path>, bool)> = vec![
+            (args(&[format!("--data-dir={shown}/")]), None, true),
+            (
+                args(&[format!("--data-dir={shown}//member/./wal")]),
+                None,
+                true,
+            ),
+            (
+                args(&["-data-dir".into(), format!("{}", link.display())]),
+                None,
+                true,
+            ),
+            (args(&[format!("{shown}/../data/snapshot.db")]), None, true),
+            (
+                args(&["--data-dir".into(), "./data/".into()]),
+                Some(tmp.path()),
+                true,
+            ),
+            (
+                args(&["--wal-dir=data/member/wal".into()]),
+                Some(tmp.path()),
+                true,
+            ),
+            // A relative path with no known working dir cannot be placed.
+            (args(&["--data-dir=./data".into()]), None, false),
+            // Words that are not paths, even from inside the data dir.
+            (
+                args(&["--name=default".into(), "default".into()]),
+                Some(&data),
+                false,
+            ),
+            (args(&[format!("--data-dir={shown}.backup")]), None, false),
+            (
+                args(&[format!("--data-dir={}", tmp.path().display())]),
+                None,
+                false,
+            ),
+        ];
+        for (list, cwd, expected) in cases {
+            assert_eq!(
+                names_dir(&list, cwd, &dir),
+                expected,
+                "{list:?} from {cwd:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn processes_on_the_data_dir_are_etcds_naming_it_or_a_path_inside() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        // A shell under an etcd-like name stands in for a stopping etcd. It
+        // waits in the `read` builtin on a pipe nobody writes: no child of
+        // its own (a forked child would carry the same command line).
+        let fake = tmp.path().join("etcd-3.4.23");
+        std::fs::copy("/bin/sh", &fake).expect("copy sh");
+        let scratch = format!("--data-dir={}/.etcd-migrate.work/v2", data.display());
+        let mut etcd = Command::new(&fake)
+            .args(["-c", "read line", "etcd", &scratch])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn the stand-in");
+        // A wrapper naming the same dir is not etcd.
+        let mut wrapper = Command::new("/bin/sh")
+            .args(["-c", "read line", "sh", &scratch])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn the wrapper");
+        // Until both have exec'd (a loaded machine can take a while), /proc
+        // shows the test's own command line for them: wait, with a deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let exec_done = |pid: u32| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|line| line.windows(scratch.len()).any(|w| w == scratch.as_bytes()))
+        };
+        while !(exec_done(etcd.id()) && exec_done(wrapper.id())) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the stand-ins never exec'd"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let found = processes_on(&data);
+        let other = processes_on(&tmp.path().join("dat"));
+        let _ = etcd.kill();
+        let _ = wrapper.kill();
+        let _ = etcd.wait();
+        let _ = wrapper.wait();
+        let pids: Vec<i32> = found.iter().map(|(pid, _)| *pid).collect();
+        assert_eq!(pids, [etcd.id() as i32], "{found:?}");
+        assert!(found[0].1.contains(".etcd-migrate.work/v2"), "{found:?}");
+        assert!(
+            other.is_empty(),
+            "a prefix of the name is not the dir: {other:?}"
+        );
+    }
+}
