@@ -4,6 +4,7 @@
 #   make base                       the local base image (cached)
 #   make bundle                     stage binaries into .cache/image-context
 #   make image-test                 image + the container e2e (image-tests/run.sh)
+#   make cluster-test               image + the multi-member cluster tests (cluster-tests/)
 #
 # Variables (make VAR=value):
 #   IMAGE          tag of the image               (etcd-migrate:dev)
@@ -55,3 +56,9 @@ bundle: binary
 
 image-test: image
 	IMAGE=$(IMAGE) image-tests/run.sh
+
+# Multi-member clusters of $(IMAGE) on private Docker networks (issue 11);
+# one scenario at a time, each printing its time and invariants.
+.PHONY: cluster-test
+cluster-test: image
+	ETCD_MIGRATE_IMAGE=$(IMAGE) cargo test --locked --test cluster -- --nocapture

@@ -1,0 +1,94 @@
+//! This module owns the safety-floor scenarios on a live cluster: a
+//! member of a 3-member 3.3.25 cluster (TLS), restarted with
+//! TARGET_VERSION=3.5.16, must be refused by its entrypoint (exit 2,
+//! naming the members) while a client writes throughout; the cluster keeps
+//! quorum and every acknowledged write, the member's advertised URLs in the
+//! membership are unchanged and the cluster version stays 3.3; restarted
+//! at 3.3.25 the member rejoins and every invariant holds.
+
+use std::time::{Duration, Instant};
+
+use crate::harness::cluster::{Cluster, Style, REFUSE_DEADLINE, START_DEADLINE, STOP_GRACE_S};
+use crate::harness::monitor::minor;
+use crate::harness::{ready, say};
+
+/// What the writer must get acknowledged at each stage.
+const ACKS: usize = 20;
+const ACK_DEADLINE: Duration = Duration::from_secs(60);
+
+fn refused_upgrade_keeps_the_cluster(test: &str, style: Style) {
+    let Some(ready) = ready(test, &["3.3.25", "3.5.16"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, style, 3, "3.3.25");
+    let baseline = cluster.baseline();
+    let monitor = cluster.start_monitor();
+    let writer = cluster.start_writer();
+    let acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before any restart");
+
+    let victim = 1;
+    let name = cluster.members[victim].name.clone();
+    cluster.container(victim).stop(STOP_GRACE_S);
+    cluster.run_member(victim, "3.5.16");
+    let code = cluster.container(victim).wait_exit(REFUSE_DEADLINE);
+    let refusal = cluster.container(victim).logs();
+    assert_eq!(
+        code, 2,
+        "{name} restarted with TARGET_VERSION=3.5.16 must be refused with exit 2; its log:\n{refusal}"
+    );
+    for member in cluster.names() {
+        assert!(
+            refusal.contains(&member),
+            "the refusal must name member {member}; it says:\n{refusal}"
+        );
+    }
+    eprintln!(
+        "{test}: {name} at TARGET_VERSION=3.5.16 exited 2:\n{}",
+        refusal.trim()
+    );
+    assert_eq!(
+        cluster.version_txt(victim),
+        "3.3.25/etcd3",
+        "the refusal must leave version.txt alone"
+    );
+
+    // Quorum kept while the member is out, its URLs kept, 3.3 kept.
+    let acks = writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes while a member is refused");
+    for live in (0..3).filter(|i| *i != victim) {
+        let (membership, _) = cluster.membership(live);
+        assert_eq!(
+            membership, baseline.membership,
+            "the membership changed after the refusal"
+        );
+        let cv = cluster.cluster_version(live);
+        assert_eq!(
+            minor(&cv),
+            Some((3, 3)),
+            "cluster version after the refusal: {cv}"
+        );
+    }
+
+    // Back at 3.3.25 it rejoins.
+    cluster.run_member(victim, "3.3.25");
+    cluster.wait_healthy(victim, START_DEADLINE);
+    writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes after the member rejoined");
+
+    let log = writer.finish();
+    let rounds = monitor.finish();
+    cluster.check_invariants(&baseline, &log, &rounds);
+    say(&format!(
+        "{test}: passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+#[test]
+fn kubeadm_member_restarted_two_minors_ahead_is_refused_and_rejoins() {
+    refused_upgrade_keeps_the_cluster("kubeadm-refused", Style::Kubeadm);
+}
+
+#[test]
+fn gce_member_restarted_two_minors_ahead_is_refused_and_rejoins() {
+    refused_upgrade_keeps_the_cluster("gce-refused", Style::Gce);
+}
