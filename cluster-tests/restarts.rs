@@ -1,11 +1,14 @@
 //! This module owns the scenarios at one version (no version change): a
 //! rolling restart member by member, and a member SIGKILLed then one cut
 //! off the network; each keeps quorum and every acknowledged write, with
-//! a client writing throughout.
+//! a client writing throughout. And the harness's own proof: a member
+//! restarted by hand two minors ahead (etcd allows it) is caught by the
+//! monitor.
 
 use std::time::{Duration, Instant};
 
-use crate::harness::cluster::{Cluster, Style, START_DEADLINE};
+use crate::harness::cluster::{Cluster, Style, START_DEADLINE, STOP_GRACE_S};
+use crate::harness::monitor::violations;
 use crate::harness::{ready, say};
 
 /// What the writer must get acknowledged at each stage.
@@ -81,6 +84,42 @@ fn member_killed_then_member_cut_off_rejoin_with_every_write() {
     cluster.check_invariants(&baseline, &log, &rounds);
     say(&format!(
         "{test}: passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+/// The issue's failure, made by hand: etcd 3.5.16 started directly on a
+/// member of a 3.3 cluster joins it (nothing in etcd from 3.1 on stops a
+/// member two minors ahead). The monitor must report it, or its "no member
+/// two minors ahead" check proves nothing.
+#[test]
+fn monitor_catches_a_member_run_by_hand_two_minors_ahead() {
+    let test = "by-hand";
+    let Some(ready) = ready(test, &["3.3.25", "3.5.16"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.3.25");
+    let monitor = cluster.start_monitor();
+    cluster.container(2).stop(STOP_GRACE_S);
+    cluster.run_member_bypassing_entrypoint(2, "3.5.16");
+    cluster.wait_healthy(2, START_DEADLINE);
+    monitor.wait_round(
+        ACK_DEADLINE,
+        "etcd-c answers as 3.5.16",
+        |round| matches!(&round.answers[2], Some(a) if a.server == "3.5.16"),
+    );
+    let rounds = monitor.finish();
+    let found = violations(&cluster.names(), &rounds);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("etcd-c runs 3.5.16 while the cluster version is 3.3")),
+        "the monitor missed etcd-c at 3.5.16 in a 3.3 cluster: {found:?}"
+    );
+    say(&format!(
+        "{test}: the monitor caught it ({}), passed in {:.1} s",
+        found[0],
         started.elapsed().as_secs_f64()
     ));
 }

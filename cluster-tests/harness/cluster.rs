@@ -268,11 +268,46 @@ impl Cluster {
     /// (Re)creates member `i`'s container with TARGET_VERSION `version`, on
     /// its data volume; does not wait.
     pub fn run_member(&mut self, i: usize, version: &str) {
+        let args = self.run_args(i, version);
+        self.replace_container(i, &args);
+    }
+
+    /// (Re)creates member `i` (kubeadm style) as `etcd-<version>` itself
+    /// with the member's etcd flags, bypassing etcd-migrate: what an
+    /// operator's by-hand restart does, and how the harness proves that
+    /// its monitor sees a member run two minors ahead.
+    pub fn run_member_bypassing_entrypoint(&mut self, i: usize, version: &str) {
+        assert_eq!(
+            self.style,
+            Style::Kubeadm,
+            "the kubeadm style has etcd's flags"
+        );
+        let mut args = self.run_args(i, version);
+        let image_at = args
+            .iter()
+            .position(|a| *a == self.image)
+            .expect("the image in the docker run arguments");
+        let dashes = args
+            .iter()
+            .position(|a| a == "--")
+            .expect("etcd's flags after --");
+        // [docker options] --entrypoint etcd-<v> image [etcd flags]
+        let etcd_flags = args.split_off(dashes + 1);
+        args.truncate(image_at);
+        args.extend([
+            "--entrypoint".to_string(),
+            format!("/usr/local/bin/etcd-{version}"),
+            self.image.clone(),
+        ]);
+        args.extend(etcd_flags);
+        self.replace_container(i, &args);
+    }
+
+    fn replace_container(&mut self, i: usize, args: &[String]) {
         let name = format!("emcl-{}-{}", self.run, self.members[i].name);
         // The old container (if any) goes first: the name is reused.
         self.members[i].container = None;
-        let args = self.run_args(i, version);
-        self.members[i].container = Some(Container::run(&name, &args));
+        self.members[i].container = Some(Container::run(&name, args));
     }
 
     pub fn container(&self, i: usize) -> &Container {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::docker::run_with_deadline;
+use super::docker::{run_with_deadline, POLL};
 use super::pki::ClientPki;
 
 /// What one probe may take (curl's own --max-time; the process gets a
@@ -142,6 +142,21 @@ impl Monitor {
             stop,
             rounds,
             thread: Some(thread),
+        }
+    }
+
+    /// Waits (with `deadline`) until a round matching `pred` was recorded.
+    pub fn wait_round(&self, deadline: Duration, what: &str, pred: impl Fn(&Round) -> bool) {
+        let started = Instant::now();
+        loop {
+            if self.rounds.lock().expect("rounds").iter().any(&pred) {
+                return;
+            }
+            assert!(
+                started.elapsed() < deadline,
+                "no monitor round within {deadline:?} where {what}"
+            );
+            thread::sleep(POLL);
         }
     }
 
