@@ -45,6 +45,8 @@ pub struct Member {
     pub container: Option<Container>,
     volume: Volume,
     pki_dir: std::path::PathBuf,
+    /// Added to a running cluster (`--initial-cluster-state existing`).
+    joined: bool,
 }
 
 /// Membership as a member reports it: the cluster id, and per member id
@@ -74,7 +76,8 @@ pub struct Cluster {
     pub run: String,
     label: String,
     token: String,
-    _pki_root: tempfile::TempDir,
+    authority: Authority,
+    pki_root: tempfile::TempDir,
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -108,23 +111,8 @@ impl Cluster {
             .expect("temp dir for certificates");
         let authority = Authority::new(&run);
         let client = authority.write_client(&pki_root.path().join("client"));
-        let members = (0..size)
-            .map(|i| {
-                let name = format!("etcd-{}", (b'a' + i as u8) as char);
-                let ip = network.ip(11 + i as u8);
-                let pki_dir = pki_root.path().join(&name);
-                authority.write_member(&pki_dir, &name, &ip);
-                Member {
-                    volume: Volume::create(&format!("emcl-{run}-{name}"), &label),
-                    name,
-                    ip,
-                    container: None,
-                    pki_dir,
-                }
-            })
-            .collect();
         let mut cluster = Cluster {
-            members,
+            members: Vec::new(),
             network,
             image: image.to_string(),
             style,
@@ -132,8 +120,12 @@ impl Cluster {
             token: format!("cluster-test-{run}"),
             run,
             label,
-            _pki_root: pki_root,
+            authority,
+            pki_root,
         };
+        for _ in 0..size {
+            cluster.new_member(false);
+        }
         for i in 0..size {
             cluster.run_member(i, version);
         }
@@ -143,6 +135,62 @@ impl Cluster {
         let expected = minor(version).expect("a X.Y.Z version");
         cluster.wait_cluster_version(expected, START_DEADLINE);
         cluster
+    }
+
+    /// Certificates, volume and address of the next member (not started).
+    fn new_member(&mut self, joined: bool) -> usize {
+        let i = self.members.len();
+        let name = format!("etcd-{}", (b'a' + i as u8) as char);
+        let ip = self.network.ip(11 + i as u8);
+        let pki_dir = self.pki_root.path().join(&name);
+        self.authority.write_member(&pki_dir, &name, &ip);
+        self.members.push(Member {
+            volume: Volume::create(&format!("emcl-{}-{name}", self.run), &self.label),
+            name,
+            ip,
+            container: None,
+            pki_dir,
+            joined,
+        });
+        i
+    }
+
+    /// kubeadm's control-plane join: the next member is added to the
+    /// membership through member 0 (`member add` with its peer URL), and
+    /// its container started with TARGET_VERSION `version` on an empty
+    /// data volume and `--initial-cluster-state existing`; does not wait.
+    /// Returns its index.
+    pub fn add_member(&mut self, version: &str) -> usize {
+        let i = self.new_member(true);
+        let peer = format!("https://{}:2380", self.members[i].ip);
+        let (ip0, pki) = (self.members[0].ip.clone(), self.client.clone());
+        runtime().block_on(async move {
+            // etcd refuses a member add until every member has been
+            // connected for a few seconds ("unhealthy cluster").
+            let started = Instant::now();
+            loop {
+                let err = match connect(&pki, &ip0).await {
+                    Ok(mut c) => match tokio::time::timeout(
+                        writer::REQUEST_DEADLINE,
+                        c.member_add([peer.as_str()], None),
+                    )
+                    .await
+                    {
+                        Ok(Ok(_)) => return,
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => "no answer in time".to_string(),
+                    },
+                    Err(e) => e,
+                };
+                assert!(
+                    started.elapsed() < START_DEADLINE,
+                    "member add {peer}: {err} (for {START_DEADLINE:?})"
+                );
+                tokio::time::sleep(POLL * 5).await;
+            }
+        });
+        self.run_member(i, version);
+        i
     }
 
     /// Member names, in order.
@@ -183,6 +231,7 @@ impl Cluster {
         .collect();
         let peer = format!("https://{}:2380", m.ip);
         let client_urls = format!("https://{}:2379", m.ip);
+        let state = if m.joined { "existing" } else { "new" };
         match self.style {
             Style::Kubeadm => {
                 let pki = "/etc/kubernetes/pki/etcd";
@@ -202,6 +251,7 @@ impl Cluster {
                     format!("--initial-advertise-peer-urls={peer}"),
                     format!("--initial-cluster={}", self.initial_cluster()),
                     format!("--initial-cluster-token={}", self.token),
+                    format!("--initial-cluster-state={}", state),
                     format!("--key-file={pki}/{}", pki::SERVER_KEY),
                     format!("--listen-client-urls=https://127.0.0.1:2379,{client_urls}"),
                     "--listen-metrics-urls=http://127.0.0.1:2381".to_string(),
@@ -232,7 +282,7 @@ impl Cluster {
                 // The manifest's command, with the member's own client URL
                 // (the test's clients are not on the member's loopback).
                 let command = format!(
-                    "/usr/local/bin/migrate-if-needed.sh || exit; exec /usr/local/bin/etcd-${{TARGET_VERSION}} --listen-peer-urls ${{LISTEN_PEER_URLS}} --initial-advertise-peer-urls ${{INITIAL_ADVERTISE_PEER_URLS}} --advertise-client-urls {client_urls} --listen-client-urls https://127.0.0.1:2379,{client_urls} --quota-backend-bytes=4294967296 --data-dir /var/etcd/data --initial-cluster-state new --initial-cluster ${{INITIAL_CLUSTER}} --initial-cluster-token {token} ${{ETCD_CREDS}} {apiserver_creds}",
+                    "/usr/local/bin/migrate-if-needed.sh || exit; exec /usr/local/bin/etcd-${{TARGET_VERSION}} --listen-peer-urls ${{LISTEN_PEER_URLS}} --initial-advertise-peer-urls ${{INITIAL_ADVERTISE_PEER_URLS}} --advertise-client-urls {client_urls} --listen-client-urls https://127.0.0.1:2379,{client_urls} --quota-backend-bytes=4294967296 --data-dir /var/etcd/data --initial-cluster-state {state} --initial-cluster ${{INITIAL_CLUSTER}} --initial-cluster-token {token} ${{ETCD_CREDS}} {apiserver_creds}",
                     token = self.token
                 );
                 for (k, v) in [
