@@ -179,6 +179,17 @@ impl Drop for Monitor {
     }
 }
 
+/// A minor's place on the upgrade path (2.2 → 2.3 → 3.0 → 3.1 …), so that
+/// "two minors ahead" counts across the 2 → 3 boundary as etcd's rolling
+/// procedure does.
+fn step((major, minor): (u32, u32)) -> u32 {
+    if major <= 2 {
+        minor
+    } else {
+        4 + (major - 3) * 100 + minor
+    }
+}
+
 /// The invariants over every round: never two members down at once; no
 /// member ahead of the cluster version by two minors or more. The
 /// cluster version is the highest any member reported in the round (it
@@ -216,8 +227,8 @@ pub fn violations(names: &[String], rounds: &[Round]) -> Vec<String> {
         };
         for (answer, name) in round.answers.iter().zip(names) {
             let Some(answer) = answer else { continue };
-            if let Some((maj, min)) = minor(&answer.server) {
-                if maj != cmaj || min >= cmin + 2 {
+            if let Some(server) = minor(&answer.server) {
+                if step(server) >= step((cmaj, cmin)) + 2 {
                     out.push(format!(
                         "at {:.1}s {name} runs {} while the cluster version is {cmaj}.{cmin}",
                         round.at.as_secs_f64(),
@@ -265,5 +276,16 @@ mod tests {
         let v = violations(&names, &[ok, ahead]);
         assert_eq!(v.len(), 1, "{v:?}");
         assert!(v[0].contains("b runs 3.5.16"), "{v:?}");
+        // 2.3 → 3.0 is one step, 2.2 → 3.0 two.
+        let boundary = |cluster: &str| Round {
+            at: Duration::ZERO,
+            answers: vec![
+                answer("3.0.17", cluster),
+                answer("2.3.7", cluster),
+                answer("2.3.7", cluster),
+            ],
+        };
+        assert!(violations(&names, &[boundary("2.3.0")]).is_empty());
+        assert_eq!(violations(&names, &[boundary("2.2.0")]).len(), 1);
     }
 }
