@@ -5,6 +5,7 @@
 #   make bundle                     stage binaries into .cache/image-context
 #   make image-test                 image + the container e2e (image-tests/main.rs,
 #                                   cargo test --test image-tests -- --ignored)
+#   make cluster-test               image + the multi-member cluster tests (cluster-tests/)
 #
 # Variables (make VAR=value):
 #   IMAGE          tag of the image               (etcd-migrate:dev)
@@ -62,3 +63,9 @@ TESTS ?=
 image-test: image
 	IMAGE=$(IMAGE) BASEIMAGE=$(BASEIMAGE) cargo test --locked --features failpoints --test image-tests -- \
 	  --ignored --test-threads=1 --nocapture $(TESTS)
+
+# Multi-member clusters of $(IMAGE) on private Docker networks (issue 11);
+# one scenario at a time, each printing its time and invariants.
+.PHONY: cluster-test
+cluster-test: image
+	ETCD_MIGRATE_IMAGE=$(IMAGE) cargo test --locked --features failpoints --test cluster -- --nocapture

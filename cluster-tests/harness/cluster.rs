@@ -1,0 +1,662 @@
+//! This module owns a test cluster: N members, each a container of the
+//! image under test on the run's private network with its own static
+//! address, its own data volume and certificates, started kubeadm style
+//! (etcd's flags after `--`) or GCE style (`INITIAL_CLUSTER` & co. and
+//! `migrate-if-needed.sh`); the member operations the scenarios need
+//! (stop, kill, start, cut off, reconnect, restart with another target);
+//! and the checks at the end (every acknowledged write on every member,
+//! membership and ids unchanged, keyspace hashes equal).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use etcd_client::GetOptions;
+
+use super::docker::{docker, Container, Network, Volume, LABEL_KEY, POLL};
+use super::monitor::{self, minor, Monitor, Round};
+use super::pki::{self, Authority, ClientPki};
+use super::writer::{self, connect, runtime, Writer, WriterLog};
+
+/// What a member may take to serve after its container starts.
+pub const START_DEADLINE: Duration = Duration::from_secs(90);
+/// What the entrypoint may take to refuse (it starts no etcd).
+pub const REFUSE_DEADLINE: Duration = Duration::from_secs(60);
+/// What a graceful stop may take before docker SIGKILLs (seconds).
+pub const STOP_GRACE_S: u32 = 20;
+
+/// How the members are configured, as the two production manifests do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// examples/kubeadm-etcd.yaml: etcd-migrate is the entrypoint, etcd's
+    /// flags (with `--initial-cluster`) follow `--`.
+    Kubeadm,
+    /// examples/gce-etcd.manifest: `migrate-if-needed.sh || exit; exec
+    /// etcd-${TARGET_VERSION} ...` with INITIAL_CLUSTER, ETCD_NAME,
+    /// LISTEN_PEER_URLS, INITIAL_ADVERTISE_PEER_URLS and ETCD_CREDS.
+    Gce,
+}
+
+/// One member: its name, address and container (None while removed).
+pub struct Member {
+    pub name: String,
+    pub ip: String,
+    pub container: Option<Container>,
+    volume: Volume,
+    pki_dir: std::path::PathBuf,
+    /// Added to a running cluster (`--initial-cluster-state existing`).
+    joined: bool,
+}
+
+/// Membership as a member reports it: the cluster id, and per member id
+/// its name, peer URLs and client URLs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    pub cluster_id: u64,
+    pub members: BTreeMap<u64, (String, Vec<String>, Vec<String>)>,
+}
+
+/// What the cluster looked like once it had settled.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    pub membership: Membership,
+    /// Each member's own id, in member order.
+    pub member_ids: Vec<u64>,
+}
+
+/// A running test cluster. Dropping it removes every container, volume and
+/// the network (the field order is the removal order).
+pub struct Cluster {
+    pub members: Vec<Member>,
+    pub network: Network,
+    pub image: String,
+    pub style: Style,
+    pub client: ClientPki,
+    pub run: String,
+    label: String,
+    token: String,
+    authority: Authority,
+    pki_root: tempfile::TempDir,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A name part unique to this run: pid, time and a counter.
+fn run_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+        .unwrap_or(0);
+    format!(
+        "{:x}{:05x}{}",
+        std::process::id(),
+        nanos & 0xfffff,
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+impl Cluster {
+    /// Creates the network, certificates and volumes for `size` members
+    /// and starts them all at `version` (a new cluster), then waits until
+    /// every member is healthy and reports a cluster version of that minor.
+    pub fn start(image: &str, test: &str, style: Style, size: usize, version: &str) -> Cluster {
+        let run = format!("{test}-{}", run_id());
+        let label = format!("{LABEL_KEY}={run}");
+        let seed = std::process::id() ^ SEQ.load(Ordering::SeqCst).wrapping_mul(7919);
+        let network = Network::create(&format!("emcl-{run}"), &label, seed);
+        let pki_root = tempfile::Builder::new()
+            .prefix("etcd-migrate-cluster-test.")
+            .tempdir()
+            .expect("temp dir for certificates");
+        let authority = Authority::new(&run);
+        let client = authority.write_client(&pki_root.path().join("client"));
+        let mut cluster = Cluster {
+            members: Vec::new(),
+            network,
+            image: image.to_string(),
+            style,
+            client,
+            token: format!("cluster-test-{run}"),
+            run,
+            label,
+            authority,
+            pki_root,
+        };
+        for _ in 0..size {
+            cluster.new_member(false);
+        }
+        for i in 0..size {
+            cluster.run_member(i, version);
+        }
+        for i in 0..size {
+            cluster.wait_healthy(i, START_DEADLINE);
+        }
+        let expected = minor(version).expect("a X.Y.Z version");
+        cluster.wait_cluster_version(expected, START_DEADLINE);
+        cluster
+    }
+
+    /// Certificates, volume and address of the next member (not started).
+    fn new_member(&mut self, joined: bool) -> usize {
+        let i = self.members.len();
+        let name = format!("etcd-{}", (b'a' + i as u8) as char);
+        let ip = self.network.ip(11 + i as u8);
+        let pki_dir = self.pki_root.path().join(&name);
+        self.authority.write_member(&pki_dir, &name, &ip);
+        self.members.push(Member {
+            volume: Volume::create(&format!("emcl-{}-{name}", self.run), &self.label),
+            name,
+            ip,
+            container: None,
+            pki_dir,
+            joined,
+        });
+        i
+    }
+
+    /// kubeadm's control-plane join: the next member is added to the
+    /// membership through member 0 (`member add` with its peer URL), and
+    /// its container started with TARGET_VERSION `version` on an empty
+    /// data volume and `--initial-cluster-state existing`; does not wait.
+    /// Returns its index.
+    pub fn add_member(&mut self, version: &str) -> usize {
+        let i = self.new_member(true);
+        let peer = format!("https://{}:2380", self.members[i].ip);
+        let (ip0, pki) = (self.members[0].ip.clone(), self.client.clone());
+        runtime().block_on(async move {
+            // etcd refuses a member add until every member has been
+            // connected for a few seconds ("unhealthy cluster").
+            let started = Instant::now();
+            loop {
+                let err = match connect(&pki, &ip0).await {
+                    Ok(mut c) => match tokio::time::timeout(
+                        writer::REQUEST_DEADLINE,
+                        c.member_add([peer.as_str()], None),
+                    )
+                    .await
+                    {
+                        Ok(Ok(_)) => return,
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => "no answer in time".to_string(),
+                    },
+                    Err(e) => e,
+                };
+                assert!(
+                    started.elapsed() < START_DEADLINE,
+                    "member add {peer}: {err} (for {START_DEADLINE:?})"
+                );
+                tokio::time::sleep(POLL * 5).await;
+            }
+        });
+        self.run_member(i, version);
+        i
+    }
+
+    /// Member names, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.name.clone()).collect()
+    }
+
+    /// Member addresses, in order.
+    pub fn ips(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.ip.clone()).collect()
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}=https://{}:2380", m.name, m.ip))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `docker run` arguments of member `i` with TARGET_VERSION `version`.
+    fn run_args(&self, i: usize, version: &str) -> Vec<String> {
+        let m = &self.members[i];
+        let mut args: Vec<String> = [
+            "--label",
+            &self.label,
+            "--network",
+            &self.network.name,
+            "--ip",
+            &m.ip,
+            "--hostname",
+            &m.name,
+            "-e",
+            &format!("TARGET_VERSION={version}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let peer = format!("https://{}:2380", m.ip);
+        let client_urls = format!("https://{}:2379", m.ip);
+        let state = if m.joined { "existing" } else { "new" };
+        match self.style {
+            Style::Kubeadm => {
+                let pki = "/etc/kubernetes/pki/etcd";
+                args.extend([
+                    "-v".to_string(),
+                    format!("{}:/var/lib/etcd", m.volume.name),
+                    "-v".to_string(),
+                    format!("{}:{pki}:ro", m.pki_dir.display()),
+                    self.image.clone(),
+                    "--data-dir=/var/lib/etcd".to_string(),
+                    format!("--name={}", m.name),
+                    "--".to_string(),
+                    format!("--advertise-client-urls={client_urls}"),
+                    format!("--cert-file={pki}/{}", pki::SERVER_CERT),
+                    "--client-cert-auth=true".to_string(),
+                    "--data-dir=/var/lib/etcd".to_string(),
+                    format!("--initial-advertise-peer-urls={peer}"),
+                    format!("--initial-cluster={}", self.initial_cluster()),
+                    format!("--initial-cluster-token={}", self.token),
+                    format!("--initial-cluster-state={}", state),
+                    format!("--key-file={pki}/{}", pki::SERVER_KEY),
+                    format!("--listen-client-urls=https://127.0.0.1:2379,{client_urls}"),
+                    "--listen-metrics-urls=http://127.0.0.1:2381".to_string(),
+                    format!("--listen-peer-urls={peer}"),
+                    format!("--name={}", m.name),
+                    format!("--peer-cert-file={pki}/{}", pki::PEER_CERT),
+                    "--peer-client-cert-auth=true".to_string(),
+                    format!("--peer-key-file={pki}/{}", pki::PEER_KEY),
+                    format!("--peer-trusted-ca-file={pki}/{}", pki::CA),
+                    "--snapshot-count=10000".to_string(),
+                    format!("--trusted-ca-file={pki}/{}", pki::CA),
+                ]);
+            }
+            Style::Gce => {
+                let pki = "/etc/srv/kubernetes";
+                let creds = format!(
+                    "--peer-trusted-ca-file {pki}/{ca} --peer-cert-file {pki}/{pc} --peer-key-file {pki}/{pk} -peer-client-cert-auth",
+                    ca = pki::CA,
+                    pc = pki::PEER_CERT,
+                    pk = pki::PEER_KEY
+                );
+                let apiserver_creds = format!(
+                    "--client-cert-auth --trusted-ca-file {pki}/{ca} --cert-file {pki}/{sc} --key-file {pki}/{sk}",
+                    ca = pki::CA,
+                    sc = pki::SERVER_CERT,
+                    sk = pki::SERVER_KEY
+                );
+                // The manifest's command, with the member's own client URL
+                // (the test's clients are not on the member's loopback).
+                let command = format!(
+                    "/usr/local/bin/migrate-if-needed.sh || exit; exec /usr/local/bin/etcd-${{TARGET_VERSION}} --listen-peer-urls ${{LISTEN_PEER_URLS}} --initial-advertise-peer-urls ${{INITIAL_ADVERTISE_PEER_URLS}} --advertise-client-urls {client_urls} --listen-client-urls https://127.0.0.1:2379,{client_urls} --quota-backend-bytes=4294967296 --data-dir /var/etcd/data --initial-cluster-state {state} --initial-cluster ${{INITIAL_CLUSTER}} --initial-cluster-token {token} ${{ETCD_CREDS}} {apiserver_creds}",
+                    token = self.token
+                );
+                for (k, v) in [
+                    ("TARGET_STORAGE", "etcd3".to_string()),
+                    ("DO_NOT_MOVE_BINARIES", "true".to_string()),
+                    ("DATA_DIRECTORY", "/var/etcd/data".to_string()),
+                    ("ETCD_NAME", m.name.clone()),
+                    ("INITIAL_CLUSTER", self.initial_cluster()),
+                    ("LISTEN_PEER_URLS", peer.clone()),
+                    ("INITIAL_ADVERTISE_PEER_URLS", peer.clone()),
+                    ("ETCD_CREDS", creds),
+                    ("ETCD_SNAPSHOT_COUNT", "10000".to_string()),
+                ] {
+                    args.push("-e".to_string());
+                    args.push(format!("{k}={v}"));
+                }
+                args.extend([
+                    "-v".to_string(),
+                    format!("{}:/var/etcd", m.volume.name),
+                    "-v".to_string(),
+                    format!("{}:{pki}:ro", m.pki_dir.display()),
+                    "--entrypoint".to_string(),
+                    "/bin/sh".to_string(),
+                    self.image.clone(),
+                    "-c".to_string(),
+                    command,
+                ]);
+            }
+        }
+        args
+    }
+
+    /// (Re)creates member `i`'s container with TARGET_VERSION `version`, on
+    /// its data volume; does not wait.
+    pub fn run_member(&mut self, i: usize, version: &str) {
+        let args = self.run_args(i, version);
+        self.replace_container(i, &args);
+    }
+
+    /// (Re)creates member `i` (kubeadm style) as `etcd-<version>` itself
+    /// with the member's etcd flags, bypassing etcd-migrate: what an
+    /// operator's by-hand restart does, and how the harness proves that
+    /// its monitor sees a member run two minors ahead.
+    pub fn run_member_bypassing_entrypoint(&mut self, i: usize, version: &str) {
+        assert_eq!(
+            self.style,
+            Style::Kubeadm,
+            "the kubeadm style has etcd's flags"
+        );
+        let mut args = self.run_args(i, version);
+        let image_at = args
+            .iter()
+            .position(|a| *a == self.image)
+            .expect("the image in the docker run arguments");
+        let dashes = args
+            .iter()
+            .position(|a| a == "--")
+            .expect("etcd's flags after --");
+        // [docker options] --entrypoint etcd-<v> image [etcd flags]
+        let etcd_flags = args.split_off(dashes + 1);
+        args.truncate(image_at);
+        args.extend([
+            "--entrypoint".to_string(),
+            format!("/usr/local/bin/etcd-{version}"),
+            self.image.clone(),
+        ]);
+        args.extend(etcd_flags);
+        self.replace_container(i, &args);
+    }
+
+    fn replace_container(&mut self, i: usize, args: &[String]) {
+        let name = format!("emcl-{}-{}", self.run, self.members[i].name);
+        // The old container (if any) goes first: the name is reused.
+        self.members[i].container = None;
+        self.members[i].container = Some(Container::run(&name, args));
+    }
+
+    pub fn container(&self, i: usize) -> &Container {
+        self.members[i]
+            .container
+            .as_ref()
+            .expect("the member has a container")
+    }
+
+    /// Waits until member `i` answers `/health` true.
+    pub fn wait_healthy(&self, i: usize, deadline: Duration) {
+        let m = &self.members[i];
+        let started = Instant::now();
+        loop {
+            let why = match monitor::healthy(&self.client, &m.ip) {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            let state = m.container.as_ref().map(|c| c.state());
+            if let Some(super::docker::State::Exited(code)) = state {
+                panic!(
+                    "member {} exited {code} instead of serving; its log:\n{}",
+                    m.name,
+                    self.container(i).logs()
+                );
+            }
+            assert!(
+                started.elapsed() < deadline,
+                "member {} not healthy within {deadline:?} ({why}); its log:\n{}",
+                m.name,
+                m.container.as_ref().map(|c| c.logs()).unwrap_or_default()
+            );
+            thread::sleep(POLL * 2);
+        }
+    }
+
+    /// Waits until every member serves and reports cluster version
+    /// `expected` (major, minor).
+    pub fn wait_cluster_version(&self, expected: (u32, u32), deadline: Duration) {
+        let started = Instant::now();
+        loop {
+            let answers: Vec<Result<monitor::VersionAnswer, String>> = self
+                .members
+                .iter()
+                .map(|m| monitor::version(&self.client, &m.ip))
+                .collect();
+            if answers
+                .iter()
+                .all(|a| matches!(a, Ok(v) if minor(&v.cluster) == Some(expected)))
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < deadline,
+                "cluster version not {}.{} on every member within {deadline:?}: {answers:?}",
+                expected.0,
+                expected.1
+            );
+            thread::sleep(POLL * 2);
+        }
+    }
+
+    /// The cluster version member `i` reports.
+    pub fn cluster_version(&self, i: usize) -> String {
+        monitor::version(&self.client, &self.members[i].ip)
+            .unwrap_or_else(|e| panic!("member {}: {e}", self.members[i].name))
+            .cluster
+    }
+
+    /// Membership as member `i` reports it, and that member's own id.
+    pub fn membership(&self, i: usize) -> (Membership, u64) {
+        let ip = self.members[i].ip.clone();
+        let pki = self.client.clone();
+        runtime().block_on(async move {
+            let mut c = connect(&pki, &ip).await.unwrap_or_else(|e| panic!("{e}"));
+            let resp = tokio::time::timeout(writer::REQUEST_DEADLINE, c.member_list())
+                .await
+                .unwrap_or_else(|_| panic!("member list from {ip}: no answer in time"))
+                .unwrap_or_else(|e| panic!("member list from {ip}: {e}"));
+            let header = resp.header().expect("a response header");
+            let membership = Membership {
+                cluster_id: header.cluster_id(),
+                members: resp
+                    .members()
+                    .iter()
+                    .map(|m| {
+                        (
+                            m.id(),
+                            (
+                                m.name().to_string(),
+                                m.peer_urls().to_vec(),
+                                m.client_urls().to_vec(),
+                            ),
+                        )
+                    })
+                    .collect(),
+            };
+            (membership, header.member_id())
+        })
+    }
+
+    /// Records membership and ids once the cluster has settled; every
+    /// member must agree.
+    pub fn baseline(&self) -> Baseline {
+        let (membership, _) = self.membership(0);
+        assert_eq!(
+            membership.members.len(),
+            self.members.len(),
+            "membership: {membership:?}"
+        );
+        let member_ids = (0..self.members.len())
+            .map(|i| {
+                let (m, id) = self.membership(i);
+                assert_eq!(
+                    m, membership,
+                    "member {} sees another membership",
+                    self.members[i].name
+                );
+                id
+            })
+            .collect();
+        Baseline {
+            membership,
+            member_ids,
+        }
+    }
+
+    /// The continuous writer, to every member.
+    pub fn start_writer(&self) -> Writer {
+        Writer::start(self.client.clone(), self.ips())
+    }
+
+    /// The /version monitor of every member.
+    pub fn start_monitor(&self) -> Monitor {
+        Monitor::start(self.client.clone(), self.ips())
+    }
+
+    /// Gracefully stops member `i` and restarts its container as it was,
+    /// waiting until it is healthy again.
+    pub fn restart(&self, i: usize) {
+        let c = self.container(i);
+        c.stop(STOP_GRACE_S);
+        c.start();
+        self.wait_healthy(i, START_DEADLINE);
+    }
+
+    /// Member `i`'s version.txt, read from its data volume by a one-off
+    /// container of the image (labelled, removed when it ends).
+    pub fn version_txt(&self, i: usize) -> String {
+        let m = &self.members[i];
+        let (mount, file) = match self.style {
+            Style::Kubeadm => ("/var/lib/etcd", "/var/lib/etcd/version.txt"),
+            Style::Gce => ("/var/etcd", "/var/etcd/data/version.txt"),
+        };
+        docker(&[
+            "run",
+            "--rm",
+            "--label",
+            &self.label,
+            "--network",
+            "none",
+            "-v",
+            &format!("{}:{mount}:ro", m.volume.name),
+            "--entrypoint",
+            "/bin/sh",
+            &self.image,
+            "-c",
+            &format!("cat {file}"),
+        ])
+    }
+
+    /// Logs of every member (for a failure message).
+    pub fn all_logs(&self) -> String {
+        self.members
+            .iter()
+            .filter_map(|m| {
+                m.container
+                    .as_ref()
+                    .map(|c| format!("---- {} ----\n{}", m.name, c.logs()))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The end-of-scenario invariants: every acknowledged write present on
+    /// every member, membership, cluster and member ids unchanged, equal
+    /// keyspace hashes at one revision on every member, and the monitor's
+    /// rounds clean. Panics with every violation found.
+    pub fn check_invariants(&self, baseline: &Baseline, log: &WriterLog, rounds: &[Round]) {
+        let mut problems = monitor::violations(&self.names(), rounds);
+        assert!(!rounds.is_empty(), "the monitor made no round");
+        assert!(
+            !log.acked.is_empty(),
+            "the writer got no write acknowledged"
+        );
+        let ips = self.ips();
+        let names = self.names();
+        let pki = self.client.clone();
+        let acked = log.acked.clone();
+        let found = runtime().block_on(async move {
+            let mut problems = Vec::new();
+            let mut revision = None;
+            let mut hashes = Vec::new();
+            for (ip, name) in ips.iter().zip(&names) {
+                let mut c = match connect(&pki, ip).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        problems.push(format!("{name}: {e}"));
+                        continue;
+                    }
+                };
+                // A linearizable read: the member has applied everything
+                // committed before it, so the first member's revision is a
+                // revision every later member can hash.
+                let resp = match tokio::time::timeout(
+                    Duration::from_secs(20),
+                    c.get(writer::PREFIX, Some(GetOptions::new().with_prefix())),
+                )
+                .await
+                {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => {
+                        problems.push(format!("{name}: read: {e}"));
+                        continue;
+                    }
+                    Err(_) => {
+                        problems.push(format!("{name}: read: no answer in 20 s"));
+                        continue;
+                    }
+                };
+                let rev = *revision.get_or_insert(resp.header().map(|h| h.revision()).unwrap_or(0));
+                let kvs: BTreeMap<String, String> = resp
+                    .kvs()
+                    .iter()
+                    .map(|kv| {
+                        (
+                            String::from_utf8_lossy(kv.key()).into_owned(),
+                            String::from_utf8_lossy(kv.value()).into_owned(),
+                        )
+                    })
+                    .collect();
+                let missing: Vec<u64> = acked
+                    .iter()
+                    .copied()
+                    .filter(|seq| kvs.get(&writer::key(*seq)) != Some(&seq.to_string()))
+                    .collect();
+                if !missing.is_empty() {
+                    problems.push(format!(
+                        "{name}: {} of {} acknowledged writes missing or wrong, e.g. {:?}",
+                        missing.len(),
+                        acked.len(),
+                        &missing[..missing.len().min(5)]
+                    ));
+                }
+                match tokio::time::timeout(writer::REQUEST_DEADLINE * 3, c.hash_kv(rev)).await {
+                    Ok(Ok(h)) => hashes.push((name.clone(), h.hash(), h.compact_version())),
+                    Ok(Err(e)) => problems.push(format!("{name}: hashkv at {rev}: {e}")),
+                    Err(_) => problems.push(format!("{name}: hashkv at {rev}: no answer in time")),
+                }
+            }
+            if hashes
+                .iter()
+                .any(|(_, h, c)| (*h, *c) != (hashes[0].1, hashes[0].2))
+            {
+                problems.push(format!(
+                    "keyspace hashes differ at revision {revision:?}: {hashes:?}"
+                ));
+            }
+            problems
+        });
+        problems.extend(found);
+        for i in 0..self.members.len() {
+            let (membership, id) = self.membership(i);
+            if membership != baseline.membership {
+                problems.push(format!(
+                    "{}: membership changed: was {:?}, now {:?}",
+                    self.members[i].name, baseline.membership, membership
+                ));
+            }
+            if id != baseline.member_ids[i] {
+                problems.push(format!(
+                    "{}: member id changed: was {:x}, now {id:x}",
+                    self.members[i].name, baseline.member_ids[i]
+                ));
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "invariants violated:\n  {}\nlogs:\n{}",
+            problems.join("\n  "),
+            self.all_logs()
+        );
+        eprintln!(
+            "cluster {}: invariants hold: {} acknowledged writes ({} failed attempts) on all {} members, {} monitor rounds, ids and membership unchanged, hashes equal",
+            self.run,
+            log.acked.len(),
+            log.failed,
+            self.members.len(),
+            rounds.len()
+        );
+    }
+}

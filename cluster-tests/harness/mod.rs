@@ -1,0 +1,99 @@
+//! This module owns the cluster-test harness: which image to test (or why
+//! nothing runs), one scenario at a time, and the pieces a scenario is
+//! made of.
+//!
+//! - `docker`: the docker CLI with deadlines; network, volume and container
+//!   guards that remove what they made.
+//! - `pki`: a CA and member/client certificates made in the test.
+//! - `cluster`: N members of the image on a private network (kubeadm or GCE
+//!   style), member operations, the end-of-scenario invariants.
+//! - `writer`: TLS clients and the continuous writer.
+//! - `monitor`: `/version` and `/health` probes, and the steady poll of
+//!   every member with its invariants.
+
+pub mod cluster;
+pub mod docker;
+pub mod monitor;
+pub mod pki;
+pub mod writer;
+
+use std::io::Write;
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+
+/// The env var naming the image under test.
+pub const IMAGE_VAR: &str = "ETCD_MIGRATE_IMAGE";
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// What a scenario needs before it can run.
+pub struct Ready {
+    pub image: String,
+    /// Scenarios run one at a time: each has 3–5 etcd members, and on a
+    /// small machine two clusters at once would miss heartbeats.
+    _turn: MutexGuard<'static, ()>,
+}
+
+/// The image to test, or None after saying plainly on stderr why the
+/// scenario did not run (no image named, no docker, no curl, the image
+/// missing or lacking a release the scenario needs).
+pub fn ready(scenario: &str, versions: &[&str]) -> Option<Ready> {
+    let not_run = |why: String| {
+        say(&format!("NOT RUN: {scenario}: {why}"));
+        None
+    };
+    let image = match std::env::var(IMAGE_VAR) {
+        Ok(image) if !image.is_empty() => image,
+        _ => {
+            return not_run(format!(
+                "{IMAGE_VAR} is unset; `make cluster-test` builds the image and runs these tests (or set {IMAGE_VAR}=<tag of an image built with `make image`>)"
+            ))
+        }
+    };
+    for tool in ["docker", "curl"] {
+        let found = Command::new(tool)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !found {
+            return not_run(format!("{tool} is not available"));
+        }
+    }
+    let turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let out = docker::docker_output(&[
+        "image",
+        "inspect",
+        "-f",
+        "{{ index .Config.Labels \"io.etcd-migrate.bundled-versions\" }}",
+        &image,
+    ]);
+    if !out.status.success() {
+        // Named but absent is a broken setup, not a reason to pass.
+        panic!(
+            "{IMAGE_VAR}={image}, but docker has no such image: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let bundled = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let missing: Vec<&str> = versions
+        .iter()
+        .copied()
+        .filter(|v| !bundled.split(',').any(|b| b == *v))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "image {image} lacks {missing:?} (it bundles {bundled})"
+    );
+    Some(Ready { image, _turn: turn })
+}
+
+/// A line on stderr that libtest's capture does not swallow (it captures
+/// only the print macros), so a skipped or finished scenario is seen.
+pub fn say(line: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "cluster tests: {line}");
+    let _ = stderr.flush();
+}

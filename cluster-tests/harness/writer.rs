@@ -1,0 +1,212 @@
+//! This module owns the test's etcd clients over TLS (one member each, a
+//! deadline on every request) and the continuous writer: a thread that
+//! puts `/cluster-test/w/<seq>` = `<seq>` at a steady rate, member after
+//! member, and records every write a member acknowledged.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+
+use super::docker::POLL;
+use super::pki::ClientPki;
+
+/// Prefix of every key the writer puts.
+pub const PREFIX: &str = "/cluster-test/w/";
+/// A request's deadline (connect and call).
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(3);
+/// How long a member that failed a write is left out of the rotation.
+pub const REST_AFTER_FAILURE: Duration = Duration::from_secs(2);
+/// The writer's rate: one write started at most this often.
+pub const WRITE_PERIOD: Duration = Duration::from_millis(50);
+
+/// The key of write `seq`.
+pub fn key(seq: u64) -> String {
+    format!("{PREFIX}{seq:010}")
+}
+
+/// A client of the one member at `ip`, over TLS with the test's client
+/// certificate.
+pub async fn connect(pki: &ClientPki, ip: &str) -> Result<Client, String> {
+    let read =
+        |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()));
+    let tls = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(read(&pki.ca)?))
+        .identity(Identity::from_pem(read(&pki.cert)?, read(&pki.key)?))
+        // etcd before 3.5 may answer without ALPN; its port speaks h2 anyway.
+        .assume_http2(true);
+    let options = ConnectOptions::new()
+        .with_tls(tls)
+        .with_connect_timeout(REQUEST_DEADLINE)
+        .with_timeout(REQUEST_DEADLINE);
+    let endpoint = format!("https://{ip}:2379");
+    tokio::time::timeout(
+        REQUEST_DEADLINE,
+        Client::connect([endpoint.as_str()], Some(options)),
+    )
+    .await
+    .map_err(|_| format!("{endpoint}: no connection within {REQUEST_DEADLINE:?}"))?
+    .map_err(|e| format!("{endpoint}: {e}"))
+}
+
+/// A current-thread runtime for the test's own async calls.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// What the writer did.
+#[derive(Debug, Default, Clone)]
+pub struct WriterLog {
+    /// Writes a member acknowledged, in order.
+    pub acked: Vec<u64>,
+    /// Attempts that failed or timed out (their write may or may not have
+    /// been applied).
+    pub failed: u64,
+    pub last_error: Option<String>,
+}
+
+/// The continuous writer (a thread with its own runtime).
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    log: Arc<Mutex<WriterLog>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Starts writing to the members at `ips`.
+    pub fn start(pki: ClientPki, ips: Vec<String>) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log = Arc::new(Mutex::new(WriterLog::default()));
+        let thread = {
+            let (stop, log) = (stop.clone(), log.clone());
+            thread::spawn(move || runtime().block_on(write_loop(pki, ips, stop, log)))
+        };
+        Writer {
+            stop,
+            log,
+            thread: Some(thread),
+        }
+    }
+
+    /// How many writes were acknowledged so far.
+    pub fn acks(&self) -> usize {
+        self.log.lock().expect("writer log").acked.len()
+    }
+
+    /// Waits (with `deadline`) until `more` writes beyond `from` were
+    /// acknowledged: proof the cluster has quorum now.
+    pub fn wait_acks(&self, from: usize, more: usize, deadline: Duration, why: &str) -> usize {
+        let started = Instant::now();
+        loop {
+            let n = self.acks();
+            if n >= from + more {
+                return n;
+            }
+            if started.elapsed() > deadline {
+                let log = self.log.lock().expect("writer log");
+                panic!(
+                    "{why}: only {} of {more} writes acknowledged within {deadline:?} ({} failed, last error: {:?})",
+                    n - from,
+                    log.failed,
+                    log.last_error
+                );
+            }
+            thread::sleep(POLL);
+        }
+    }
+
+    /// Stops the writer; what it did.
+    pub fn finish(mut self) -> WriterLog {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the writer thread panicked");
+        }
+        self.log.lock().expect("writer log").clone()
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn write_loop(
+    pki: ClientPki,
+    ips: Vec<String>,
+    stop: Arc<AtomicBool>,
+    log: Arc<Mutex<WriterLog>>,
+) {
+    let mut clients: Vec<Option<Client>> = ips.iter().map(|_| None).collect();
+    // A member that just failed is skipped for a while (unless every one
+    // is), so a member that is down or cut off does not slow the writer
+    // by a request deadline on every turn.
+    let mut resting: Vec<Option<Instant>> = ips.iter().map(|_| None).collect();
+    let mut ticker = tokio::time::interval(WRITE_PERIOD);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seq: u64 = 0;
+    let mut next_member = 0;
+    while !stop.load(Ordering::SeqCst) {
+        ticker.tick().await;
+        seq += 1;
+        let key = key(seq);
+        // Member after member, each write to the next one; a member that
+        // fails hands the write to the one after it.
+        let now = Instant::now();
+        let order: Vec<usize> = (0..ips.len())
+            .map(|attempt| (next_member + attempt) % ips.len())
+            .collect();
+        let awake: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(|m| resting[*m].is_none_or(|until| until <= now))
+            .collect();
+        let tries = if awake.is_empty() { order } else { awake };
+        for m in tries {
+            let result = put(&pki, &ips[m], &mut clients[m], &key, &seq.to_string()).await;
+            let mut log = log.lock().expect("writer log");
+            match result {
+                Ok(()) => {
+                    log.acked.push(seq);
+                    resting[m] = None;
+                    break;
+                }
+                Err(e) => {
+                    clients[m] = None;
+                    resting[m] = Some(Instant::now() + REST_AFTER_FAILURE);
+                    log.failed += 1;
+                    log.last_error = Some(e);
+                }
+            }
+        }
+        next_member = (next_member + 1) % ips.len();
+    }
+}
+
+async fn put(
+    pki: &ClientPki,
+    ip: &str,
+    client: &mut Option<Client>,
+    key: &str,
+    value: &str,
+) -> Result<(), String> {
+    if client.is_none() {
+        *client = Some(connect(pki, ip).await?);
+    }
+    let c = client.as_mut().expect("connected above");
+    match tokio::time::timeout(REQUEST_DEADLINE, c.put(key, value, None)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("put {key} to {ip}: {e}")),
+        Err(_) => Err(format!(
+            "put {key} to {ip}: no answer within {REQUEST_DEADLINE:?}"
+        )),
+    }
+}

@@ -1,0 +1,181 @@
+//! This module owns the safety-floor scenarios on a live cluster: a
+//! member of a 3-member 3.3.25 cluster (TLS), restarted with
+//! TARGET_VERSION=3.5.16 (or of a 3.5.16 cluster, restarted with a
+//! rollback target), must be refused by its entrypoint (exit 2,
+//! naming the members) while a client writes throughout; the cluster keeps
+//! quorum and every acknowledged write, the member's advertised URLs in the
+//! membership are unchanged and the cluster version stays; restarted at
+//! its release the member rejoins and every invariant holds.
+
+use std::time::{Duration, Instant};
+
+use crate::harness::cluster::{Cluster, Style, REFUSE_DEADLINE, START_DEADLINE, STOP_GRACE_S};
+use crate::harness::monitor::minor;
+use crate::harness::{ready, say};
+
+/// What the writer must get acknowledged at each stage.
+const ACKS: usize = 20;
+const ACK_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A member of a live 3-member cluster at `runs`, restarted with
+/// TARGET_VERSION=`target`, must be refused; then it rejoins at `runs`.
+fn refused_target_keeps_the_cluster(test: &str, style: Style, runs: &str, target: &str) {
+    let Some(ready) = ready(test, &[runs, target]) else {
+        return;
+    };
+    let started = Instant::now();
+    let cluster_minor = minor(runs).expect("X.Y.Z");
+    let mut cluster = Cluster::start(&ready.image, test, style, 3, runs);
+    let baseline = cluster.baseline();
+    let monitor = cluster.start_monitor();
+    let writer = cluster.start_writer();
+    let acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before any restart");
+
+    let victim = 1;
+    let name = cluster.members[victim].name.clone();
+    cluster.container(victim).stop(STOP_GRACE_S);
+    cluster.run_member(victim, target);
+    let code = cluster.container(victim).wait_exit(REFUSE_DEADLINE);
+    let refusal = cluster.container(victim).logs();
+    assert_eq!(
+        code, 2,
+        "{name} restarted with TARGET_VERSION={target} must be refused with exit 2; its log:\n{refusal}"
+    );
+    for member in cluster.names() {
+        assert!(
+            refusal.contains(&member),
+            "the refusal must name member {member}; it says:\n{refusal}"
+        );
+    }
+    eprintln!(
+        "{test}: {name} at TARGET_VERSION={target} exited 2:\n{}",
+        refusal.trim()
+    );
+    assert_eq!(
+        cluster.version_txt(victim),
+        format!("{runs}/etcd3"),
+        "the refusal must leave version.txt alone"
+    );
+
+    // Quorum kept while the member is out, its URLs kept, the cluster
+    // version kept.
+    let acks = writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes while a member is refused");
+    for live in (0..3).filter(|i| *i != victim) {
+        let (membership, _) = cluster.membership(live);
+        assert_eq!(
+            membership, baseline.membership,
+            "the membership changed after the refusal"
+        );
+        let cv = cluster.cluster_version(live);
+        assert_eq!(
+            minor(&cv),
+            Some(cluster_minor),
+            "cluster version after the refusal: {cv}"
+        );
+    }
+
+    // Back at its release it rejoins.
+    cluster.run_member(victim, runs);
+    cluster.wait_healthy(victim, START_DEADLINE);
+    writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes after the member rejoined");
+
+    let log = writer.finish();
+    let rounds = monitor.finish();
+    cluster.check_invariants(&baseline, &log, &rounds);
+    say(&format!(
+        "{test}: passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+#[test]
+fn kubeadm_member_restarted_two_minors_ahead_is_refused_and_rejoins() {
+    refused_target_keeps_the_cluster("kubeadm-refused", Style::Kubeadm, "3.3.25", "3.5.16");
+}
+
+#[test]
+fn gce_member_restarted_two_minors_ahead_is_refused_and_rejoins() {
+    refused_target_keeps_the_cluster("gce-refused", Style::Gce, "3.3.25", "3.5.16");
+}
+
+/// A rollback needs a snapshot/restore of one member's data, which would
+/// make it a new cluster of one: with several members it is refused (a
+/// stop-the-world procedure comes in a later issue).
+#[test]
+fn kubeadm_member_restarted_one_minor_back_is_refused_and_rejoins() {
+    refused_target_keeps_the_cluster("kubeadm-rollback", Style::Kubeadm, "3.5.16", "3.4.23");
+}
+
+/// A member joining a live 3.3 cluster (kubeadm's control-plane join, or a
+/// GCE master added: a `member add`, then the pod on an empty data dir with
+/// `--initial-cluster-state existing`) with TARGET_VERSION=3.5.16 must not
+/// run two minors ahead of the cluster version. Today an empty data dir is
+/// recorded as the target without a step and etcd 3.5.16 is exec'd, which
+/// etcd lets join a 3.3 cluster: the safety floor reads the membership from
+/// the data, and a new member's data has none yet; INITIAL_CLUSTER (four
+/// members here, GCE style) is looked at only when steps are needed.
+fn joining_two_minors_ahead_is_refused(test: &str, style: Style) {
+    let Some(ready) = ready(test, &["3.3.25", "3.5.16"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, style, 3, "3.3.25");
+    let monitor = cluster.start_monitor();
+    let writer = cluster.start_writer();
+    let acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the join");
+    let joiner = cluster.add_member("3.5.16");
+    let name = cluster.members[joiner].name.clone();
+    // Either it is refused, or it serves (and the monitor must not see
+    // it two minors ahead).
+    let deadline = Instant::now() + START_DEADLINE;
+    let refused = loop {
+        if let crate::harness::docker::State::Exited(code) = cluster.container(joiner).state() {
+            break Some(code);
+        }
+        if crate::harness::monitor::healthy(&cluster.client, &cluster.members[joiner].ip).is_ok() {
+            break None;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} neither refused nor served"
+        );
+        std::thread::sleep(crate::harness::docker::POLL * 2);
+    };
+    writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes after the join");
+    let log = cluster.container(joiner).logs();
+    let _ = writer.finish();
+    let mut rounds = monitor.finish();
+    if refused.is_none() {
+        // The first monitor polls the three first members; one more round
+        // of all four sees what the new member runs.
+        let all = cluster.start_monitor();
+        all.wait_round(ACK_DEADLINE, "every member answers", |r| {
+            r.answers.iter().all(Option::is_some)
+        });
+        rounds = all.finish();
+    }
+    let cv = cluster.cluster_version(0);
+    let found = crate::harness::monitor::violations(&cluster.names(), &rounds);
+    say(&format!(
+        "{test}: {name} joined with TARGET_VERSION=3.5.16: exit {refused:?}, cluster version {cv}, violations {found:?}; its first lines:\n{}",
+        log.lines().take(8).collect::<Vec<_>>().join("\n")
+    ));
+    assert_eq!(refused, Some(2), "{name} must be refused with exit 2");
+    assert!(found.is_empty(), "{found:?}");
+    say(&format!(
+        "{test}: passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+#[test]
+#[ignore = "the safety floor does not see a new member joining at a target two minors ahead (issue 11); run with --ignored"]
+fn kubeadm_member_joining_two_minors_ahead_is_refused() {
+    joining_two_minors_ahead_is_refused("kubeadm-join", Style::Kubeadm);
+}
+
+#[test]
+#[ignore = "the safety floor does not see a new member joining at a target two minors ahead (issue 11); run with --ignored"]
+fn gce_member_joining_two_minors_ahead_is_refused() {
+    joining_two_minors_ahead_is_refused("gce-join", Style::Gce);
+}
