@@ -118,6 +118,21 @@ pub trait Health {
         known: &KnownLeases,
     ) -> impl Future<Output = Result<Fingerprint, String>>;
 
+    /// [`Health::fingerprint`], proven against `before` (the last step's
+    /// read) by etcd's own hash where the release has one, instead of
+    /// reading the whole keyspace (see `keyspace::read_fingerprint_since`).
+    fn fingerprint_since(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+        hidden: &[String],
+        known: &KnownLeases,
+        before: Option<&Fingerprint>,
+    ) -> impl Future<Output = Result<Fingerprint, String>> {
+        let _ = before;
+        self.fingerprint(endpoint, storage, hidden, known)
+    }
+
     /// What the health writes of this run put into the keyspace, for the
     /// reads to leave out.
     fn ours(&self) -> Ours;
@@ -680,6 +695,26 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
         .await
     }
 
+    /// [`Executor::read_fingerprint`], proven against `before` by etcd's
+    /// own hash where it can.
+    async fn read_fingerprint_since(
+        &self,
+        serving: &mut Serving<L::Etcd>,
+        storage: Storage,
+        before: Option<&Fingerprint>,
+    ) -> Result<Fingerprint, Failure> {
+        let endpoint = serving.endpoint.clone();
+        let hidden = serving.hidden_v2.clone();
+        let known = serving.known.clone();
+        self.while_serving(
+            serving,
+            "fingerprint the keyspace",
+            self.health
+                .fingerprint_since(&endpoint, storage, &hidden, &known, before),
+        )
+        .await
+    }
+
     /// Fails (stopping `serving`) unless `after` holds what `before` held.
     pub(crate) async fn check_kept(
         &self,
@@ -761,7 +796,9 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
                     new_cluster: false,
                 };
                 let mut serving = self.start_serving(run, label).await?;
-                let after = self.read_fingerprint(&mut serving, pair.storage).await?;
+                let after = self
+                    .read_fingerprint_since(&mut serving, pair.storage, before)
+                    .await?;
                 crate::failpoint!("step-after-fingerprint");
                 self.check_kept(&mut serving, before, &after).await?;
                 self.stop_serving(serving, label).await?;
@@ -981,18 +1018,18 @@ impl<L: Launcher, H: Health, T: Tools, P: Progress> Executor<'_, L, H, T, P> {
     /// Does `work` while `serving` runs: fails (and stops etcd) if etcd
     /// dies, a stop signal arrives, the work fails or takes longer than
     /// [`WORK_TIMEOUT`].
-    pub(crate) async fn while_serving<R>(
+    pub(crate) async fn while_serving<R, E: Into<String>>(
         &self,
         serving: &mut Serving<L::Etcd>,
         what: &str,
-        work: impl Future<Output = Result<R, String>>,
+        work: impl Future<Output = Result<R, E>>,
     ) -> Result<R, Failure> {
         let deadline = tokio::time::Instant::now() + WORK_TIMEOUT;
         let failure = match self.race(&mut serving.etcd, deadline, work).await {
             Race::Done(Ok(value)) => return Ok(value),
             Race::Done(Err(detail)) => Failure::Step(StepError::Work {
                 what: what.to_string(),
-                detail,
+                detail: detail.into(),
             }),
             Race::Signal(signal) => Failure::Interrupted(signal),
             Race::Exited(status) => {

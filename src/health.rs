@@ -194,7 +194,38 @@ impl Health for EtcdHealth {
         let ours = self.ours.borrow().clone();
         let hidden = hidden.to_vec();
         let known = known.clone();
-        async move { keyspace::read_fingerprint(&endpoint, storage, &ours, &hidden, &known).await }
+        async move {
+            keyspace::read_fingerprint(&endpoint, storage, &ours, &hidden, &known)
+                .await
+                .map_err(String::from)
+        }
+    }
+
+    fn fingerprint_since(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+        hidden: &[String],
+        known: &KnownLeases,
+        before: Option<&Fingerprint>,
+    ) -> impl Future<Output = Result<Fingerprint, String>> {
+        let endpoint = endpoint.to_string();
+        let ours = self.ours.borrow().clone();
+        let hidden = hidden.to_vec();
+        let known = known.clone();
+        let before = before.cloned();
+        async move {
+            keyspace::read_fingerprint_since(
+                &endpoint,
+                storage,
+                &ours,
+                &hidden,
+                &known,
+                before.as_ref(),
+            )
+            .await
+            .map_err(String::from)
+        }
     }
 
     fn write(
