@@ -94,6 +94,16 @@ fn a_keyspace_read_costs_etcd_a_constant_number_of_visits_per_key() {
         );
     });
     etcd.stop();
+    if let Ok(keep) = std::env::var("SCALE_KEEP") {
+        // For a walk by hand: the data dir as this release left it.
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(data.path())
+            .arg(&keep)
+            .status()
+            .expect("cp");
+        assert!(status.success());
+    }
 }
 
 #[test]
@@ -122,4 +132,97 @@ fn a_page_of_large_values_stays_small() {
         assert!(read.ranges.len() >= 6, "{} ranges", read.ranges.len());
     });
     etcd.stop();
+    if let Ok(keep) = std::env::var("SCALE_KEEP") {
+        // For a walk by hand: the data dir as this release left it.
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(data.path())
+            .arg(&keep)
+            .status()
+            .expect("cp");
+        assert!(status.success());
+    }
+}
+
+/// Not a test: the time of one whole-keyspace read of `SCALE_KEYS` keys
+/// (default 100,000) × 1 KiB on 3.5.16, by open-range pages of 200 (the
+/// read before windows) and by this crate's windows, printed. Run with
+/// `cargo test --test e2e scale::measure -- --ignored --nocapture`
+/// (`SCALE_VERSION` another release, `SCALE_KEEP` a path to copy the
+/// data dir to).
+#[test]
+#[ignore]
+fn measure_read_times() {
+    let keys: usize = std::env::var("SCALE_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let version = std::env::var("SCALE_VERSION").unwrap_or_else(|_| "3.5.16".to_string());
+    let member = Member::new("scale-measure");
+    let data = temp_dir("scale-measure-data");
+    let logs = temp_dir("scale-measure-logs");
+    let mut etcd = EtcdProcess::start(&version, &member, data.path(), free_port(), logs.path());
+    let endpoint = etcd.endpoint();
+    block_on(async {
+        etcd.wait_ready().await;
+        let mut client = connect(&endpoint).await.expect("connect");
+        let mut ops = Vec::new();
+        for i in 0..keys {
+            let key = format!("/registry/bench/key-{i:07}");
+            ops.push(etcd_client::TxnOp::put(key, vec![b'x'; 1024], None));
+            if ops.len() == 100 || i + 1 == keys {
+                let txn = etcd_client::Txn::new().and_then(std::mem::take(&mut ops));
+                client.txn(txn).await.expect("write keys");
+            }
+        }
+        let started = std::time::Instant::now();
+        let mut start = vec![0u8];
+        let mut revision = 0;
+        let mut read = 0;
+        loop {
+            let options = GetOptions::new()
+                .with_from_key()
+                .with_limit(200)
+                .with_revision(revision);
+            let page = client.get(start.clone(), Some(options)).await.expect("page");
+            if revision == 0 {
+                revision = page.header().expect("header").revision();
+            }
+            read += page.kvs().len();
+            match (page.more(), page.kvs().last()) {
+                (true, Some(last)) => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => break,
+            }
+        }
+        let open = started.elapsed();
+        let started = std::time::Instant::now();
+        let windows = traced_read(&endpoint, ReadLimits::default())
+            .await
+            .expect("read");
+        let windowed = started.elapsed();
+        let started = std::time::Instant::now();
+        let mut maintenance = client.maintenance_client();
+        let hash = maintenance.hash_kv(0).await.expect("hash");
+        let hashed = started.elapsed();
+        eprintln!(
+            "measure: {keys} keys x 1 KiB on {version}: open ranges of 200: {read} keys in {open:?}; windows: {} keys in {} ranges, {windowed:?}; HashKV: {hashed:?} ({:08x})",
+            windows.keys,
+            windows.ranges.len(),
+            hash.hash()
+        );
+    });
+    etcd.stop();
+    if let Ok(keep) = std::env::var("SCALE_KEEP") {
+        // For a walk by hand: the data dir as this release left it.
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(data.path())
+            .arg(&keep)
+            .status()
+            .expect("cp");
+        assert!(status.success());
+    }
 }

@@ -407,9 +407,6 @@ impl fmt::Display for Fingerprint {
             self.digest.short(),
             self.content.short()
         )?;
-        if let Some(hash) = &self.hash {
-            write!(f, " hash@{}:{:08x}", hash.revision, hash.hash)?;
-        }
         if let Some(side) = &self.v2_side {
             write!(f, " + v2 store: {side}")?;
         }
@@ -871,6 +868,15 @@ pub async fn read_fingerprint_since(
             let side = v2::read_v2(endpoint, ours, hidden)
                 .await?
                 .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
+            crate::log::info(
+                "keyspace proven by etcd's hash",
+                &[
+                    ("revision", since.expected.revision.into()),
+                    ("hash", format!("{:08x}", since.found.hash).into()),
+                    ("changes_since", changes.len().into()),
+                    ("now", now.revision.into()),
+                ],
+            );
             return Ok(before
                 .derived(now, since, &changes, leases.as_ref(), counted, started)
                 .with_v2_side(side));
