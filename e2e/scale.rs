@@ -184,7 +184,10 @@ fn measure_read_times() {
                 .with_from_key()
                 .with_limit(200)
                 .with_revision(revision);
-            let page = client.get(start.clone(), Some(options)).await.expect("page");
+            let page = client
+                .get(start.clone(), Some(options))
+                .await
+                .expect("page");
             if revision == 0 {
                 revision = page.header().expect("header").revision();
             }
