@@ -1227,6 +1227,96 @@ mod tests {
             .expect("an unknown TTL may have run out");
     }
 
+    fn kv_hash(revision: i64, hash: u32) -> KvHash {
+        KvHash {
+            revision,
+            hash,
+            compact_revision: 0,
+        }
+    }
+
+    fn change(key: &str, deleted: bool, lease: i64) -> v3::Change {
+        v3::Change {
+            key: key.as_bytes().to_vec(),
+            deleted,
+            lease_before: lease,
+            value_before: b"2".to_vec(),
+            revision: 12,
+        }
+    }
+
+    #[test]
+    fn a_fingerprint_proven_by_hash_keeps_the_digest_and_fails_on_any_other_change() {
+        let now = Instant::now();
+        let mut before = v3(
+            &[entry("a", "1"), leased("b", "2", 7, 2)],
+            &[(7, 2)],
+            now - Duration::from_secs(10),
+        );
+        before.hash = Some(kv_hash(10, 0xabcd));
+        let since = |found: u32| SinceCheck {
+            expected: kv_hash(10, 0xabcd),
+            found: kv_hash(10, found),
+            strays: Vec::new(),
+            counted: None,
+        };
+        // The same hash, nothing since: the same fingerprint.
+        let kept = before.derived(
+            kv_hash(14, 1),
+            since(0xabcd),
+            &[],
+            Some(&[(7, 1)].into()),
+            2,
+            now,
+        );
+        before.check_kept_by(&kept).expect("proven by hash");
+        assert!(kept.same_content(&before));
+        // Lease 7 ran out and took b with it: still kept.
+        let expired = before.derived(
+            kv_hash(14, 1),
+            since(0xabcd),
+            &[change("b", true, 7)],
+            Some(&BTreeMap::new()),
+            1,
+            now,
+        );
+        assert_eq!(expired.keys, 1);
+        before
+            .check_kept_by(&expired)
+            .expect("b expired with its lease");
+        // Another hash at the same revision: the history differs.
+        let err = before
+            .check_kept_by(&before.derived(kv_hash(14, 1), since(0xbeef), &[], None, 2, now))
+            .expect_err("another hash");
+        assert!(
+            err.contains("etcd's hash of the keyspace at revision 10 differs"),
+            "{err}"
+        );
+        // A key written, or deleted while its lease lives, since: strays.
+        for stray in [
+            change("c", false, 0),
+            change("b", true, 7),
+            change("a", true, 0),
+        ] {
+            let err = before
+                .check_kept_by(&before.derived(
+                    kv_hash(14, 1),
+                    since(0xabcd),
+                    &[stray],
+                    Some(&[(7, 1)].into()),
+                    2,
+                    now,
+                ))
+                .expect_err("a stray change");
+            assert!(err.contains("after the last step's read at 10"), "{err}");
+        }
+        // etcd counts another number of keys than the proof derives.
+        let err = before
+            .check_kept_by(&before.derived(kv_hash(14, 1), since(0xabcd), &[], None, 3, now))
+            .expect_err("a count that differs");
+        assert!(err.contains("etcd counts 3"), "{err}");
+    }
+
     #[test]
     fn digest_sums_add_and_take_out() {
         let x = Sum::of(&[b"x"]);
