@@ -23,6 +23,7 @@
 //!   of the whole tree at random moments; every rerun converges.
 //! - `security`: what a step's etcd listens on; modes of what a run creates.
 //! - `fingerprint`: a key written behind our back fails the step (real etcd).
+//! - `scale`: what a whole-keyspace read costs etcd (keys visited per key).
 //! - `corners`: user keys named like the old health key, v2 keys inside
 //!   etcd3 data, v2 directories with a TTL.
 //! - `bad_input`: bad input and a bad environment (version.txt, binaries,
@@ -52,6 +53,7 @@ mod ondisk;
 mod pid1;
 mod refusals;
 mod rollbacks;
+mod scale;
 mod security;
 mod storage;
 mod walks;

@@ -100,6 +100,21 @@ pub trait EtcdApi {
         known: &KnownLeases,
     ) -> impl Future<Output = Result<Fingerprint, String>>;
 
+    /// [`EtcdApi::fingerprint`], proven against `before` (the last step's
+    /// read) by etcd's own hash where the release has one, instead of
+    /// reading the whole keyspace (see `keyspace::read_fingerprint_since`).
+    fn fingerprint_since(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+        hidden: &[String],
+        known: &KnownLeases,
+        before: Option<&Fingerprint>,
+    ) -> impl Future<Output = Result<Fingerprint, String>> {
+        let _ = before;
+        self.fingerprint(endpoint, storage, hidden, known)
+    }
+
     /// Reads every entry through `storage`'s API (etcd3 data: its v2 side
     /// store too), this run's health keys left out, and fingerprints it.
     fn read_all(

@@ -291,7 +291,38 @@ impl EtcdApi for EtcdHealth {
         let ours = self.ours.borrow().clone();
         let hidden = hidden.to_vec();
         let known = known.clone();
-        async move { keyspace::read_fingerprint(&endpoint, storage, &ours, &hidden, &known).await }
+        async move {
+            keyspace::read_fingerprint(&endpoint, storage, &ours, &hidden, &known)
+                .await
+                .map_err(String::from)
+        }
+    }
+
+    fn fingerprint_since(
+        &self,
+        endpoint: &str,
+        storage: Storage,
+        hidden: &[String],
+        known: &KnownLeases,
+        before: Option<&Fingerprint>,
+    ) -> impl Future<Output = Result<Fingerprint, String>> {
+        let endpoint = endpoint.to_string();
+        let ours = self.ours.borrow().clone();
+        let hidden = hidden.to_vec();
+        let known = known.clone();
+        let before = before.cloned();
+        async move {
+            keyspace::read_fingerprint_since(
+                &endpoint,
+                storage,
+                &ours,
+                &hidden,
+                &known,
+                before.as_ref(),
+            )
+            .await
+            .map_err(String::from)
+        }
     }
 
     fn write(
@@ -325,7 +356,11 @@ impl EtcdApi for EtcdHealth {
         let ours = self.ours.borrow().clone();
         let hidden = hidden.to_vec();
         let known = known.clone();
-        async move { keyspace::read_all(&endpoint, storage, &ours, &hidden, &known).await }
+        async move {
+            keyspace::read_all(&endpoint, storage, &ours, &hidden, &known)
+                .await
+                .map_err(String::from)
+        }
     }
 
     fn read_v2(
@@ -334,23 +369,23 @@ impl EtcdApi for EtcdHealth {
         hidden: &[String],
     ) -> impl Future<Output = Result<Option<Vec<Entry>>, String>> {
         let ours = self.ours.borrow().clone();
-        async move { keyspace::read_v2(endpoint, &ours, hidden).await }
+        async move {
+            keyspace::read_v2(endpoint, &ours, hidden)
+                .await
+                .map_err(String::from)
+        }
     }
 
-    fn write_all_v2(
-        &self,
-        endpoint: &str,
-        entries: &[Entry],
-    ) -> impl Future<Output = Result<(), String>> {
+    async fn write_all_v2(&self, endpoint: &str, entries: &[Entry]) -> Result<(), String> {
         keyspace::write_all_v2(endpoint, entries)
+            .await
+            .map_err(String::from)
     }
 
-    fn delete_v2_tree(
-        &self,
-        endpoint: &str,
-        hidden: &[String],
-    ) -> impl Future<Output = Result<usize, String>> {
+    async fn delete_v2_tree(&self, endpoint: &str, hidden: &[String]) -> Result<usize, String> {
         keyspace::delete_v2_tree(endpoint, hidden)
+            .await
+            .map_err(String::from)
     }
 
     fn apply_leases(

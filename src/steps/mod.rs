@@ -343,6 +343,26 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         .await
     }
 
+    /// [`Context::read_fingerprint`], proven against `before` by etcd's
+    /// own hash where it can.
+    pub(crate) async fn read_fingerprint_since(
+        &self,
+        serving: &mut Serving<L::Etcd>,
+        storage: Storage,
+        before: Option<&Fingerprint>,
+    ) -> Result<Fingerprint, Failure> {
+        let endpoint = serving.endpoint.clone();
+        let hidden = serving.hidden_v2.clone();
+        let known = serving.known.clone();
+        self.while_serving(
+            serving,
+            "fingerprint the keyspace",
+            self.api
+                .fingerprint_since(&endpoint, storage, &hidden, &known, before),
+        )
+        .await
+    }
+
     /// Fails (stopping `serving`) unless `after` holds what `before` held.
     pub(crate) async fn check_kept(
         &self,
@@ -482,18 +502,18 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     /// Does `work` while `serving` runs: fails (and stops etcd) if etcd
     /// dies, a stop signal arrives, the work fails or takes longer than
     /// [`WORK_TIMEOUT`].
-    pub(crate) async fn while_serving<R>(
+    pub(crate) async fn while_serving<R, E: Into<String>>(
         &self,
         serving: &mut Serving<L::Etcd>,
         what: &str,
-        work: impl Future<Output = Result<R, String>>,
+        work: impl Future<Output = Result<R, E>>,
     ) -> Result<R, Failure> {
         let deadline = tokio::time::Instant::now() + WORK_TIMEOUT;
         let failure = match self.race(&mut serving.etcd, deadline, work).await {
             Race::Done(Ok(value)) => return Ok(value),
             Race::Done(Err(detail)) => Failure::Step(StepError::Work {
                 what: what.to_string(),
-                detail,
+                detail: detail.into(),
             }),
             Race::Signal(signal) => Failure::Interrupted(signal),
             Race::Exited(status) => {

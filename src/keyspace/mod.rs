@@ -12,10 +12,105 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::version::Storage;
+
+mod ranges;
+mod v2;
+mod v3;
+
+pub use v2::{delete_v2_tree, is_hidden_v2, read_v2, write_all_v2, write_v2};
+pub(crate) use v2::{form_encode, v2_url};
+pub use v3::{traced_read, v3_client, KvHash, ReadLimits, RequestedRange, TracedRead};
+
+/// What a keyspace call could not do, naming the endpoint (and the key,
+/// lease, revision or URL) it was about.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyspaceError {
+    /// No v3 client could connect.
+    #[error("v3 connect {endpoint}")]
+    Connect {
+        endpoint: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A v3 range request failed.
+    #[error("v3 range from {key:?} on {endpoint}")]
+    Range {
+        endpoint: String,
+        key: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A lease's time-to-live could not be read.
+    #[error("v3 lease {lease:x} time-to-live on {endpoint}")]
+    Lease {
+        endpoint: String,
+        lease: i64,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The leases could not be listed.
+    #[error("v3 lease list on {endpoint}")]
+    LeaseList {
+        endpoint: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// etcd could not hash its keyspace at a revision (e.g. compacted).
+    #[error("v3 hash of the keyspace at revision {revision} on {endpoint}")]
+    Hash {
+        endpoint: String,
+        revision: i64,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The changes after a revision could not be listed.
+    #[error("v3 changes after revision {revision} on {endpoint}: {detail}")]
+    Watch {
+        endpoint: String,
+        revision: i64,
+        detail: String,
+    },
+    /// The HTTP client for the v2 API could not be built.
+    #[error("cannot build the HTTP client")]
+    HttpClient(#[source] reqwest::Error),
+    /// A v2 request got no answer.
+    #[error("v2 {method} {url}")]
+    V2Request {
+        method: &'static str,
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A v2 request was answered with an error status.
+    #[error("v2 {method} {url}: HTTP {status}: {body}")]
+    V2Status {
+        method: &'static str,
+        url: String,
+        status: u16,
+        body: String,
+    },
+    /// A v2 answer was not the JSON the keys API sends.
+    #[error("v2 GET {url}: not JSON")]
+    V2Json {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// etcd2 data, but the release serves no v2 API.
+    #[error("{endpoint} serves no v2 API (404 on /v2/keys/), but the data is etcd2 storage")]
+    NoV2Api { endpoint: String },
+}
+
+/// The error with its causes on one line, for callers that report work
+/// failures as text.
+impl From<KeyspaceError> for String {
+    fn from(err: KeyspaceError) -> String {
+        crate::log::error_chain(&err)
+    }
+}
 
 /// How many key names a fingerprint keeps for messages (e.g. the v2 keys
 /// a release without the v2 API could not hold).
@@ -63,19 +158,6 @@ impl Ours {
         self.leases.contains(&lease)
     }
 }
-
-/// Keys per v3 range request: K8s objects reach 1.5 MiB, so pages stay
-/// small and the decoding limit generous.
-const V3_PAGE: i64 = 200;
-
-/// Largest v3 response we accept (etcd's own request limit is 1.5 MiB a
-/// key; a page of them fits).
-const V3_MAX_MESSAGE: usize = 512 * 1024 * 1024;
-
-/// The gRPC status code UNIMPLEMENTED: what 3.0 … 3.2 answer to a lease
-/// list (LeaseLeases came in 3.3), and 3.0 to a lease's time-to-live
-/// (LeaseTimeToLive came in 3.1).
-const GRPC_UNIMPLEMENTED: i32 = 12;
 
 /// What is known of leases' TTLs without asking etcd: each lease's TTL and
 /// the moment it counts from. etcd 3.0 has no LeaseTimeToLive, so a read
@@ -256,6 +338,56 @@ pub struct Fingerprint {
     /// etcd3 data: its v2 store, where the release serves the v2 API
     /// (`None`: not read, e.g. 3.6 has no v2 API).
     v2_side: Option<Box<Fingerprint>>,
+    /// v3 on 3.3+: etcd's own hash of the keyspace history at the revision
+    /// read, for the next step to check by.
+    hash: Option<KvHash>,
+    /// v3: what this etcd said of the revision the earlier read was made
+    /// at, where both had a hash.
+    since: Option<SinceCheck>,
+}
+
+/// What a later etcd says of the revision an earlier read was made at.
+#[derive(Debug, Clone)]
+struct SinceCheck {
+    /// The earlier read's hash.
+    expected: KvHash,
+    /// This etcd's hash at the same revision.
+    found: KvHash,
+    /// Changes since that revision that are neither ours nor a lease
+    /// running out: each a difference.
+    strays: Vec<String>,
+    /// Keys counted by etcd at this read's revision, where the keyspace
+    /// was not read whole.
+    counted: Option<usize>,
+}
+
+impl SinceCheck {
+    /// Sorts `changes` (ours already left out): a delete of a key whose
+    /// lease is gone now is the lease running out; anything else is a
+    /// stray.
+    fn with_strays(mut self, changes: &[v3::Change], alive: Option<&BTreeMap<i64, i64>>) -> Self {
+        self.strays = changes
+            .iter()
+            .filter(|change| !is_expiry(change, alive))
+            .map(|change| {
+                format!(
+                    "{:?} was {} at revision {}, after the last step's read at {}",
+                    String::from_utf8_lossy(&change.key),
+                    if change.deleted { "deleted" } else { "written" },
+                    change.revision,
+                    self.expected.revision
+                )
+            })
+            .collect();
+        self
+    }
+}
+
+/// True for the delete of a leased key whose lease is no longer alive.
+fn is_expiry(change: &v3::Change, alive: Option<&BTreeMap<i64, i64>>) -> bool {
+    change.deleted
+        && change.lease_before != 0
+        && !alive.is_some_and(|alive| alive.contains_key(&change.lease_before))
 }
 
 impl fmt::Display for Fingerprint {
@@ -319,7 +451,56 @@ impl Fingerprint {
             read_done: Instant::now(),
             sample: Vec::new(),
             v2_side: None,
+            hash: None,
+            since: None,
         }
+    }
+
+    /// The fingerprint of what this etcd serves, derived from `self` (the
+    /// last step's read) without reading the keyspace: etcd's hash at
+    /// `self`'s revision (in `since`) proves the keyspace was the same
+    /// there, and `changes` (ours left out) are all that happened since:
+    /// keys whose lease ran out are taken out (with the values the history
+    /// gives), anything else is a stray the check reports. `counted` is
+    /// etcd's own key count now; `now` its hash now.
+    fn derived(
+        &self,
+        now: KvHash,
+        since: SinceCheck,
+        changes: &[v3::Change],
+        leases: Option<&BTreeMap<i64, i64>>,
+        counted: usize,
+        read_started: Instant,
+    ) -> Fingerprint {
+        let mut derived = self.clone();
+        derived.v2_side = None;
+        for change in changes.iter().filter(|c| is_expiry(c, leases)) {
+            let entry = Entry {
+                key: change.key.clone(),
+                value: change.value_before.clone(),
+                ttl: Some(0),
+                lease: change.lease_before,
+            };
+            derived.take_out(&entry);
+        }
+        derived.hash = Some(now);
+        derived.since = Some(SinceCheck {
+            counted: Some(counted),
+            ..since.with_strays(changes, leases)
+        });
+        derived.finish(leases, read_started)
+    }
+
+    /// Takes one entry's part out (a key that expired).
+    fn take_out(&mut self, entry: &Entry) {
+        let path = v2_path(&entry.key);
+        let own = Sum::of(&[&entry.key, &entry.value, &entry.lease.to_be_bytes()]);
+        let neutral = Sum::of(&[&path, &entry.value, b"expires"]);
+        self.digest = self.digest.sub(own);
+        self.content = self.content.sub(neutral);
+        self.keys = self.keys.saturating_sub(1);
+        let path_hash: [u8; 32] = Sha256::digest(&path).into();
+        self.expiring.remove(&path_hash);
     }
 
     /// The same, with the fingerprint of the data's v2 store beside it.
@@ -400,6 +581,9 @@ impl Fingerprint {
     /// `Err` says what differs.
     pub fn check_kept_by(&self, later: &Fingerprint) -> Result<(), String> {
         let mut differs = Vec::new();
+        if let Some(since) = &later.since {
+            differs.extend(self.hash_differences(since, later));
+        }
         if self.storage == later.storage {
             differs.extend(self.store_differences(later));
             if let Some(before) = &self.v2_side {
@@ -434,6 +618,37 @@ impl Fingerprint {
                 differs.join("; ")
             ))
         }
+    }
+
+    /// What etcd's hashes and history say differs since `self` was read.
+    fn hash_differences(&self, since: &SinceCheck, later: &Fingerprint) -> Vec<String> {
+        let mut differs = Vec::new();
+        if self.hash != Some(since.expected) {
+            differs.push(format!(
+                "the hash to check by is not this read's ({:?}, {:?})",
+                self.hash, since.expected
+            ));
+        }
+        if since.found.hash != since.expected.hash {
+            differs.push(format!(
+                "etcd's hash of the keyspace at revision {} differs: {:08x} before, {:08x} now (compacted at {} and {})",
+                since.expected.revision,
+                since.expected.hash,
+                since.found.hash,
+                since.expected.compact_revision,
+                since.found.compact_revision
+            ));
+        }
+        differs.extend(since.strays.iter().cloned());
+        if let Some(counted) = since.counted {
+            if counted != later.keys {
+                differs.push(format!(
+                    "{} keys expected, etcd counts {counted}",
+                    later.keys
+                ));
+            }
+        }
+        differs
     }
 
     /// The v3 keyspace and the v2 side store as one set of entries (for a
@@ -517,411 +732,6 @@ pub fn v2_path(key: &[u8]) -> Vec<u8> {
     path
 }
 
-fn http_client() -> Result<reqwest::Client, String> {
-    crate::tls::ensure_provider();
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .map_err(|err| format!("cannot build the HTTP client: {err}"))
-}
-
-/// Reads every leaf of the v2 store (recursive, with remaining TTLs),
-/// without this run's health keys; `None` when the etcd serves no v2 API
-/// (3.4/3.5 without `--enable-v2`, 3.6). A key inside a directory that has
-/// a TTL expires with it: it gets the shortest TTL on its path. Hidden v2
-/// nodes (a name starting with `_`) are never listed by etcd, so the ones
-/// the data records (`hidden`, from [`crate::ondisk`]: a superset, so one
-/// not found is skipped) are read one by one; a GET of a hidden directory
-/// lists its visible children.
-pub async fn read_v2(
-    endpoint: &str,
-    ours: &Ours,
-    hidden: &[String],
-) -> Result<Option<Vec<Entry>>, String> {
-    let url = format!("{endpoint}/v2/keys/?recursive=true&sorted=true");
-    let (status, body) = v2_get(&url).await?;
-    let json: Result<Value, _> = serde_json::from_str(&body);
-    if status.as_u16() == 404 && json.is_err() {
-        // The root always exists; a 404 that is not a v2 error document
-        // is the HTTP mux saying the v2 API is not served at all.
-        return Ok(None);
-    }
-    if !status.is_success() {
-        return Err(format!("v2 GET {url}: HTTP {status}: {}", body.trim()));
-    }
-    let json = json.map_err(|err| format!("v2 GET {url}: not JSON: {err}"))?;
-    let mut entries = Vec::new();
-    collect_v2(&json["node"], None, &mut entries);
-    for path in hidden {
-        if let Some(node) = read_v2_node(endpoint, path).await? {
-            collect_v2(&node, None, &mut entries);
-        }
-    }
-    entries.retain(|entry| !ours.holds_key(&entry.key));
-    Ok(Some(entries))
-}
-
-/// One v2 node (recursively, if a directory), or `None` if it is gone.
-async fn read_v2_node(endpoint: &str, path: &str) -> Result<Option<Value>, String> {
-    let url = format!(
-        "{}?recursive=true&sorted=true",
-        v2_url(endpoint, path.as_bytes())
-    );
-    let (status, body) = v2_get(&url).await?;
-    if status.as_u16() == 404 {
-        return Ok(None);
-    }
-    if !status.is_success() {
-        return Err(format!("v2 GET {url}: HTTP {status}: {}", body.trim()));
-    }
-    let json: Value =
-        serde_json::from_str(&body).map_err(|err| format!("v2 GET {url}: not JSON: {err}"))?;
-    Ok(Some(json["node"].clone()))
-}
-
-/// One v2 GET: the status and the body.
-async fn v2_get(url: &str) -> Result<(reqwest::StatusCode, String), String> {
-    let response = http_client()?
-        .get(url)
-        .send()
-        .await
-        .map_err(|err| format!("v2 GET {url}: {err}"))?;
-    let status = response.status();
-    let body = response
-        .text()
-        .await
-        .map_err(|err| format!("v2 GET {url}: {err}"))?;
-    Ok((status, body))
-}
-
-/// True for a v2 path with a hidden segment (a name starting with `_`):
-/// the v2 API never lists it.
-pub fn is_hidden_v2(key: &[u8]) -> bool {
-    key.split(|b| *b == b'/')
-        .any(|segment| segment.first() == Some(&b'_'))
-}
-
-/// Reads the v2 store of etcd2 data, which the release must serve.
-async fn read_v2_store(
-    endpoint: &str,
-    ours: &Ours,
-    hidden: &[String],
-) -> Result<Vec<Entry>, String> {
-    read_v2(endpoint, ours, hidden).await?.ok_or_else(|| {
-        format!("{endpoint} serves no v2 API (404 on /v2/keys/), but the data is etcd2 storage")
-    })
-}
-
-/// The seconds a v2 node has left, if it expires. A node in its last
-/// second (or past expiry, before etcd's 500 ms sweep) is listed with its
-/// "expiration" but no "ttl" (0 is omitted from the JSON): it is expiring,
-/// not permanent.
-fn v2_ttl(node: &Value) -> Option<i64> {
-    match (node["ttl"].as_i64(), node.get("expiration")) {
-        (Some(ttl), _) => Some(ttl),
-        (None, Some(_)) => Some(0),
-        (None, None) => None,
-    }
-}
-
-/// Collects the leaves under `node`; `inherited` is the shortest TTL of
-/// the directories above it (a directory's expiry removes its children).
-fn collect_v2(node: &Value, inherited: Option<i64>, out: &mut Vec<Entry>) {
-    let ttl = match (inherited, v2_ttl(node)) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    if node["dir"].as_bool() == Some(true) {
-        for child in node["nodes"].as_array().into_iter().flatten() {
-            collect_v2(child, ttl, out);
-        }
-        return;
-    }
-    if let Some(key) = node["key"].as_str() {
-        out.push(Entry {
-            key: key.as_bytes().to_vec(),
-            value: node["value"]
-                .as_str()
-                .unwrap_or_default()
-                .as_bytes()
-                .to_vec(),
-            ttl,
-            lease: 0,
-        });
-    }
-}
-
-/// Percent-encodes each segment of a v2 path for a URL.
-pub(crate) fn v2_url(endpoint: &str, key: &[u8]) -> String {
-    let mut url = format!("{endpoint}/v2/keys");
-    for segment in key.split(|b| *b == b'/').filter(|s| !s.is_empty()) {
-        url.push('/');
-        for &b in segment {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                url.push(b as char);
-            } else {
-                url.push_str(&format!("%{b:02X}"));
-            }
-        }
-    }
-    url
-}
-
-pub(crate) fn form_encode(value: &[u8]) -> String {
-    let mut out = String::with_capacity(value.len() + 6);
-    out.push_str("value=");
-    for &b in value {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// Writes one v2 key, with a TTL if given.
-pub async fn write_v2(
-    client: &reqwest::Client,
-    endpoint: &str,
-    key: &[u8],
-    value: &[u8],
-    ttl: Option<i64>,
-) -> Result<(), String> {
-    let mut url = v2_url(endpoint, key);
-    if let Some(ttl) = ttl {
-        url.push_str(&format!("?ttl={ttl}"));
-    }
-    let response = client
-        .put(&url)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_encode(value))
-        .send()
-        .await
-        .map_err(|err| format!("v2 PUT {url}: {err}"))?;
-    let status = response.status();
-    if status.is_success() {
-        return Ok(());
-    }
-    let body = response.text().await.unwrap_or_default();
-    Err(format!("v2 PUT {url}: HTTP {status}: {}", body.trim()))
-}
-
-/// Writes v2 keys one by one (the v2 API has no batch), each with its TTL.
-pub async fn write_all_v2(endpoint: &str, entries: &[Entry]) -> Result<(), String> {
-    let client = http_client()?;
-    for entry in entries {
-        write_v2(&client, endpoint, &entry.key, &entry.value, entry.ttl).await?;
-    }
-    Ok(())
-}
-
-/// Deletes every top-level node of the v2 store (recursively), leaving the
-/// internal membership nodes, which the keys API does not list; and the
-/// `hidden` nodes, which it does not list either (a recursive delete of a
-/// visible directory takes its hidden children with it, so only those at
-/// the top matter; the others answer 404).
-pub async fn delete_v2_tree(endpoint: &str, hidden: &[String]) -> Result<usize, String> {
-    let client = http_client()?;
-    let url = format!("{endpoint}/v2/keys/");
-    let response = client
-        .get(&url)
-        .send()
-        .await
-        .map_err(|err| format!("v2 GET {url}: {err}"))?;
-    let body = response
-        .text()
-        .await
-        .map_err(|err| format!("v2 GET {url}: {err}"))?;
-    let json: Value =
-        serde_json::from_str(&body).map_err(|err| format!("v2 GET {url}: not JSON: {err}"))?;
-    let mut deleted = 0;
-    for node in json["node"]["nodes"].as_array().into_iter().flatten() {
-        let Some(key) = node["key"].as_str() else {
-            continue;
-        };
-        let dir = node["dir"].as_bool() == Some(true);
-        let node_url = format!(
-            "{}{}",
-            v2_url(endpoint, key.as_bytes()),
-            if dir { "?recursive=true" } else { "" }
-        );
-        let response = client
-            .delete(&node_url)
-            .send()
-            .await
-            .map_err(|err| format!("v2 DELETE {node_url}: {err}"))?;
-        if !response.status().is_success() && response.status().as_u16() != 404 {
-            let status = response.status();
-            let text = response.text().await.unwrap_or_default();
-            return Err(format!(
-                "v2 DELETE {node_url}: HTTP {status}: {}",
-                text.trim()
-            ));
-        }
-        deleted += 1;
-    }
-    for path in hidden {
-        let node_url = format!("{}?recursive=true", v2_url(endpoint, path.as_bytes()));
-        let response = client
-            .delete(&node_url)
-            .send()
-            .await
-            .map_err(|err| format!("v2 DELETE {node_url}: {err}"))?;
-        match response.status().as_u16() {
-            404 => {}
-            _ if response.status().is_success() => deleted += 1,
-            _ => {
-                let status = response.status();
-                let text = response.text().await.unwrap_or_default();
-                return Err(format!(
-                    "v2 DELETE {node_url}: HTTP {status}: {}",
-                    text.trim()
-                ));
-            }
-        }
-    }
-    Ok(deleted)
-}
-
-/// A v3 client with generous limits for whole-keyspace reads.
-pub async fn v3_client(endpoint: &str) -> Result<etcd_client::Client, String> {
-    let options = etcd_client::ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(REQUEST_TIMEOUT);
-    etcd_client::Client::connect([endpoint], Some(options))
-        .await
-        .map_err(|err| format!("v3 connect {endpoint}: {err}"))
-}
-
-/// Reads every v3 key, a page at a time, handing each to `sink` with the
-/// remaining TTL of its lease (a key whose lease has just run out, not yet
-/// deleted by etcd, comes with 0), so a fingerprint never holds the
-/// keyspace in memory. This run's health keys are left out. Where the
-/// release has no LeaseTimeToLive (3.0), the TTL comes from `known`; a
-/// leased key whose lease is not known there either comes without one
-/// (`ttl: None`, `lease` set): it may expire at any moment, for all this
-/// read can tell. Returns the seconds left on each lease a key is bound
-/// to, where they are known.
-async fn read_v3_with(
-    client: &etcd_client::Client,
-    ours: &Ours,
-    known: &KnownLeases,
-    sink: &mut dyn FnMut(Entry),
-) -> Result<BTreeMap<i64, i64>, String> {
-    let mut kv = client.kv_client().max_decoding_message_size(V3_MAX_MESSAGE);
-    let mut lease_client = client.lease_client();
-    let mut ttl_of_lease: BTreeMap<i64, Option<i64>> = BTreeMap::new();
-    // Asked once: a release that lacks the call lacks it for every lease.
-    let mut has_time_to_live = true;
-    let mut start: Vec<u8> = vec![0];
-    let mut revision = 0;
-    loop {
-        let options = etcd_client::GetOptions::new()
-            .with_from_key()
-            .with_limit(V3_PAGE)
-            .with_revision(revision);
-        let response = kv
-            .get(start.clone(), Some(options))
-            .await
-            .map_err(|err| format!("v3 range from {start:?}: {err}"))?;
-        if revision == 0 {
-            // Every page reads the same revision: a consistent snapshot.
-            revision = response.header().map(|h| h.revision()).unwrap_or(0);
-        }
-        for kv in response.kvs() {
-            if ours.holds_key(kv.key()) {
-                continue;
-            }
-            let ttl = match kv.lease() {
-                0 => None,
-                lease => match ttl_of_lease.get(&lease) {
-                    Some(ttl) => *ttl,
-                    None => {
-                        let asked = if has_time_to_live {
-                            lease_ttl(&mut lease_client, lease).await?
-                        } else {
-                            None
-                        };
-                        has_time_to_live &= asked.is_some();
-                        let ttl = asked.or_else(|| known.remaining(lease));
-                        ttl_of_lease.insert(lease, ttl);
-                        ttl
-                    }
-                },
-            };
-            sink(Entry {
-                key: kv.key().to_vec(),
-                value: kv.value().to_vec(),
-                ttl,
-                lease: kv.lease(),
-            });
-        }
-        match (response.more(), response.kvs().last()) {
-            (true, Some(last)) => {
-                start = last.key().to_vec();
-                start.push(0);
-            }
-            _ => break,
-        }
-    }
-    Ok(ttl_of_lease
-        .into_iter()
-        .filter_map(|(lease, ttl)| Some((lease, ttl?)))
-        .collect())
-}
-
-/// Seconds left on a lease; 0 once it has run out (or is unknown to
-/// etcd); `None` where the release has no LeaseTimeToLive (3.0).
-async fn lease_ttl(
-    client: &mut etcd_client::LeaseClient,
-    lease: i64,
-) -> Result<Option<i64>, String> {
-    match client.time_to_live(lease, None).await {
-        Ok(answer) => Ok(Some(answer.ttl().max(0))),
-        Err(etcd_client::Error::GRpcStatus(status))
-            if i32::from(status.code()) == GRPC_UNIMPLEMENTED =>
-        {
-            Ok(None)
-        }
-        Err(err) => Err(format!("v3 lease {lease:x} time-to-live: {err}")),
-    }
-}
-
-/// Every lease alive with its seconds left (this run's health leases left
-/// out), or `None` where the API has no lease list (etcd 3.0 … 3.2 answer
-/// "unimplemented").
-async fn read_leases(
-    client: &etcd_client::Client,
-    known: &BTreeMap<i64, i64>,
-    ours: &Ours,
-) -> Result<Option<BTreeMap<i64, i64>>, String> {
-    let mut lease_client = client.lease_client();
-    let listed = match lease_client.leases().await {
-        Ok(listed) => listed,
-        Err(etcd_client::Error::GRpcStatus(status))
-            if i32::from(status.code()) == GRPC_UNIMPLEMENTED =>
-        {
-            return Ok(None)
-        }
-        Err(err) => return Err(format!("v3 lease list: {err}")),
-    };
-    let mut leases = BTreeMap::new();
-    for lease in listed.leases() {
-        if ours.holds_lease(lease.id()) {
-            continue;
-        }
-        // A release that lists leases (3.3+) also tells their TTLs.
-        let ttl = match known.get(&lease.id()) {
-            Some(ttl) => *ttl,
-            None => lease_ttl(&mut lease_client, lease.id()).await?.unwrap_or(0),
-        };
-        leases.insert(lease.id(), ttl);
-    }
-    Ok(Some(leases))
-}
-
 /// A whole read of the data a step's etcd serves.
 #[derive(Debug, Clone)]
 pub struct Read {
@@ -944,11 +754,25 @@ pub async fn read_all(
     ours: &Ours,
     hidden: &[String],
     known: &KnownLeases,
-) -> Result<Read, String> {
+) -> Result<Read, KeyspaceError> {
+    read_all_since(endpoint, storage, ours, hidden, known, None).await
+}
+
+/// [`read_all`], also checked by etcd's own hash against `before` (the
+/// read the last step made), where both have one: so that a read proven
+/// by hash only (see [`read_fingerprint_since`]) can be compared to.
+pub async fn read_all_since(
+    endpoint: &str,
+    storage: Storage,
+    ours: &Ours,
+    hidden: &[String],
+    known: &KnownLeases,
+    before: Option<&Fingerprint>,
+) -> Result<Read, KeyspaceError> {
     let started = Instant::now();
     match storage {
         Storage::Etcd2 => {
-            let entries = read_v2_store(endpoint, ours, hidden).await?;
+            let entries = v2::read_v2_store(endpoint, ours, hidden).await?;
             let fingerprint = Fingerprint::new(storage, &entries, None, started);
             Ok(Read {
                 entries,
@@ -957,16 +781,30 @@ pub async fn read_all(
             })
         }
         Storage::Etcd3 => {
-            let client = v3_client(endpoint).await?;
+            let client = v3::v3_client(endpoint).await?;
             let mut entries = Vec::new();
-            let ttls = read_v3_with(&client, ours, known, &mut |entry| entries.push(entry)).await?;
-            let leases = read_leases(&client, &ttls, ours).await?;
-            let side = read_v2(endpoint, ours, hidden).await?;
+            let (ttls, revision) = v3::read_v3_with(
+                &client,
+                endpoint,
+                ours,
+                known,
+                ReadLimits::default(),
+                &mut |entry| entries.push(entry),
+                None,
+            )
+            .await?;
+            let hash = v3::hash_kv(&client, endpoint, revision).await?;
+            let since = check_since(&client, endpoint, before, hash, ours).await?;
+            let leases = v3::read_leases(&client, endpoint, &ttls, ours).await?;
+            let since = since.map(|(since, changes)| since.with_strays(&changes, leases.as_ref()));
+            let side = v2::read_v2(endpoint, ours, hidden).await?;
             let side_fingerprint = side
                 .as_ref()
                 .map(|side| Fingerprint::new(Storage::Etcd2, side, None, started));
-            let fingerprint = Fingerprint::new(storage, &entries, leases.as_ref(), started)
+            let mut fingerprint = Fingerprint::new(storage, &entries, leases.as_ref(), started)
                 .with_v2_side(side_fingerprint);
+            fingerprint.hash = hash;
+            fingerprint.since = since;
             Ok(Read {
                 entries,
                 v2_side: side.unwrap_or_default(),
@@ -976,42 +814,137 @@ pub async fn read_all(
     }
 }
 
-/// The fingerprint of the data a step's etcd serves. A v3 keyspace is
-/// hashed page by page and never held whole (a 2 GiB backend stays out of
-/// our memory); the v2 API has no paging, so a v2 store is read at once.
+/// The fingerprint of the data a step's etcd serves, from a whole read. A
+/// v3 keyspace is hashed window by window and never held whole (a 2 GiB
+/// backend stays out of our memory); the v2 API has no paging, so a v2
+/// store is read at once.
 pub async fn read_fingerprint(
     endpoint: &str,
     storage: Storage,
     ours: &Ours,
     hidden: &[String],
     known: &KnownLeases,
-) -> Result<Fingerprint, String> {
-    match storage {
-        Storage::Etcd2 => Ok(read_all(endpoint, storage, ours, hidden, known)
+) -> Result<Fingerprint, KeyspaceError> {
+    read_fingerprint_since(endpoint, storage, ours, hidden, known, None).await
+}
+
+/// The fingerprint of the data a step's etcd serves, proven against
+/// `before` (what the last step read) where etcd can check itself: when
+/// both are v3, `before` carries etcd's hash at the revision it read
+/// (HashKV, 3.3+) and this etcd still holds that revision, the v3 keyspace
+/// is not read at all. This etcd hashes the same revision (equal hashes:
+/// the same keys, values, leases and revisions up to there, the whole
+/// history since the last compaction), the changes made since (our health
+/// writes, expired leases) are listed from its history, and its hash at
+/// its own revision is kept for the next step. Leases with their TTLs and
+/// the v2 side store are read as in a whole read. Anywhere else (no
+/// `before`, v2, a release without HashKV) the keyspace is read whole.
+pub async fn read_fingerprint_since(
+    endpoint: &str,
+    storage: Storage,
+    ours: &Ours,
+    hidden: &[String],
+    known: &KnownLeases,
+    before: Option<&Fingerprint>,
+) -> Result<Fingerprint, KeyspaceError> {
+    let started = Instant::now();
+    if storage == Storage::Etcd2 {
+        return Ok(read_all(endpoint, storage, ours, hidden, known)
             .await?
-            .fingerprint),
-        Storage::Etcd3 => {
-            let started = Instant::now();
-            let client = v3_client(endpoint).await?;
-            let mut fingerprint = Fingerprint::empty(storage);
-            let ttls = read_v3_with(&client, ours, known, &mut |entry| {
-                fingerprint.add(&entry, started)
-            })
-            .await?;
-            let leases = read_leases(&client, &ttls, ours).await?;
-            let side = read_v2(endpoint, ours, hidden)
+            .fingerprint);
+    }
+    let client = v3::v3_client(endpoint).await?;
+    let by_hash = match before {
+        Some(before) if before.storage == Storage::Etcd3 && before.hash.is_some() => {
+            v3::hash_kv(&client, endpoint, 0).await?
+        }
+        _ => None,
+    };
+    if let (Some(now), Some(before)) = (by_hash, before) {
+        let since = check_since(&client, endpoint, Some(before), Some(now), ours).await?;
+        if let Some((since, changes)) = since {
+            let leases = v3::read_leases(&client, endpoint, &BTreeMap::new(), ours).await?;
+            let counted = v3::count_keys(&client, endpoint, now.revision, ours).await?;
+            let side = v2::read_v2(endpoint, ours, hidden)
                 .await?
                 .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
-            Ok(fingerprint
-                .finish(leases.as_ref(), started)
-                .with_v2_side(side))
+            crate::log::info(
+                "keyspace proven by etcd's hash",
+                &[
+                    ("revision", since.expected.revision.into()),
+                    ("hash", format!("{:08x}", since.found.hash).into()),
+                    ("changes_since", changes.len().into()),
+                    ("now", now.revision.into()),
+                ],
+            );
+            return Ok(before
+                .derived(now, since, &changes, leases.as_ref(), counted, started)
+                .with_v2_side(side));
         }
     }
+    let mut fingerprint = Fingerprint::empty(storage);
+    let (ttls, revision) = v3::read_v3_with(
+        &client,
+        endpoint,
+        ours,
+        known,
+        ReadLimits::default(),
+        &mut |entry| fingerprint.add(&entry, started),
+        None,
+    )
+    .await?;
+    fingerprint.hash = v3::hash_kv(&client, endpoint, revision).await?;
+    let since = check_since(&client, endpoint, before, fingerprint.hash, ours).await?;
+    let leases = v3::read_leases(&client, endpoint, &ttls, ours).await?;
+    fingerprint.since = since.map(|(since, changes)| since.with_strays(&changes, leases.as_ref()));
+    let side = v2::read_v2(endpoint, ours, hidden)
+        .await?
+        .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
+    Ok(fingerprint
+        .finish(leases.as_ref(), started)
+        .with_v2_side(side))
+}
+
+/// What this etcd says of the revision `before` was read at: its hash
+/// there and every change since, up to `now` (this read's revision); `None`
+/// when `before` has no hash or this release none.
+async fn check_since(
+    client: &etcd_client::Client,
+    endpoint: &str,
+    before: Option<&Fingerprint>,
+    now: Option<KvHash>,
+    ours: &Ours,
+) -> Result<Option<(SinceCheck, Vec<v3::Change>)>, KeyspaceError> {
+    let (Some(earlier), Some(now)) = (before.and_then(|b| b.hash), now) else {
+        return Ok(None);
+    };
+    if before.map(|b| b.storage) != Some(Storage::Etcd3) {
+        return Ok(None);
+    }
+    let Some(there) = v3::hash_kv(client, endpoint, earlier.revision).await? else {
+        return Ok(None);
+    };
+    let mut changes = v3::changes_since(client, endpoint, earlier.revision, now.revision).await?;
+    changes.retain(|change| !ours.holds_key(&change.key));
+    Ok(Some((
+        SinceCheck {
+            expected: earlier,
+            found: there,
+            strays: Vec::new(),
+            counted: None,
+        },
+        changes,
+    )))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    fn node_of(json: Value) -> v2::V2Node {
+        serde_json::from_value(json["node"].clone()).expect("a v2 node")
+    }
 
     fn entry(key: &str, value: &str) -> Entry {
         Entry {
@@ -1246,7 +1179,7 @@ mod tests {
             {"key": "/p", "value": "5"}
         ]}});
         let mut out = Vec::new();
-        collect_v2(&json["node"], None, &mut out);
+        v2::collect_v2(&node_of(json), None, &mut out);
         let ttls: Vec<(String, Option<i64>)> = out
             .iter()
             .map(|e| (String::from_utf8_lossy(&e.key).into_owned(), e.ttl))
@@ -1294,6 +1227,96 @@ mod tests {
             .expect("an unknown TTL may have run out");
     }
 
+    fn kv_hash(revision: i64, hash: u32) -> KvHash {
+        KvHash {
+            revision,
+            hash,
+            compact_revision: 0,
+        }
+    }
+
+    fn change(key: &str, deleted: bool, lease: i64) -> v3::Change {
+        v3::Change {
+            key: key.as_bytes().to_vec(),
+            deleted,
+            lease_before: lease,
+            value_before: b"2".to_vec(),
+            revision: 12,
+        }
+    }
+
+    #[test]
+    fn a_fingerprint_proven_by_hash_keeps_the_digest_and_fails_on_any_other_change() {
+        let now = Instant::now();
+        let mut before = v3(
+            &[entry("a", "1"), leased("b", "2", 7, 2)],
+            &[(7, 2)],
+            now - Duration::from_secs(10),
+        );
+        before.hash = Some(kv_hash(10, 0xabcd));
+        let since = |found: u32| SinceCheck {
+            expected: kv_hash(10, 0xabcd),
+            found: kv_hash(10, found),
+            strays: Vec::new(),
+            counted: None,
+        };
+        // The same hash, nothing since: the same fingerprint.
+        let kept = before.derived(
+            kv_hash(14, 1),
+            since(0xabcd),
+            &[],
+            Some(&[(7, 1)].into()),
+            2,
+            now,
+        );
+        before.check_kept_by(&kept).expect("proven by hash");
+        assert!(kept.same_content(&before));
+        // Lease 7 ran out and took b with it: still kept.
+        let expired = before.derived(
+            kv_hash(14, 1),
+            since(0xabcd),
+            &[change("b", true, 7)],
+            Some(&BTreeMap::new()),
+            1,
+            now,
+        );
+        assert_eq!(expired.keys, 1);
+        before
+            .check_kept_by(&expired)
+            .expect("b expired with its lease");
+        // Another hash at the same revision: the history differs.
+        let err = before
+            .check_kept_by(&before.derived(kv_hash(14, 1), since(0xbeef), &[], None, 2, now))
+            .expect_err("another hash");
+        assert!(
+            err.contains("etcd's hash of the keyspace at revision 10 differs"),
+            "{err}"
+        );
+        // A key written, or deleted while its lease lives, since: strays.
+        for stray in [
+            change("c", false, 0),
+            change("b", true, 7),
+            change("a", true, 0),
+        ] {
+            let err = before
+                .check_kept_by(&before.derived(
+                    kv_hash(14, 1),
+                    since(0xabcd),
+                    &[stray],
+                    Some(&[(7, 1)].into()),
+                    2,
+                    now,
+                ))
+                .expect_err("a stray change");
+            assert!(err.contains("after the last step's read at 10"), "{err}");
+        }
+        // etcd counts another number of keys than the proof derives.
+        let err = before
+            .check_kept_by(&before.derived(kv_hash(14, 1), since(0xabcd), &[], None, 3, now))
+            .expect_err("a count that differs");
+        assert!(err.contains("etcd counts 3"), "{err}");
+    }
+
     #[test]
     fn digest_sums_add_and_take_out() {
         let x = Sum::of(&[b"x"]);
@@ -1329,7 +1352,7 @@ mod tests {
             {"key": "/dying", "value": "3", "expiration": "x"}
         ]}});
         let mut out = Vec::new();
-        collect_v2(&json["node"], None, &mut out);
+        v2::collect_v2(&node_of(json), None, &mut out);
         assert_eq!(out.len(), 3);
         assert_eq!(out[0].ttl, None);
         assert_eq!(out[1].ttl, Some(30));
