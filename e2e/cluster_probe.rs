@@ -23,7 +23,8 @@ use etcd_migrate::cluster::{decide, Decision, Goal, Own, Reach, Waiting};
 use etcd_migrate::version::{Minor, Version};
 
 use crate::harness::etcd::{die_with_parent, kill_and_reap};
-use crate::harness::{block_on, etcd_binary, free_port, temp_dir};
+use crate::harness::migrator::Migration;
+use crate::harness::{block_on, etcd_binary, free_port, read_version_txt, temp_dir, Member};
 
 const RELEASE: &str = "3.3.25";
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -294,6 +295,51 @@ async fn one_holder_at_a_time(
     assert_eq!(b.try_take().await.expect("b takes"), Taken::Ours);
     b.release().await.expect("b releases");
     assert_eq!(b.holder().await.expect("holder"), None);
+}
+
+/// A member joining the live 3.3 cluster on an empty data dir (GCE style:
+/// INITIAL_CLUSTER and the peer TLS in ETCD_CREDS) asks the members for
+/// their cluster version: a target two minors ahead is refused with exit 2
+/// and nothing is created; one minor ahead is recorded.
+#[test]
+fn a_member_joining_two_minors_ahead_is_refused_and_one_ahead_is_not() {
+    let (tmp, pki, nodes, _endpoints) = settled_cluster("cluster-join");
+    let joiner = Member::new("join");
+    let mut initial: Vec<String> = ["etcd-a", "etcd-b", "etcd-c"]
+        .iter()
+        .zip(&nodes)
+        .map(|(name, node)| format!("{name}={}", node.peer_url))
+        .collect();
+    initial.push(format!(
+        "{}=https://127.0.0.1:{}",
+        joiner.name, joiner.peer_port
+    ));
+    let tls = pki.tls("etcd-a");
+    let creds = format!(
+        "--peer-trusted-ca-file={} --peer-cert-file={} --peer-key-file={}",
+        tls.trusted_ca.display(),
+        tls.cert.display(),
+        tls.key.display()
+    );
+    let data = tmp.path().join("joiner");
+    let join = |target: &str| {
+        Migration::new(target, &data, &joiner)
+            .env("INITIAL_CLUSTER", initial.join(","))
+            .env("ETCD_CREDS", &creds)
+            .run()
+    };
+    let refused = join("3.5.16");
+    refused.assert_code(2);
+    let text = refused.explain();
+    assert!(
+        text.contains("cluster version is 3.3") && text.contains("TARGET_VERSION is 3.5.16"),
+        "{text}"
+    );
+    assert!(text.contains("etcd-a at https://127.0.0.1:"), "{text}");
+    assert!(!data.exists(), "a refused join created {}", data.display());
+
+    join("3.4.23").assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.4.23/etcd3");
 }
 
 /// A 3-member TLS cluster, settled; its client URLs.

@@ -72,6 +72,13 @@ pub enum Error {
     /// The data dir is unusable as it is.
     #[error(transparent)]
     DataDir(#[from] DataDirError),
+    /// A member with no data yet would join its cluster at a target that
+    /// does not fit the cluster version.
+    #[error(transparent)]
+    Join(#[from] cluster::join::JoinRefusal),
+    /// The member's etcd settings cannot carry talking to its cluster.
+    #[error(transparent)]
+    ClusterSettings(#[from] cluster::settings::SettingsError),
     /// No safe path exists.
     #[error("no safe path from {current} to {target} in {data_dir}{looked_in}")]
     Plan {
@@ -153,6 +160,8 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::DataDir(_)
+            | Error::Join(_)
+            | Error::ClusterSettings(_)
             | Error::Plan { .. }
             | Error::FreshTarget { .. }
             | Error::FutureData { .. }
@@ -223,6 +232,9 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         None => binaries::scan(&config.bin_dir)?,
     };
     let plan = make_plan(config, state, &bundle)?;
+    if plan.is_fresh() && config.mode != Mode::DryRun {
+        check_join(config)?;
+    }
     let recorded_name = if plan.is_recorded() && !plan.is_noop() {
         preconditions::check_recorded_data(config, &plan)?
     } else {
@@ -249,6 +261,55 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         ],
     );
     finish(config)
+}
+
+/// A member with no data yet: if `--initial-cluster` (or `INITIAL_CLUSTER`)
+/// names other members, they are asked their cluster version, and the
+/// target must fit it (`cluster::join`). Nobody answering means a cluster
+/// being bootstrapped.
+fn check_join(config: &Config) -> Result<(), Error> {
+    // What the member's etcd will read, in etcd's order (the last wins):
+    // our settings first, then ETCD_CREDS, then the etcd arguments.
+    let mut args = vec![
+        format!("--initial-cluster={}", config.member.initial_cluster),
+        format!("--name={}", config.member.name),
+        format!(
+            "--initial-advertise-peer-urls={}",
+            config.member.initial_advertise_peer_urls
+        ),
+    ];
+    args.extend(config.member.extra_args.iter().cloned());
+    if let Mode::Exec { etcd_args } = &config.mode {
+        args.extend(etcd_args.iter().cloned());
+    }
+    let initial_cluster = config::flag_in_args(&args, "initial-cluster").unwrap_or_default();
+    let name = config::flag_in_args(&args, "name").unwrap_or_default();
+    let others = cluster::join::other_members(&initial_cluster, &name);
+    if others.is_empty() {
+        return Ok(());
+    }
+    let env = |name: &str| std::env::var(name).ok();
+    // The TLS the other members' peer URLs need (not our own advertised
+    // ones: a joiner's may be unset here, GCE style).
+    let urls: Vec<String> = others.iter().map(|peer| peer.url.clone()).collect();
+    let peer_tls = cluster::settings::peer_tls(&args, &env, &urls)?;
+    let asking = Instant::now();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let told = runtime.block_on(cluster::join::ask(&others, peer_tls.as_ref()))?;
+    let answered = told.iter().filter(|(_, answer)| answer.is_ok()).count();
+    log::info(
+        "asked the cluster this member joins",
+        &[
+            ("members", others.len().into()),
+            ("answered", answered.into()),
+            ("ms", log::ms(asking.elapsed())),
+        ],
+    );
+    cluster::join::check(config.target.version, &told)?;
+    Ok(())
 }
 
 /// Logs each setting whose flag won over a different env var.

@@ -509,6 +509,12 @@ impl Plan {
         matches!(self.found, DirState::Recorded(_))
     }
 
+    /// True when the data dir holds no data yet (missing or empty): the
+    /// member starts fresh at the target.
+    pub fn is_fresh(&self) -> bool {
+        matches!(self.found, DirState::Missing | DirState::Empty)
+    }
+
     /// True when a step rewrites the data (and so needs scratch space).
     pub fn is_destructive(&self) -> bool {
         self.steps.iter().any(Step::is_destructive)

@@ -14,6 +14,7 @@
 
 pub mod client;
 pub mod decide;
+pub mod join;
 pub mod lock;
 pub mod observe;
 pub mod peer;

@@ -140,6 +140,16 @@ fn tls(
     }))
 }
 
+/// The peer TLS files for talking to peers at `urls` (https among them
+/// means the files must be set).
+pub fn peer_tls(
+    args: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+    urls: &[String],
+) -> Result<Option<TlsFiles>, SettingsError> {
+    tls(args, env, &PEER, urls)
+}
+
 /// Reads the cluster settings from the etcd arguments and the environment.
 pub fn read(
     args: &[String],
