@@ -451,12 +451,18 @@ fn the_leader_hands_leadership_to_the_member_it_is_asked_to() {
                 .expect("v2 stats"),
             Some(leader)
         );
-        let leader_url = view
+        // The leader's client URL, by its peer URL (the test started it).
+        let leader_peer = view
             .members
             .iter()
             .find(|m| m.id == leader)
-            .and_then(|m| m.client_urls.first().cloned())
-            .expect("the leader's client URL");
+            .and_then(|m| m.peer_urls.first().cloned())
+            .expect("the leader's peer URL");
+        let leader_url = nodes
+            .iter()
+            .find(|n| n.peer_url == leader_peer)
+            .map(|n| n.client_url.clone())
+            .expect("the leader is one of the nodes");
         let to = view
             .members
             .iter()

@@ -95,10 +95,13 @@ pub enum PreconditionError {
         disable: &'static str,
     },
     /// The data's own membership lists other members.
-    #[error("the data in {data_dir} belongs to a cluster of {count} members ({members}), as its own membership records; etcd-migrate runs each release as an isolated single member, which on such data would rejoin (or lead) the live cluster; nothing was touched; upgrade a multi-member cluster by rolling restarts, one minor at a time, with TARGET_VERSION set to the minor each member runs now")]
+    #[error("the data in {data_dir} belongs to a cluster of {count} members ({members}), as its own membership records; etcd-migrate runs each release as an isolated single member, which on such data would rejoin (or lead) the live cluster; nothing was touched; {advice}")]
     DataMultiMember {
         /// The data dir.
         data_dir: String,
+        /// What to do: a rolling upgrade, or (for a rollback or a storage
+        /// change) that those are stop-the-world procedures to come.
+        advice: &'static str,
         /// How many members.
         count: usize,
         /// Them, named with their peer URLs.
@@ -313,7 +316,7 @@ pub fn check_recorded_data(
     if plan.steps.is_empty() {
         return Ok(None);
     }
-    check_alone(config, &on_disk)?;
+    check_alone(config, plan, &on_disk)?;
     check_auth_off(config, plan, &on_disk)?;
     let recorded_name = on_disk
         .members
@@ -335,7 +338,7 @@ pub fn check_recorded_data(
 }
 
 /// Refuses data whose own membership lists other members.
-fn check_alone(config: &Config, on_disk: &OnDisk) -> Result<(), PreconditionError> {
+fn check_alone(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), PreconditionError> {
     if on_disk.members.len() <= 1 {
         return Ok(());
     }
@@ -351,8 +354,17 @@ fn check_alone(config: &Config, on_disk: &OnDisk) -> Result<(), PreconditionErro
             format!("{name} {}", m.peer_urls.join(","))
         })
         .collect();
+    let upgrade = plan
+        .steps
+        .iter()
+        .all(|step| matches!(step, Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. }));
     Err(PreconditionError::DataMultiMember {
         data_dir: config.data_dir.display().to_string(),
+        advice: if upgrade {
+            "upgrade a multi-member cluster by rolling restarts, one minor at a time, with TARGET_VERSION set to the minor each member runs now"
+        } else {
+            "a rollback or a storage change (etcd2 <-> etcd3) of a cluster of several members is a stop-the-world procedure that etcd-migrate does not do yet (a later release will); keep TARGET_VERSION at the release the members run now"
+        },
         count: on_disk.members.len(),
         members: members.join(", "),
     })
