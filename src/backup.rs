@@ -22,6 +22,7 @@ use nix::sys::signal::Signal;
 use sha2::{Digest, Sha256};
 
 use crate::datadir::{VERSION_TEMP_FILE, WORK_DIR};
+use crate::durable::{self, DurableError};
 use crate::version::VersionPair;
 
 /// When to take a backup.
@@ -214,11 +215,7 @@ impl std::str::FromStr for BackupMode {
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> BackupError + 'a {
     move |source| {
         let path = path.to_path_buf();
-        let full = matches!(
-            source.raw_os_error(),
-            Some(code) if code == nix::libc::ENOSPC || code == nix::libc::EDQUOT
-        );
-        if full {
+        if durable::is_no_space(&source) {
             BackupError::Full { op, path, source }
         } else {
             BackupError::Io { op, path, source }
@@ -928,23 +925,21 @@ fn make_dir(path: &Path, mode: u32) -> Result<(), BackupError> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", path))
 }
 
-/// Writes a new private file and fsyncs it.
+/// Writes a new private file and fsyncs it: durable before the backup
+/// that holds it is published.
 fn write_file(path: &Path, content: &[u8]) -> Result<(), BackupError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(io_err("create", path))?;
-    file.write_all(content).map_err(io_err("write", path))?;
-    // Durable before the backup that holds it is published.
-    file.sync_all().map_err(io_err("fsync", path))
+    durable::write_new(path, content).map_err(BackupError::from)
 }
 
-fn fsync(path: &Path) -> Result<(), BackupError> {
-    File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err("fsync", path))
+/// Fsyncs a directory of the copy or the backup root.
+fn fsync(dir: &Path) -> Result<(), BackupError> {
+    durable::fsync_dir(dir).map_err(BackupError::from)
+}
+
+impl From<DurableError> for BackupError {
+    fn from(err: DurableError) -> Self {
+        io_err(err.op, &err.path)(err.source)
+    }
 }
 
 /// Whose backups a prune may remove: those whose `SOURCE` names this data

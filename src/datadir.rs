@@ -3,15 +3,16 @@
 //! locking it against a second migrator, and the crash-safe write of
 //! `version.txt`. It never looks inside etcd's own files.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, DirBuilder, File};
+use std::io::{self, Read};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use nix::unistd::{access, AccessFlags, Uid};
 
+use crate::durable::{self, DurableError, Stage};
 use crate::version::{ParseError, VersionPair};
 
 /// The file that records the data's version and storage, as in the
@@ -357,7 +358,7 @@ pub fn create(dir: &Path) -> Result<(), DataDirError> {
     // The new directory entry lives in the parent: fsync it so the dir
     // (and the version.txt written into it next) survives a power loss.
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fsync_dir(parent)?;
+        durable::fsync_dir(parent).map_err(io_from)?;
     }
     Ok(())
 }
@@ -506,67 +507,39 @@ fn replace_file(
     name: &str,
     content: &[u8],
 ) -> Result<(), DataDirError> {
-    let temp = dir.join(temp_name);
-    let target = dir.join(name);
-    let written = write_temp(&temp, content);
-    if let Err(err) = written {
-        // Never leave a half-written temp file behind (a full disk fails
-        // the write or the fsync): version.txt itself was not touched.
-        let _ = fs::remove_file(&temp);
-        return Err(err);
-    }
-    crate::failpoint!("version-txt-after-fsync");
-    // rename(2) within one directory is atomic: readers see the old file or
-    // the new one, never a partial write.
-    if let Err(source) = fs::rename(&temp, &target) {
-        let _ = fs::remove_file(&temp);
-        return Err(write_err("rename into place", &target)(source));
-    }
-    crate::failpoint!("version-txt-after-rename");
-    // The rename is a change to the directory: fsync it, or a power loss
-    // can bring back the old version.txt and a completed step would be
-    // forgotten (and rerun on data that has moved on).
-    fsync_dir(dir)
-}
-
-/// Writes and fsyncs the temp file [`replace_file`] renames into place.
-fn write_temp(temp: &Path, content: &[u8]) -> Result<(), DataDirError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(temp)
-        .map_err(write_err("create", temp))?;
-    file.write_all(content).map_err(write_err("write", temp))?;
-    crate::failpoint!("version-txt-after-temp-write");
-    // Flush the content before the rename publishes it: without this a
-    // power loss can leave version.txt renamed but empty (kubernetes#98989).
-    file.sync_all().map_err(write_err("fsync", temp))
-}
-
-/// Like [`io_err`], but a full filesystem gets its own error.
-fn write_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DataDirError + 'a {
-    move |source| {
-        if matches!(
-            source.raw_os_error(),
-            Some(code) if code == Errno::ENOSPC as i32 || code == Errno::EDQUOT as i32
-        ) {
+    durable::write_atomic(dir, temp_name, name, content, |stage| match stage {
+        Stage::TempWritten => {
+            crate::failpoint!("version-txt-after-temp-write");
+        }
+        Stage::TempSynced => {
+            crate::failpoint!("version-txt-after-fsync");
+        }
+        Stage::Renamed => {
+            crate::failpoint!("version-txt-after-rename");
+        }
+    })
+    .map_err(|err| {
+        // Full says version.txt holds what it held before: true only
+        // while the new one is unpublished.
+        if err.is_no_space() && !err.published {
             DataDirError::Full {
-                op,
-                path: path.to_path_buf(),
-                source,
+                op: err.op,
+                path: err.path,
+                source: err.source,
             }
         } else {
-            io_err(op, path)(source)
+            io_from(err)
         }
-    }
+    })
 }
 
-fn fsync_dir(dir: &Path) -> Result<(), DataDirError> {
-    File::open(dir)
-        .and_then(|handle| handle.sync_all())
-        .map_err(io_err("fsync dir", dir))
+/// A durable operation's failure as a plain I/O error of ours.
+fn io_from(err: DurableError) -> DataDirError {
+    DataDirError::Io {
+        op: err.op,
+        path: err.path,
+        source: err.source,
+    }
 }
 
 #[cfg(test)]

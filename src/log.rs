@@ -3,13 +3,28 @@
 //! etcd's own output, or one JSON object per line for machines. Child output
 //! relayed from a step's etcd goes through here too, prefixed with the
 //! release that printed it (`[etcd-3.4.23]`).
+//!
+//! Every line is a `tracing` event of this crate, rendered by one layer
+//! ([`Lines`]) in exactly the two documented shapes; the fields of the
+//! spans an event is in (a step's `step`, see [`step_span`]) come first.
+//! tracing-subscriber's own `fmt` layer was not used: its text and JSON
+//! shapes (`"fields":{…}`, `"level":"INFO"`, no `[etcd-migrate]` prefix)
+//! are not the documented ones. Events of other crates (hyper, h2, tonic)
+//! are never enabled.
 
+use std::fmt;
 use std::io::Write;
 use std::str::FromStr;
-use std::sync::OnceLock;
+use std::sync::{Once, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
+use tracing::{Event, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::{LookupSpan, Registry};
 
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -34,6 +49,21 @@ pub enum Level {
 
 static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 
+/// Set once the process-wide subscriber is in place.
+static INSTALLED: Once = Once::new();
+
+/// The field that carries a call's `fields` (a JSON array of `[key,
+/// value]` pairs, in order) from [`line`] to the layer: tracing's field
+/// names are fixed per call site, ours are chosen at run time.
+const FIELDS: &str = "log.fields";
+
+/// The field that marks a relayed child line and names its source.
+const RELAY: &str = "log.relay";
+
+/// Targets of the events and spans we render: this crate's own. Others
+/// (hyper, h2, tonic below etcd-client) are never enabled.
+const OUR_TARGET: &str = "etcd_migrate";
+
 /// An error and its causes on one line, each cause once (a cause already
 /// quoted in its parent's message is not repeated): "connection refused"
 /// hides two or three levels down in hyper/tonic errors.
@@ -51,13 +81,29 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// Sets the format for the rest of the process; later calls are ignored.
+/// Sets the format for the rest of the process (later calls are ignored)
+/// and installs the subscriber that renders this crate's tracing events.
 pub fn init(format: LogFormat) {
     let _ = FORMAT.set(format);
+    install();
 }
 
 fn format() -> LogFormat {
     FORMAT.get().copied().unwrap_or_default()
+}
+
+/// Installs the process-wide subscriber once. Lines before [`init`] (a
+/// failure to block signals) come out in the default text format, as
+/// lines after it in the format [`init`] set: the layer asks at each line.
+fn install() {
+    INSTALLED.call_once(|| {
+        let layer = Lines {
+            format,
+            emit: emit_stderr,
+        };
+        // Fails only if someone else installed one first: theirs stays.
+        let _ = tracing::subscriber::set_global_default(Registry::default().with(layer));
+    });
 }
 
 impl FromStr for LogFormat {
@@ -72,21 +118,25 @@ impl FromStr for LogFormat {
     }
 }
 
-impl Level {
-    fn as_str(self) -> &'static str {
-        match self {
-            Level::Info => "info",
-            Level::Warn => "warn",
-            Level::Error => "error",
-        }
-    }
-}
-
-/// Writes one line of ours. `fields` are rendered as `key=value` in text
-/// mode and as object members in JSON mode.
+/// Writes one line of ours, as a tracing event of this crate. `fields`
+/// are rendered as `key=value` in text mode and as object members in JSON
+/// mode, after the fields of the spans the event is in.
 pub fn line(level: Level, msg: &str, fields: &[(&str, Value)]) {
-    let text = render(format(), "etcd-migrate", level, msg, fields);
-    emit(&text);
+    install();
+    let packed = Value::Array(
+        fields
+            .iter()
+            .map(|(key, value)| Value::Array(vec![Value::from(*key), value.clone()]))
+            .collect(),
+    )
+    .to_string();
+    let packed = packed.as_str();
+    // tracing wants each call site's level as a constant.
+    match level {
+        Level::Info => tracing::info!(log.fields = packed, "{msg}"),
+        Level::Warn => tracing::warn!(log.fields = packed, "{msg}"),
+        Level::Error => tracing::error!(log.fields = packed, "{msg}"),
+    }
 }
 
 /// Writes an info line.
@@ -107,11 +157,18 @@ pub fn error(msg: &str, fields: &[(&str, Value)]) {
 /// Relays one line printed by a child, prefixed with its source
 /// (e.g. `etcd-3.4.23`).
 pub fn relay(source: &str, child_line: &str) {
-    let text = match format() {
-        LogFormat::Text => format!("[{source}] {child_line}"),
-        LogFormat::Json => render(LogFormat::Json, source, Level::Info, child_line, &[]),
-    };
-    emit(&text);
+    install();
+    tracing::info!(log.relay = source, "{child_line}");
+}
+
+/// The span of one step: every line logged inside it, in either format,
+/// carries `step=<label>` (e.g. `1/2`, `baseline`) without the call
+/// passing it. Synchronous code enters it (`let _in = step_span(l).entered();`);
+/// async code wraps the step's future with [`tracing::Instrument`]
+/// (`.instrument(step_span(l))`), since a guard held across an `.await`
+/// would tag other tasks' lines.
+pub fn step_span(label: &str) -> tracing::Span {
+    tracing::info_span!("step", step = label)
 }
 
 /// A duration as whole milliseconds, the unit every duration field uses.
@@ -119,7 +176,7 @@ pub fn ms(duration: Duration) -> Value {
     Value::from(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
 }
 
-fn emit(text: &str) {
+fn emit_stderr(text: &str) {
     // One write per line under the stderr lock, so relay threads and the
     // main thread never interleave inside a line. A closed stderr is not a
     // reason to stop a migration: ignore write errors.
@@ -127,18 +184,185 @@ fn emit(text: &str) {
     let _ = writeln!(stderr, "{text}");
 }
 
-fn render(
+/// The tracing layer that renders this crate's events in the two formats,
+/// with the fields of every span an event is in (root first), and writes
+/// each as one line.
+struct Lines {
+    /// The format, asked at each line.
+    format: fn() -> LogFormat,
+    /// Where a finished line goes.
+    emit: fn(&str),
+}
+
+/// A span's fields, kept in its extensions for the events inside it.
+struct SpanFields(Vec<(String, Value)>);
+
+/// What an event or span says, collected from tracing's fields.
+#[derive(Default)]
+struct Collected {
+    message: String,
+    relay: Option<String>,
+    fields: Vec<(String, Value)>,
+}
+
+impl Collected {
+    fn put(&mut self, key: &str, value: Value) {
+        match key {
+            "message" => {
+                self.message = match value {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                }
+            }
+            RELAY => self.relay = value.as_str().map(str::to_string),
+            _ => self.fields.push((key.to_string(), value)),
+        }
+    }
+}
+
+impl Visit for Collected {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == FIELDS {
+            // Ours, from `line`: written by serde_json a moment ago.
+            if let Ok(Value::Array(pairs)) = serde_json::from_str(value) {
+                for pair in pairs {
+                    if let Value::Array(mut kv) = pair {
+                        if let (Some(value), Some(Value::String(key))) = (kv.pop(), kv.pop()) {
+                            self.fields.push((key, value));
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        self.put(field.name(), Value::from(value));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field.name(), Value::from(value));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field.name(), Value::from(value));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field.name(), Value::from(value));
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field.name(), Value::from(value));
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.put(field.name(), Value::from(error_chain(value)));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        // `%x` fields arrive here too, their Debug being x's Display; so
+        // does the message.
+        self.put(field.name(), Value::from(format!("{value:?}")));
+    }
+}
+
+fn ours(meta: &Metadata<'_>) -> bool {
+    meta.target() == OUR_TARGET || meta.target().starts_with("etcd_migrate::")
+}
+
+impl<S> Layer<S> for Lines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        if ours(meta) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>, _ctx: Context<'_, S>) -> bool {
+        ours(meta)
+    }
+
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut collected = Collected::default();
+        attrs.record(&mut collected);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(SpanFields(collected.fields));
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let mut collected = Collected::default();
+        values.record(&mut collected);
+        if let Some(span) = ctx.span(id) {
+            let mut extensions = span.extensions_mut();
+            if let Some(SpanFields(fields)) = extensions.get_mut::<SpanFields>() {
+                for (key, value) in collected.fields {
+                    match fields.iter_mut().find(|(k, _)| *k == key) {
+                        Some(slot) => slot.1 = value,
+                        None => fields.push((key, value)),
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut collected = Collected::default();
+        event.record(&mut collected);
+        let level = match *event.metadata().level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warn",
+            tracing::Level::INFO => "info",
+            tracing::Level::DEBUG => "debug",
+            tracing::Level::TRACE => "trace",
+        };
+        let format = (self.format)();
+        let text = match collected.relay {
+            // A child's own line: as it printed it, without our spans.
+            Some(source) => match format {
+                LogFormat::Text => format!("[{source}] {}", collected.message),
+                LogFormat::Json => render::<&str>(format, &source, level, &collected.message, &[]),
+            },
+            None => {
+                // The spans' fields first (root to leaf), then the event's;
+                // a key the event names itself is its own.
+                let mut fields = Vec::new();
+                if let Some(scope) = ctx.event_scope(event) {
+                    for span in scope.from_root() {
+                        if let Some(SpanFields(own)) = span.extensions().get::<SpanFields>() {
+                            for (key, value) in own {
+                                if !collected.fields.iter().any(|(k, _)| k == key) {
+                                    fields.retain(|(k, _): &(String, Value)| k != key);
+                                    fields.push((key.clone(), value.clone()));
+                                }
+                            }
+                        }
+                    }
+                }
+                fields.append(&mut collected.fields);
+                render(format, "etcd-migrate", level, &collected.message, &fields)
+            }
+        };
+        (self.emit)(&text);
+    }
+}
+
+fn render<K: AsRef<str>>(
     format: LogFormat,
     source: &str,
-    level: Level,
+    level: &str,
     msg: &str,
-    fields: &[(&str, Value)],
+    fields: &[(K, Value)],
 ) -> String {
     let ts = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
     match format {
         LogFormat::Text => {
-            let mut out = format!("[{source}] {ts} {} {msg}", level.as_str());
+            let mut out = format!("[{source}] {ts} {level} {msg}");
             for (key, value) in fields {
+                let key = key.as_ref();
                 match value {
                     Value::String(s) if !s.contains(char::is_whitespace) && !s.is_empty() => {
                         out.push_str(&format!(" {key}={s}"))
@@ -151,11 +375,11 @@ fn render(
         LogFormat::Json => {
             let mut object = Map::new();
             object.insert("ts".into(), Value::from(ts));
-            object.insert("level".into(), Value::from(level.as_str()));
+            object.insert("level".into(), Value::from(level));
             object.insert("source".into(), Value::from(source));
             object.insert("msg".into(), Value::from(msg));
             for (key, value) in fields {
-                object.insert((*key).to_string(), value.clone());
+                object.insert(key.as_ref().to_string(), value.clone());
             }
             Value::Object(object).to_string()
         }
@@ -171,7 +395,7 @@ mod tests {
         let text = render(
             LogFormat::Text,
             "etcd-migrate",
-            Level::Info,
+            "info",
             "step done",
             &[
                 ("step", "1/2".into()),
@@ -191,7 +415,7 @@ mod tests {
         let text = render(
             LogFormat::Json,
             "etcd-3.4.23",
-            Level::Warn,
+            "warn",
             "x\"y",
             &[("pid", 42.into())],
         );
@@ -201,5 +425,159 @@ mod tests {
         assert_eq!(value["msg"], "x\"y");
         assert_eq!(value["pid"], 42);
         assert!(!text.contains('\n'));
+    }
+
+    thread_local! {
+        static CAPTURED: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    fn capture(text: &str) {
+        CAPTURED.with(|lines| lines.borrow_mut().push(text.to_string()));
+    }
+
+    fn text() -> LogFormat {
+        LogFormat::Text
+    }
+
+    fn json() -> LogFormat {
+        LogFormat::Json
+    }
+
+    /// The lines `body` logs on this thread, rendered in `format` by the
+    /// layer the process installs (written to a buffer instead of stderr).
+    fn lines_of(format: fn() -> LogFormat, body: impl FnOnce()) -> Vec<String> {
+        CAPTURED.with(|lines| lines.borrow_mut().clear());
+        let layer = Lines {
+            format,
+            emit: capture,
+        };
+        tracing::subscriber::with_default(Registry::default().with(layer), body);
+        CAPTURED.with(|lines| lines.borrow_mut().drain(..).collect())
+    }
+
+    /// Drops the `[source] <ts> ` head of a text line.
+    fn after_ts(line: &str) -> &str {
+        let rest = line.strip_prefix("[etcd-migrate] ").expect("our prefix");
+        rest.split_once(' ').expect("a timestamp").1
+    }
+
+    #[test]
+    fn the_call_site_functions_render_as_before_through_tracing() {
+        let lines = lines_of(text, || {
+            info("step done", &[("step", "1/2".into()), ("ms", 210.into())]);
+            warn("slow", &[("why", "a b".into()), ("empty", "".into())]);
+            error("refused", &[("exit", 2.into())]);
+            relay("etcd-3.4.23", "raft: {\"x\": 1}");
+        });
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert_eq!(after_ts(&lines[0]), "info step done step=1/2 ms=210");
+        assert_eq!(after_ts(&lines[1]), "warn slow why=\"a b\" empty=\"\"");
+        assert_eq!(after_ts(&lines[2]), "error refused exit=2");
+        assert_eq!(lines[3], "[etcd-3.4.23] raft: {\"x\": 1}");
+        let ts = lines[0].split(' ').nth(1).expect("ts");
+        assert!(humantime::parse_rfc3339(ts).is_ok(), "{ts}");
+
+        let lines = lines_of(json, || {
+            info("step done", &[("step", "1/2".into()), ("ok", true.into())]);
+            relay("etcd-3.4.23", "raft");
+        });
+        let ours: Value = serde_json::from_str(&lines[0]).expect("json");
+        let mut keys: Vec<&str> = ours
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["level", "msg", "ok", "source", "step", "ts"]);
+        assert_eq!(ours["source"], "etcd-migrate");
+        assert_eq!(ours["level"], "info");
+        assert_eq!(ours["msg"], "step done");
+        assert_eq!(
+            (&ours["step"], &ours["ok"]),
+            (&Value::from("1/2"), &Value::from(true))
+        );
+        let relayed: Value = serde_json::from_str(&lines[1]).expect("json");
+        let mut keys: Vec<&str> = relayed
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["level", "msg", "source", "ts"]);
+        assert_eq!(
+            (&relayed["source"], &relayed["msg"]),
+            (&Value::from("etcd-3.4.23"), &Value::from("raft"))
+        );
+    }
+
+    #[test]
+    fn a_step_span_puts_its_label_on_every_line_inside_it() {
+        let body = || {
+            info("before", &[]);
+            let _step = step_span("1/2").entered();
+            info("step start", &[("from", "3.4.23".into())]);
+            tracing::warn!(keys = 3u64, why = %"a b", "native");
+            relay("etcd-3.5.16", "child");
+            {
+                let _inner = tracing::info_span!("phase", phase = "copy", step = "1/2b").entered();
+                info("copying", &[("phase", "verify".into())]);
+            }
+            info("step done", &[]);
+        };
+        let lines = lines_of(text, body);
+        let shown: Vec<&str> = lines
+            .iter()
+            .map(|line| match line.starts_with("[etcd-migrate] ") {
+                true => after_ts(line),
+                false => line.as_str(),
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "info before",
+                "info step start step=1/2 from=3.4.23",
+                "warn native step=1/2 keys=3 why=\"a b\"",
+                // A child's line is its own: no span fields.
+                "[etcd-3.5.16] child",
+                // An inner span's field wins over an outer one's, the
+                // event's own over both.
+                "info copying step=1/2b phase=verify",
+                "info step done step=1/2",
+            ]
+        );
+
+        let lines = lines_of(json, body);
+        let objects: Vec<Value> = lines
+            .iter()
+            .map(|line| serde_json::from_str(line).expect("json"))
+            .collect();
+        let steps: Vec<Option<&str>> = objects.iter().map(|o| o["step"].as_str()).collect();
+        assert_eq!(
+            steps,
+            [
+                None,
+                Some("1/2"),
+                Some("1/2"),
+                None,
+                Some("1/2b"),
+                Some("1/2")
+            ]
+        );
+        assert_eq!(objects[2]["keys"], 3);
+        assert_eq!(objects[4]["phase"], "verify");
+        assert_eq!(objects[3]["source"], "etcd-3.5.16");
+    }
+
+    #[test]
+    fn other_crates_events_are_not_ours_to_print() {
+        let lines = lines_of(text, || {
+            tracing::info!(target: "h2::codec", "frame");
+            tracing::debug!(target: "hyper", "conn");
+            info("ours", &[]);
+        });
+        assert_eq!(lines.len(), 1, "{lines:?}");
     }
 }

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::sys::prctl;
 use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -210,31 +211,26 @@ impl Supervisor {
         let program = command.get_program().to_string_lossy().into_owned();
         let mask = self.inner.original_mask;
         let parent = nix::unistd::getpid();
-        // SAFETY: the closure runs between fork and exec and only makes
-        // async-signal-safe system calls (sigprocmask, setpgid, prctl,
-        // getppid).
+        // SAFETY: the closure runs between fork and exec, in a copy of a
+        // multi-threaded process, so it may only make async-signal-safe
+        // calls: sigprocmask, setpgid, prctl (through nix's
+        // set_pdeathsig) and getppid, each a bare system call. Its errors
+        // are errnos or a bare kind, never an allocated message: malloc's
+        // lock may have been held by another thread at the fork.
         unsafe {
             command.pre_exec(move || {
                 signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None)
                     .map_err(io::Error::from)?;
                 nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))
                     .map_err(io::Error::from)?;
-                if nix::libc::prctl(
-                    nix::libc::PR_SET_PDEATHSIG,
-                    nix::libc::SIGTERM as nix::libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
+                prctl::set_pdeathsig(Signal::SIGTERM).map_err(io::Error::from)?;
                 // If we died between the fork and the prctl, the signal
                 // will never come: the child was already re-parented. It
                 // must not go on to exec etcd as an orphan that holds the
-                // data dir's WAL lock against our restart.
+                // data dir's WAL lock against our restart. (Nobody reads
+                // this error: its reader is gone.)
                 if nix::unistd::getppid() != parent {
-                    return Err(io::Error::other("etcd-migrate died before exec"));
+                    return Err(io::Error::from(io::ErrorKind::Other));
                 }
                 Ok(())
             });
