@@ -16,6 +16,7 @@ use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
 
 use crate::backup::{self, BackupError, BackupPolicy, StopCheck};
 use crate::datadir::{self, DataDirError, WORK_DIR};
+use crate::durable::{self, DurableError};
 use crate::log;
 use crate::version::VersionPair;
 
@@ -298,10 +299,18 @@ fn bad_journal(path: &Path, text: &str) -> DataDirError {
     }
 }
 
+impl From<DurableError> for SwapError {
+    fn from(err: DurableError) -> Self {
+        SwapError::Io {
+            op: err.op,
+            path: err.path,
+            source: err.source,
+        }
+    }
+}
+
 fn fsync_dir(dir: &Path) -> Result<(), SwapError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| io_err("fsync", dir, source))
+    Ok(durable::fsync_dir(dir)?)
 }
 
 /// Puts `rebuilt/member` in place of `data_dir/member` in one atomic
@@ -322,20 +331,18 @@ pub fn swap_member(data_dir: &Path, rebuilt: &Path, pair: VersionPair) -> Result
             work: work.clone(),
         })?;
     let mark = fresh_mark();
-    let mark_path = new.join(SWAP_MARK);
-    fs::write(&mark_path, format!("{mark}\n"))
-        .and_then(|()| File::open(&mark_path)?.sync_all())
-        .map_err(|source| io_err("write", &mark_path, source))?;
+    // The rebuilt member dir is fresh: the mark is a new file in it.
+    durable::write_new(&new.join(SWAP_MARK), format!("{mark}\n").as_bytes())?;
     fsync_dir(&new)?;
-    let journal = work.join(SWAP_JOURNAL);
-    let temp = work.join(format!("{SWAP_JOURNAL}.tmp"));
-    fs::write(&temp, format!("{pair} {mark} {rebuilt_name}\n"))
-        .and_then(|()| File::open(&temp)?.sync_all())
-        .and_then(|()| fs::rename(&temp, &journal))
-        .map_err(|source| io_err("write", &journal, source))?;
     // The journal and the mark must be on disk before the swap they
-    // describe.
-    fsync_dir(&work)?;
+    // describe: write_atomic fsyncs the journal and the scratch dir.
+    durable::write_atomic(
+        &work,
+        &format!("{SWAP_JOURNAL}.tmp"),
+        SWAP_JOURNAL,
+        format!("{pair} {mark} {rebuilt_name}\n").as_bytes(),
+        |_| {},
+    )?;
     crate::failpoint!("swap-after-journal");
     renameat2(
         AT_FDCWD,
