@@ -21,3 +21,8 @@ cargo test --locked --all-targets --features failpoints
 # container tests on it (image-tests/: `cargo test --test image-tests --
 # --ignored`, which the run above skips as ignored; "test result: ...").
 make image-test
+# Multi-member clusters of the same image (cluster-tests/): 3 and 5 members
+# in containers on private networks, peer and client TLS made in the test, a
+# writer and a monitor throughout (issue 11); the plain run above says NOT
+# RUN for them.
+make cluster-test
