@@ -25,8 +25,8 @@ use crate::datadir::{VERSION_TEMP_FILE, WORK_DIR};
 use crate::durable::{self, DurableError};
 use crate::version::VersionPair;
 
-/// When to take a backup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// When to take a backup (`--backup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum BackupMode {
     /// Before the first destructive step of a run (storage migration, any
     /// rollback): steps that rewrite the data rather than run a newer etcd
@@ -197,19 +197,6 @@ pub enum BackupError {
         #[source]
         source: io::Error,
     },
-}
-
-impl std::str::FromStr for BackupMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "destructive" => Ok(BackupMode::Destructive),
-            "always" => Ok(BackupMode::Always),
-            "never" => Ok(BackupMode::Never),
-            _ => Err("expected destructive, always or never".to_string()),
-        }
-    }
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> BackupError + 'a {

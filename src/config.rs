@@ -334,8 +334,8 @@ struct Cli {
     #[arg(long)]
     initial_cluster_token: Option<String>,
     /// When to back up the data dir: destructive (before the first storage migration or rollback), always (before any step), never [default: destructive]
-    #[arg(long)]
-    backup: Option<String>,
+    #[arg(long, value_enum)]
+    backup: Option<BackupMode>,
     /// Where backups go [default: <data-dir>.backup]
     #[arg(long)]
     backup_dir: Option<PathBuf>,
@@ -688,14 +688,7 @@ fn resolve_health_timeout(secs: Option<u64>) -> Result<Duration, ConfigError> {
 /// `--backup`, `--backup-dir` (default: beside the data dir) and
 /// `--backup-keep`.
 fn resolve_backup(cli: &mut Cli, data_dir: &Path) -> Result<BackupPolicy, ConfigError> {
-    let mode: BackupMode = match cli.backup.take() {
-        None => BackupMode::default(),
-        Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
-            setting: "--backup".to_string(),
-            value: text.clone(),
-            reason,
-        })?,
-    };
+    let mode = cli.backup.take().unwrap_or_default();
     let root = match cli.backup_dir.take() {
         Some(dir) => absolute_setting(&dir.to_string_lossy(), "--backup-dir".to_string())?,
         // Built from the normalised data dir: `/var/etcd/data/` + ".backup"
