@@ -9,6 +9,7 @@
 //! released only by its holder, a foreign value refused.
 
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -94,6 +95,12 @@ impl Drop for Node {
 }
 
 fn start_cluster(root: &Path, pki: &Pki, names: &[&str]) -> Vec<Node> {
+    start_cluster_of(&etcd_binary(RELEASE), root, pki, names)
+}
+
+/// [`start_cluster`] of the etcd at `program` (a release outside the bin
+/// dir, e.g. 2.3.7 from `$ETCD_EXTRA_BIN_DIR`).
+fn start_cluster_of(program: &Path, root: &Path, pki: &Pki, names: &[&str]) -> Vec<Node> {
     let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
     let initial: Vec<String> = names
         .iter()
@@ -106,7 +113,7 @@ fn start_cluster(root: &Path, pki: &Pki, names: &[&str]) -> Vec<Node> {
         let client_url = format!("https://127.0.0.1:{client}");
         let tls = pki.tls(name);
         let log = File::create(root.join(format!("{name}.log"))).expect("log file");
-        let mut command = Command::new(etcd_binary(RELEASE));
+        let mut command = Command::new(program);
         command
             .arg(format!("--name={name}"))
             .arg(format!("--data-dir={}", root.join(name).display()))
@@ -163,6 +170,14 @@ fn observe(client: &PeerClient, nodes: &[Node], silent: Duration) -> etcd_migrat
 }
 
 fn wait_for_cluster_version(client: &PeerClient, nodes: &[Node]) -> etcd_migrate::cluster::View {
+    wait_for_cluster_version_of(client, nodes, Minor::new(3, 3))
+}
+
+fn wait_for_cluster_version_of(
+    client: &PeerClient,
+    nodes: &[Node],
+    minor: Minor,
+) -> etcd_migrate::cluster::View {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let view = block_on(async {
@@ -176,7 +191,7 @@ fn wait_for_cluster_version(client: &PeerClient, nodes: &[Node]) -> etcd_migrate
         });
         if view == nodes.len() {
             let view = observe(client, nodes, Duration::ZERO);
-            if view.cluster_version == Some(Minor::new(3, 3))
+            if view.cluster_version == Some(minor)
                 && view.members.iter().all(|m| !m.name.is_empty())
             {
                 return view;
@@ -184,7 +199,7 @@ fn wait_for_cluster_version(client: &PeerClient, nodes: &[Node]) -> etcd_migrate
         }
         assert!(
             Instant::now() < deadline,
-            "the 3-member cluster did not settle at cluster version 3.3 within 60 s"
+            "the 3-member cluster did not settle at cluster version {minor} within 60 s"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -485,4 +500,50 @@ fn the_leader_hands_leadership_to_the_member_it_is_asked_to() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
+}
+
+/// The same eyes and lock on a real 2.x cluster (2.3.7 from
+/// `$ETCD_EXTRA_BIN_DIR`; NOT RUN without it): the peer `/version` and
+/// `/members` of 2.x, its leader from `/v2/stats/self`, and the v2 lock
+/// contract, all over peer and client TLS.
+#[test]
+fn a_2x_cluster_is_seen_and_locked_over_the_v2_api() {
+    let Some(program) = crate::harness::extra_bin_dir()
+        .map(|dir| dir.join("etcd-2.3.7"))
+        .filter(|path| path.is_file())
+    else {
+        eprintln!(
+            "cluster_probe: NOT RUN: the 2.x cluster case needs etcd-2.3.7 in $ETCD_EXTRA_BIN_DIR"
+        );
+        return;
+    };
+    let tmp = temp_dir("cluster-2x");
+    let names = ["etcd-a", "etcd-b", "etcd-c"];
+    let pki = Pki::new(tmp.path(), &names);
+    let nodes = start_cluster_of(&program, tmp.path(), &pki, &names);
+    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    let view = wait_for_cluster_version_of(&peers, &nodes, Minor::new(2, 3));
+    for member in &view.members {
+        assert_eq!(member.reach, Reach::Up(Version::new(2, 3, 7)), "{member:?}");
+    }
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.client_url.clone()).collect();
+    let leader = block_on(v2_leader(
+        &endpoints,
+        Some(&pki.tls("etcd-a")),
+        PROBE_TIMEOUT,
+    ))
+    .expect("v2 stats")
+    .expect("a leader");
+    assert!(
+        view.members.iter().any(|m| m.id == leader),
+        "leader {leader:x}"
+    );
+    let lock = |who: Holder, files: &str| {
+        V2Lock::new(&endpoints, Some(&pki.tls(files)), who, PROBE_TIMEOUT).expect("lock")
+    };
+    block_on(one_holder_at_a_time(
+        lock(holder("a", "run-1"), "etcd-a"),
+        lock(holder("b", "run-1"), "etcd-b"),
+        lock(holder("a", "run-2"), "etcd-a"),
+    ));
 }
