@@ -130,8 +130,7 @@ impl EtcdHealth {
     /// A prober with its own HTTP client (no proxy: steps are on loopback)
     /// and this run's health key prefix.
     pub fn new() -> Result<Self, ApiError> {
-        crate::tls::ensure_provider();
-        let http = reqwest::Client::builder()
+        let http = crate::tls::client_builder()
             .no_proxy()
             .connect_timeout(ATTEMPT_TIMEOUT)
             .timeout(ATTEMPT_TIMEOUT)

@@ -33,8 +33,7 @@ pub fn http_client() -> reqwest::Client {
 /// `timeout`.
 fn http_client_within(timeout: Duration) -> reqwest::Client {
     // reqwest takes its TLS provider from the process (src/tls.rs).
-    etcd_migrate::tls::ensure_provider();
-    reqwest::Client::builder()
+    etcd_migrate::tls::client_builder()
         .no_proxy()
         .timeout(timeout)
         .connect_timeout(timeout)

@@ -100,8 +100,7 @@ pub(crate) fn http_client(
     tls: Option<&TlsFiles>,
     timeout: Duration,
 ) -> Result<reqwest::Client, PeerError> {
-    crate::tls::ensure_provider();
-    let mut builder = reqwest::Client::builder()
+    let mut builder = crate::tls::client_builder()
         // Members are addressed directly; a proxy in the environment must
         // not carry cluster traffic.
         .no_proxy()

@@ -39,8 +39,7 @@ pub(crate) struct V2Node {
 }
 
 pub(crate) fn http_client() -> Result<reqwest::Client, KeyspaceError> {
-    crate::tls::ensure_provider();
-    reqwest::Client::builder()
+    crate::tls::client_builder()
         .no_proxy()
         .timeout(REQUEST_TIMEOUT)
         .build()
