@@ -105,38 +105,112 @@ async fn put_fresh(endpoint: &str, value: &str) -> Result<(), String> {
         .map_err(|e| format!("put: {e}"))
 }
 
+/// What `floor step` was asked to do.
+struct StepArgs<'a> {
+    etcd: &'a str,
+    mode: &'a str,
+    poll: Duration,
+    output: &'a str,
+    value: &'a str,
+    timeout: Duration,
+    // --trace: one stderr line per attempt (start, duration, outcome).
+    trace: bool,
+}
+
+impl<'a> StepArgs<'a> {
+    fn parse(args: &'a HashMap<String, String>) -> Result<Self, String> {
+        Ok(StepArgs {
+            etcd: get(args, "etcd")?,
+            mode: args.get("mode").map(String::as_str).unwrap_or("fresh"),
+            poll: Duration::from_millis(get_or(args, "poll-ms", 10u64)),
+            output: args.get("output").map(String::as_str).unwrap_or("null"),
+            value: args.get("value").map(String::as_str).unwrap_or("floor"),
+            timeout: Duration::from_secs(get_or(args, "timeout-s", 60u64)),
+            trace: args.contains_key("trace"),
+        })
+    }
+}
+
+/// What one `floor step` measured.
+struct Measured {
+    spawn_epoch: f64,
+    total: Duration,
+    healthy: Duration,
+    stopped: Duration,
+    attempts: u32,
+    status: std::process::ExitStatus,
+    first_error: String,
+}
+
 async fn step(args: &HashMap<String, String>) -> Result<(), String> {
-    let etcd = get(args, "etcd")?;
+    let step = StepArgs::parse(args)?;
+    let (flags, client_url) = step_line(args, step.etcd)?;
+    let mut command = etcd_command(step.etcd, &flags, step.output)?;
+
+    // Built before the clock starts, as a persistent client would be in a
+    // real tool (Client::connect is lazy: no network until the first call).
+    let mut persistent = if step.mode == "persistent" {
+        Some(
+            Client::connect([client_url.as_str()], Some(options()))
+                .await
+                .map_err(|e| format!("connect: {e}"))?,
+        )
+    } else {
+        None
+    };
+
+    let spawn_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("spawn {}: {e}", step.etcd))?;
+    let drains = if step.output == "pipe" {
+        drain_output(&mut child)
+    } else {
+        Vec::new()
+    };
+    let pid = Pid::from_raw(child.id() as i32);
+    let (healthy, attempts, first_error) =
+        poll_until_put(&step, &client_url, persistent.as_mut(), &mut child, started).await?;
+    // --hold-client: keep the persistent client (and its HTTP/2
+    // connection) open until etcd has exited, to show what that costs.
+    let held = if args.contains_key("hold-client") {
+        persistent.take()
+    } else {
+        drop(persistent.take());
+        None
+    };
+    let (status, stopped) = stop(pid, child).await?;
+    drop(held);
+    let total = started.elapsed();
+    for drain in drains {
+        let _ = drain.join();
+    }
+    print_measured(&Measured {
+        spawn_epoch,
+        total,
+        healthy,
+        stopped,
+        attempts,
+        status,
+        first_error,
+    });
+    Ok(())
+}
+
+/// The step's etcd flags, built by src/dialect.rs itself, and its client
+/// URL.
+fn step_line(args: &HashMap<String, String>, etcd: &str) -> Result<(Vec<String>, String), String> {
     let name = get(args, "name")?;
     let data_dir = get(args, "data-dir")?;
     let client_port: u16 = get(args, "client-port")?
         .parse()
         .map_err(|e| format!("--client-port: {e}"))?;
     let peer_url = get(args, "peer-url")?;
-    let mode = args.get("mode").map(String::as_str).unwrap_or("fresh");
-    let poll = Duration::from_millis(get_or(args, "poll-ms", 10u64));
-    let output = args.get("output").map(String::as_str).unwrap_or("null");
-    let value = args.get("value").map(String::as_str).unwrap_or("floor");
-    let timeout = Duration::from_secs(get_or(args, "timeout-s", 60u64));
-    // --trace: one stderr line per attempt (start, duration, outcome).
-    let trace = args.contains_key("trace");
-
-    // The release and storage the step runs: --version, else the `etcd-<v>`
-    // file name the driver passes; --storage, else the release's default.
-    let version: Version = match args.get("version") {
-        Some(version) => version.parse(),
-        None => std::path::Path::new(etcd)
-            .file_name()
-            .and_then(|name| name.to_str())
-            .and_then(|name| name.strip_prefix("etcd-"))
-            .ok_or_else(|| format!("--version is required: {etcd} is not named etcd-<version>"))?
-            .parse(),
-    }
-    .map_err(|e| format!("--version: {e}"))?;
-    let storage: Storage = match args.get("storage") {
-        Some(storage) => storage.parse().map_err(|e| format!("--storage: {e}"))?,
-        None => version.default_storage(),
-    };
+    let (version, storage) = step_release(args, etcd)?;
     let member = Member {
         name: name.to_string(),
         client_port,
@@ -157,9 +231,34 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
     };
     let client_url = spec.client_url();
     let mut flags = spec.args();
-    // --heartbeat-ms/--election-ms only to explore other values than
-    // STEP_HEARTBEAT_MS/STEP_ELECTION_TIMEOUT_MS: they replace the
-    // dialect's value in place.
+    override_timings(args, &mut flags)?;
+    Ok((flags, client_url))
+}
+
+/// The release and storage the step runs: --version, else the `etcd-<v>`
+/// file name the driver passes; --storage, else the release's default.
+fn step_release(args: &HashMap<String, String>, etcd: &str) -> Result<(Version, Storage), String> {
+    let version: Version = match args.get("version") {
+        Some(version) => version.parse(),
+        None => std::path::Path::new(etcd)
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(|name| name.strip_prefix("etcd-"))
+            .ok_or_else(|| format!("--version is required: {etcd} is not named etcd-<version>"))?
+            .parse(),
+    }
+    .map_err(|e| format!("--version: {e}"))?;
+    let storage: Storage = match args.get("storage") {
+        Some(storage) => storage.parse().map_err(|e| format!("--storage: {e}"))?,
+        None => version.default_storage(),
+    };
+    Ok((version, storage))
+}
+
+/// --heartbeat-ms/--election-ms only to explore other values than
+/// STEP_HEARTBEAT_MS/STEP_ELECTION_TIMEOUT_MS: they replace the dialect's
+/// value in place.
+fn override_timings(args: &HashMap<String, String>, flags: &mut [String]) -> Result<(), String> {
     for (key, flag) in [
         ("heartbeat-ms", "--heartbeat-interval="),
         ("election-ms", "--election-timeout="),
@@ -173,8 +272,14 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
             *slot = format!("{flag}{ms}");
         }
     }
+    Ok(())
+}
+
+/// The etcd command: `flags`, output to `output` (null|pipe|file=PATH),
+/// no ETCD* environment, killed if this helper dies.
+fn etcd_command(etcd: &str, flags: &[String], output: &str) -> Result<Command, String> {
     let mut command = Command::new(etcd);
-    command.args(&flags).stdin(Stdio::null());
+    command.args(flags).stdin(Stdio::null());
     if output == "pipe" {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
     } else if let Some(path) = output.strip_prefix("file=") {
@@ -202,70 +307,56 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
             Ok(())
         });
     }
+    Ok(command)
+}
 
-    // Built before the clock starts, as a persistent client would be in a
-    // real tool (Client::connect is lazy: no network until the first call).
-    let mut persistent = if mode == "persistent" {
-        Some(
-            Client::connect([client_url.as_str()], Some(options()))
-                .await
-                .map_err(|e| format!("connect: {e}"))?,
-        )
-    } else {
-        None
-    };
-
-    let spawn_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or_default();
-    let started = Instant::now();
-    let mut child = command.spawn().map_err(|e| format!("spawn {etcd}: {e}"))?;
+/// Threads that read and discard the child's piped stdout and stderr.
+fn drain_output(child: &mut std::process::Child) -> Vec<std::thread::JoinHandle<()>> {
+    let streams: [Option<Box<dyn Read + Send>>; 2] = [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ];
     let mut drains = Vec::new();
-    if output == "pipe" {
-        let streams: [Option<Box<dyn Read + Send>>; 2] = [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ];
-        for mut stream in streams.into_iter().flatten() {
-            drains.push(std::thread::spawn(move || {
-                let mut buf = [0u8; 8192];
-                while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
-            }));
-        }
+    for mut stream in streams.into_iter().flatten() {
+        drains.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+        }));
     }
-    let pid = Pid::from_raw(child.id() as i32);
+    drains
+}
+
+/// Puts `etcd_version` every --poll-ms until one succeeds: returns the
+/// time from `started` to that put, the attempts and the first error.
+async fn poll_until_put(
+    step: &StepArgs<'_>,
+    client_url: &str,
+    mut persistent: Option<&mut Client>,
+    child: &mut std::process::Child,
+    started: Instant,
+) -> Result<(Duration, u32, String), String> {
     let mut attempts = 0u32;
     let mut first_error = String::new();
     let mut last_error: String;
     let healthy = loop {
         attempts += 1;
         let attempt_start = started.elapsed();
-        let attempt = match persistent.as_mut() {
+        let attempt = match persistent.as_deref_mut() {
             Some(client) => client
-                .put("etcd_version", value, None)
+                .put("etcd_version", step.value, None)
                 .await
                 .map(|_| ())
                 .map_err(|e| format!("put: {e}")),
-            None => put_fresh(&client_url, value).await,
+            None => put_fresh(client_url, step.value).await,
         };
-        if trace {
-            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-            eprintln!(
-                "attempt {attempts} at {:.1} ms took {:.1} ms: {}",
-                ms(attempt_start),
-                ms(started.elapsed() - attempt_start),
-                match &attempt {
-                    Ok(()) => "ok".to_string(),
-                    Err(e) => e.chars().take(120).collect(),
-                }
-            );
+        if step.trace {
+            trace_attempt(attempts, attempt_start, started, &attempt);
         }
         match attempt {
             Ok(()) => break started.elapsed(),
@@ -279,23 +370,44 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("etcd exited early with {status}: {last_error}"));
         }
-        if started.elapsed() > timeout {
+        if started.elapsed() > step.timeout {
             let _ = child.kill();
             let _ = child.wait();
             return Err(format!(
-                "no successful put within {timeout:?}: {last_error}"
+                "no successful put within {:?}: {last_error}",
+                step.timeout
             ));
         }
-        tokio::time::sleep(poll).await;
+        tokio::time::sleep(step.poll).await;
     };
-    // --hold-client: keep the persistent client (and its HTTP/2
-    // connection) open until etcd has exited, to show what that costs.
-    let held = if args.contains_key("hold-client") {
-        persistent.take()
-    } else {
-        drop(persistent.take());
-        None
-    };
+    Ok((healthy, attempts, first_error))
+}
+
+/// --trace: one stderr line for an attempt.
+fn trace_attempt(
+    attempts: u32,
+    attempt_start: Duration,
+    started: Instant,
+    attempt: &Result<(), String>,
+) {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    eprintln!(
+        "attempt {attempts} at {:.1} ms took {:.1} ms: {}",
+        ms(attempt_start),
+        ms(started.elapsed() - attempt_start),
+        match attempt {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.chars().take(120).collect(),
+        }
+    );
+}
+
+/// SIGTERM etcd and wait for it to exit: its status and how long the
+/// stop took.
+async fn stop(
+    pid: Pid,
+    mut child: std::process::Child,
+) -> Result<(std::process::ExitStatus, Duration), String> {
     let stopping = Instant::now();
     kill(pid, Signal::SIGTERM).map_err(|e| format!("kill: {e}"))?;
     // Wait on a thread and await the result, so the runtime keeps running
@@ -311,24 +423,22 @@ async fn step(args: &HashMap<String, String>) -> Result<(), String> {
         .await
         .map_err(|e| format!("wait: {e}"))?
         .map_err(|e| format!("wait: {e}"))?;
-    let stopped = stopping.elapsed();
-    drop(held);
-    let total = started.elapsed();
-    for drain in drains {
-        let _ = drain.join();
-    }
+    Ok((status, stopping.elapsed()))
+}
+
+/// The one JSON line bench/driver.py parses.
+fn print_measured(m: &Measured) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
         "{{\"spawn_epoch\":{:.6},\"total_ms\":{:.3},\"healthy_ms\":{:.3},\"stop_ms\":{:.3},\"attempts\":{},\"exit\":{:?},\"first_error\":{:?}}}",
-        spawn_epoch,
-        ms(total),
-        ms(healthy),
-        ms(stopped),
-        attempts,
-        status.to_string(),
-        first_error
+        m.spawn_epoch,
+        ms(m.total),
+        ms(m.healthy),
+        ms(m.stopped),
+        m.attempts,
+        m.status.to_string(),
+        m.first_error
     );
-    Ok(())
 }
 
 async fn seed(args: &HashMap<String, String>) -> Result<(), String> {

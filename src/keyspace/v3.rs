@@ -143,10 +143,7 @@ pub(crate) async fn read_v3_with(
     mut trace: Option<&mut Vec<RequestedRange>>,
 ) -> Result<(BTreeMap<i64, i64>, i64), KeyspaceError> {
     let mut kv = client.kv_client().max_decoding_message_size(V3_MAX_MESSAGE);
-    let mut lease_client = client.lease_client();
-    let mut ttl_of_lease: BTreeMap<i64, Option<i64>> = BTreeMap::new();
-    // Asked once: a release that lacks the call lacks it for every lease.
-    let mut has_time_to_live = true;
+    let mut ttls = LeaseTtls::new(client.lease_client(), endpoint, known);
     let mut walk = Walk::new();
     let mut page = limits.first_page.max(1);
     let mut progress = Progress::new();
@@ -159,54 +156,14 @@ pub(crate) async fn read_v3_with(
                 end: end.clone(),
             });
         }
-        let options = etcd_client::GetOptions::new()
-            .with_range(end.clone().unwrap_or_else(|| TO_THE_END.to_vec()))
-            .with_limit(page as i64)
-            .with_revision(revision);
-        let response = kv
-            .get(start.clone(), Some(options))
-            .await
-            .map_err(|source| KeyspaceError::Range {
-                endpoint: endpoint.to_string(),
-                key: String::from_utf8_lossy(&start).into_owned(),
-                source,
-            })?;
+        let response = get_page(&mut kv, endpoint, start, end, page, revision).await?;
         if revision == 0 {
             // Every window reads the same revision: a consistent snapshot.
             // The first range is the whole keyspace: its count is the total.
             revision = response.header().map(|h| h.revision()).unwrap_or(0);
             progress.total = usize::try_from(response.count()).unwrap_or(0);
         }
-        let mut bytes = 0;
-        for kv in response.kvs() {
-            bytes += kv.key().len() + kv.value().len();
-            if ours.holds_key(kv.key()) {
-                continue;
-            }
-            let ttl = match kv.lease() {
-                0 => None,
-                lease => match ttl_of_lease.get(&lease) {
-                    Some(ttl) => *ttl,
-                    None => {
-                        let asked = if has_time_to_live {
-                            lease_ttl(&mut lease_client, endpoint, lease).await?
-                        } else {
-                            None
-                        };
-                        has_time_to_live &= asked.is_some();
-                        let ttl = asked.or_else(|| known.remaining(lease));
-                        ttl_of_lease.insert(lease, ttl);
-                        ttl
-                    }
-                },
-            };
-            sink(Entry {
-                key: kv.key().to_vec(),
-                value: kv.value().to_vec(),
-                ttl,
-                lease: kv.lease(),
-            });
-        }
+        let bytes = sink_page(&response, ours, &mut ttls, sink).await?;
         let returned = response.kvs().len();
         progress.add(returned, bytes);
         let keys: Vec<&[u8]> = response.kvs().iter().map(|kv| kv.key()).collect();
@@ -218,13 +175,106 @@ pub(crate) async fn read_v3_with(
             page = (limits.page_bytes / average.max(1)).clamp(1, limits.max_page.max(1));
         }
     }
-    Ok((
-        ttl_of_lease
+    Ok((ttls.known_ttls(), revision))
+}
+
+/// One range request: at most `page` keys of [`start`, `end`) (`end`
+/// `None`: to the end of the keyspace) at `revision` (0: the newest).
+async fn get_page(
+    kv: &mut etcd_client::KvClient,
+    endpoint: &str,
+    start: Vec<u8>,
+    end: Option<Vec<u8>>,
+    page: usize,
+    revision: i64,
+) -> Result<etcd_client::GetResponse, KeyspaceError> {
+    let options = etcd_client::GetOptions::new()
+        .with_range(end.unwrap_or_else(|| TO_THE_END.to_vec()))
+        .with_limit(page as i64)
+        .with_revision(revision);
+    kv.get(start.clone(), Some(options))
+        .await
+        .map_err(|source| KeyspaceError::Range {
+            endpoint: endpoint.to_string(),
+            key: String::from_utf8_lossy(&start).into_owned(),
+            source,
+        })
+}
+
+/// Hands every key of `response` that is not ours to `sink`, with the
+/// seconds left on its lease; returns the bytes of all keys and values
+/// the page held (ours included).
+async fn sink_page(
+    response: &etcd_client::GetResponse,
+    ours: &Ours,
+    ttls: &mut LeaseTtls<'_>,
+    sink: &mut dyn FnMut(Entry),
+) -> Result<usize, KeyspaceError> {
+    let mut bytes = 0;
+    for kv in response.kvs() {
+        bytes += kv.key().len() + kv.value().len();
+        if ours.holds_key(kv.key()) {
+            continue;
+        }
+        let ttl = match kv.lease() {
+            0 => None,
+            lease => ttls.ttl(lease).await?,
+        };
+        sink(Entry {
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            ttl,
+            lease: kv.lease(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The seconds left on each lease a key read is bound to: asked of etcd
+/// once per lease, else taken from what the log knew.
+struct LeaseTtls<'a> {
+    client: etcd_client::LeaseClient,
+    endpoint: &'a str,
+    known: &'a KnownLeases,
+    ttl_of_lease: BTreeMap<i64, Option<i64>>,
+    // Asked once: a release that lacks the call lacks it for every lease.
+    has_time_to_live: bool,
+}
+
+impl<'a> LeaseTtls<'a> {
+    fn new(client: etcd_client::LeaseClient, endpoint: &'a str, known: &'a KnownLeases) -> Self {
+        Self {
+            client,
+            endpoint,
+            known,
+            ttl_of_lease: BTreeMap::new(),
+            has_time_to_live: true,
+        }
+    }
+
+    /// The seconds left on `lease`, where known.
+    async fn ttl(&mut self, lease: i64) -> Result<Option<i64>, KeyspaceError> {
+        if let Some(ttl) = self.ttl_of_lease.get(&lease) {
+            return Ok(*ttl);
+        }
+        let asked = if self.has_time_to_live {
+            lease_ttl(&mut self.client, self.endpoint, lease).await?
+        } else {
+            None
+        };
+        self.has_time_to_live &= asked.is_some();
+        let ttl = asked.or_else(|| self.known.remaining(lease));
+        self.ttl_of_lease.insert(lease, ttl);
+        Ok(ttl)
+    }
+
+    /// Every lease whose seconds left are known, with them.
+    fn known_ttls(self) -> BTreeMap<i64, i64> {
+        self.ttl_of_lease
             .into_iter()
             .filter_map(|(lease, ttl)| Some((lease, ttl?)))
-            .collect(),
-        revision,
-    ))
+            .collect()
+    }
 }
 
 /// Seconds left on a lease; 0 once it has run out (or is unknown to

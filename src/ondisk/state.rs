@@ -542,75 +542,88 @@ fn normal_effects(data: &[u8], out: &mut Vec<Effect>) -> Result<(), String> {
         }
         return Ok(());
     }
-    fn bad(what: &'static str) -> impl Fn(ProtoError) -> String {
-        move |e| format!("undecodable {what}: {e}")
-    }
     for field in Fields::new(data) {
         let (number, value) = field.map_err(bad("request"))?;
         let Some(body) = value.bytes() else {
             continue;
         };
-        match number {
-            irr::V2 => {
-                let request = V2Request::parse(body).map_err(bad("v2 request"))?;
-                if request.matters() {
-                    out.push(Effect::V2(request));
-                }
-            }
-            irr::LEASE_GRANT => out.push(Effect::V3(V3Op::LeaseGrant {
-                ttl: proto::varint_field(body, 1).map_err(bad("lease grant"))? as i64,
-                id: proto::varint_field(body, 2).map_err(bad("lease grant"))? as i64,
-            })),
-            irr::LEASE_REVOKE => out.push(Effect::V3(V3Op::LeaseRevoke {
-                id: proto::varint_field(body, 1).map_err(bad("lease revoke"))? as i64,
-            })),
-            irr::AUTH_ENABLE => out.push(Effect::V3(V3Op::AuthEnable)),
-            irr::AUTH_DISABLE => out.push(Effect::V3(V3Op::AuthDisable)),
-            irr::USER_ADD | irr::USER_DELETE => {
-                let user = proto::bytes_field(body, 1).map_err(bad("user request"))?;
-                let op = if number == irr::USER_ADD {
-                    V3Op::RootAdded
-                } else {
-                    V3Op::RootDeleted
-                };
-                if user == Some(ROOT) {
-                    out.push(Effect::V3(op));
-                }
-            }
-            irr::USER_GRANT_ROLE | irr::USER_REVOKE_ROLE => {
-                let user = proto::bytes_field(body, 1).map_err(bad("role request"))?;
-                let role = proto::bytes_field(body, 2).map_err(bad("role request"))?;
-                if user == Some(ROOT) && role == Some(ROOT) {
-                    out.push(Effect::V3(if number == irr::USER_GRANT_ROLE {
-                        V3Op::RootRoleGranted
-                    } else {
-                        V3Op::RootRoleRevoked
-                    }));
-                }
-            }
-            irr::CLUSTER_VERSION_SET => {
-                let version = proto::bytes_field(body, 1).map_err(bad("cluster version"))?;
-                out.push(Effect::ClusterVersion(
-                    String::from_utf8_lossy(version.unwrap_or_default()).into_owned(),
-                ));
-            }
-            irr::MEMBER_ATTR_SET => {
-                let id = proto::varint_field(body, 1).map_err(bad("member attributes"))?;
-                let attributes = proto::bytes_field(body, 2)
-                    .map_err(bad("member attributes"))?
-                    .unwrap_or_default();
-                let name = proto::bytes_field(attributes, 1).map_err(bad("member attributes"))?;
-                out.push(Effect::MemberAttributes {
-                    id,
-                    name: String::from_utf8_lossy(name.unwrap_or_default()).into_owned(),
-                    client_urls: proto::strings_field(attributes, 2)
-                        .map_err(bad("member attributes"))?,
-                });
-            }
-            _ => {}
+        if let Some(effect) = internal_effect(number, body)? {
+            out.push(effect);
         }
     }
     Ok(())
+}
+
+/// The error of an undecodable `what` in a normal entry.
+fn bad(what: &'static str) -> impl Fn(ProtoError) -> String {
+    move |e| format!("undecodable {what}: {e}")
+}
+
+/// The effect of one InternalRaftRequest field (`number`, its `body`), if
+/// it is one this module follows.
+fn internal_effect(number: u64, body: &[u8]) -> Result<Option<Effect>, String> {
+    Ok(match number {
+        irr::V2 => {
+            let request = V2Request::parse(body).map_err(bad("v2 request"))?;
+            request.matters().then_some(Effect::V2(request))
+        }
+        irr::LEASE_GRANT => Some(Effect::V3(V3Op::LeaseGrant {
+            ttl: proto::varint_field(body, 1).map_err(bad("lease grant"))? as i64,
+            id: proto::varint_field(body, 2).map_err(bad("lease grant"))? as i64,
+        })),
+        irr::LEASE_REVOKE => Some(Effect::V3(V3Op::LeaseRevoke {
+            id: proto::varint_field(body, 1).map_err(bad("lease revoke"))? as i64,
+        })),
+        irr::AUTH_ENABLE => Some(Effect::V3(V3Op::AuthEnable)),
+        irr::AUTH_DISABLE => Some(Effect::V3(V3Op::AuthDisable)),
+        irr::USER_ADD | irr::USER_DELETE | irr::USER_GRANT_ROLE | irr::USER_REVOKE_ROLE => {
+            root_effect(number, body)?.map(Effect::V3)
+        }
+        irr::CLUSTER_VERSION_SET => {
+            let version = proto::bytes_field(body, 1).map_err(bad("cluster version"))?;
+            Some(Effect::ClusterVersion(
+                String::from_utf8_lossy(version.unwrap_or_default()).into_owned(),
+            ))
+        }
+        irr::MEMBER_ATTR_SET => Some(member_attributes_effect(body)?),
+        _ => None,
+    })
+}
+
+/// What a user add/delete or role grant/revoke does to root: only the
+/// `root` user (and, for roles, the `root` role) matters.
+fn root_effect(number: u64, body: &[u8]) -> Result<Option<V3Op>, String> {
+    if number == irr::USER_ADD || number == irr::USER_DELETE {
+        let user = proto::bytes_field(body, 1).map_err(bad("user request"))?;
+        let op = if number == irr::USER_ADD {
+            V3Op::RootAdded
+        } else {
+            V3Op::RootDeleted
+        };
+        return Ok((user == Some(ROOT)).then_some(op));
+    }
+    let user = proto::bytes_field(body, 1).map_err(bad("role request"))?;
+    let role = proto::bytes_field(body, 2).map_err(bad("role request"))?;
+    let op = if number == irr::USER_GRANT_ROLE {
+        V3Op::RootRoleGranted
+    } else {
+        V3Op::RootRoleRevoked
+    };
+    Ok((user == Some(ROOT) && role == Some(ROOT)).then_some(op))
+}
+
+/// A member attributes update: the member's id, name and client URLs.
+fn member_attributes_effect(body: &[u8]) -> Result<Effect, String> {
+    let id = proto::varint_field(body, 1).map_err(bad("member attributes"))?;
+    let attributes = proto::bytes_field(body, 2)
+        .map_err(bad("member attributes"))?
+        .unwrap_or_default();
+    let name = proto::bytes_field(attributes, 1).map_err(bad("member attributes"))?;
+    Ok(Effect::MemberAttributes {
+        id,
+        name: String::from_utf8_lossy(name.unwrap_or_default()).into_owned(),
+        client_urls: proto::strings_field(attributes, 2).map_err(bad("member attributes"))?,
+    })
 }
 
 /// Replays the log onto the states: entries after `v2_from` change the
