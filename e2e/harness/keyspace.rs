@@ -245,7 +245,8 @@ impl Keyspace {
     }
 
     /// The keyspace without the health keys a killed run may leave under
-    /// their own short lease, and without those leases.
+    /// their own short lease, without those leases, and without key-less
+    /// leases of at most a minute (a killed run's health lease).
     fn without_leftover_health_keys(&self) -> Keyspace {
         let mut clean = self.clone();
         let leftovers: Vec<(Vec<u8>, i64)> = self
@@ -259,6 +260,12 @@ impl Keyspace {
             clean.revisions.remove(&key);
             clean.leases.remove(&lease);
         }
+        // A run killed between its health lease's grant and the put under
+        // it (or between the key's removal and the revoke) leaves that
+        // lease with no key, expiring within a minute on its own.
+        clean.leases.retain(|_, lease| {
+            !(lease.keys.is_empty() && lease.granted_ttl <= HEALTH_LEASE_TTL_SECS)
+        });
         clean
     }
 
