@@ -383,6 +383,20 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         Ok(())
     }
 
+    /// Swaps `copy`, a member dir built in the scratch dir, in for the
+    /// data dir's, which then holds `version`'s data in `storage`; the one
+    /// end of every step kind that builds a copy.
+    pub(crate) fn swap_in(
+        &self,
+        copy: &Path,
+        version: Version,
+        storage: Storage,
+    ) -> Result<(), Failure> {
+        let pair = VersionPair { version, storage };
+        self.disk.swap(self.settings.data_dir, copy, pair)?;
+        Ok(())
+    }
+
     /// Takes the backup. The copy runs on this thread, so it asks the
     /// termination channel itself, between files and between chunks: a
     /// signal stops it within a chunk's time and removes the partial copy.
@@ -676,4 +690,16 @@ pub(crate) fn report_expired(label: &str, expired: &[String]) {
             ("keys", shown.join(",").into()),
         ],
     );
+}
+
+/// A test key `key` = `value`, without a lease, with `ttl` seconds left
+/// (or none): what the step kinds' unit tests read and write.
+#[cfg(test)]
+pub(crate) fn test_entry(key: &str, value: &str, ttl: Option<i64>) -> Entry {
+    Entry {
+        lease: 0,
+        key: key.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+        ttl,
+    }
 }

@@ -17,7 +17,7 @@ use crate::steps::{
     report_expired, run, run_new, still_alive, work_err, Context, Failure, Serving,
 };
 use crate::swap::Disk;
-use crate::version::{Storage, Version, VersionPair};
+use crate::version::{Storage, Version};
 
 /// Rebuilds the data as a v2 store of `to`; returns the fingerprint of the
 /// copy, checked against `before`.
@@ -50,11 +50,7 @@ pub(crate) async fn rollback_to_etcd2<L: Launcher, A: EtcdApi, T: Tools, D: Disk
     crate::failpoint!("etcd2-rollback-after-v3-read");
     let before = before.unwrap_or(&read.fingerprint).clone();
     let after = build_v2_store(cx, to, &rebuilt, &read, read_at, &before, label).await?;
-    let pair = VersionPair {
-        version: to,
-        storage: Storage::Etcd2,
-    };
-    cx.disk.swap(data_dir, &rebuilt, pair)?;
+    cx.swap_in(&rebuilt, to, Storage::Etcd2)?;
     Ok(after)
 }
 
@@ -278,15 +274,7 @@ fn verify_copy(written: &[Entry], copied: &[Entry], tolerance: i64) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn e(key: &str, value: &str, ttl: Option<i64>) -> Entry {
-        Entry {
-            lease: 0,
-            key: key.as_bytes().to_vec(),
-            value: value.as_bytes().to_vec(),
-            ttl,
-        }
-    }
+    use crate::steps::test_entry as e;
 
     #[test]
     fn v2_refuses_what_it_cannot_hold() {
