@@ -11,7 +11,7 @@ use crate::effects::{EtcdApi, Launcher, Tools};
 use crate::keyspace::{Entry, Fingerprint};
 use crate::log;
 use crate::plan::Binary;
-use crate::steps::{report_expired, run, still_alive, strings, Context, Failure, Serving};
+use crate::steps::{run, strings, Context, Failure, Serving};
 use crate::swap::Disk;
 use crate::version::{Storage, Version};
 
@@ -179,15 +179,15 @@ async fn carry_v2_side<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     if side.is_empty() {
         return Ok(());
     }
-    let (to_write, expired) = still_alive(side, read_at.elapsed().as_secs() as i64);
-    report_expired(label, &expired);
-    let endpoint = serving.endpoint.clone();
-    cx.while_serving(
-        serving,
-        "write the v2 store's keys into the restored copy",
-        cx.api.write_all_v2(&endpoint, &to_write),
-    )
-    .await?;
+    let to_write = cx
+        .write_alive_v2(
+            serving,
+            side,
+            read_at,
+            "write the v2 store's keys into the restored copy",
+            label,
+        )
+        .await?;
     log::info(
         "v2 store carried",
         &[("step", label.into()), ("keys", to_write.len().into())],

@@ -513,6 +513,26 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         Ok(())
     }
 
+    /// Writes into the v2 store `serving` serves each of `entries` whose
+    /// TTL, counted from `read_at`, has not run out, with what is left of
+    /// it (`what` names the work); says which ran out; returns what it
+    /// wrote.
+    pub(crate) async fn write_alive_v2(
+        &self,
+        serving: &mut Serving<L::Etcd>,
+        entries: &[Entry],
+        read_at: Instant,
+        what: &str,
+        label: &str,
+    ) -> Result<Vec<Entry>, Failure> {
+        let (to_write, expired) = still_alive(entries, read_at.elapsed().as_secs() as i64);
+        report_expired(label, &expired);
+        let endpoint = serving.endpoint.clone();
+        self.while_serving(serving, what, self.api.write_all_v2(&endpoint, &to_write))
+            .await?;
+        Ok(to_write)
+    }
+
     /// Does `work` while `serving` runs: fails (and stops etcd) if etcd
     /// dies, a stop signal arrives, the work fails or takes longer than
     /// [`WORK_TIMEOUT`].

@@ -13,9 +13,7 @@ use std::time::Instant;
 use crate::effects::{EtcdApi, Launcher, Tools};
 use crate::keyspace::{self, Entry, Fingerprint, KnownLeases, Read};
 use crate::log;
-use crate::steps::{
-    report_expired, run, run_new, still_alive, work_err, Context, Failure, Serving,
-};
+use crate::steps::{run, run_new, work_err, Context, Failure, Serving};
 use crate::swap::Disk;
 use crate::version::{Storage, Version};
 
@@ -80,15 +78,15 @@ async fn build_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         })
         .chain(read.v2_side.iter().cloned())
         .collect();
-    let (to_write, expired) = still_alive(&all, read_at.elapsed().as_secs() as i64);
-    report_expired(label, &expired);
-    let endpoint = serving.endpoint.clone();
-    cx.while_serving(
-        &mut serving,
-        "write the keys into the v2 store",
-        cx.api.write_all_v2(&endpoint, &to_write),
-    )
-    .await?;
+    let to_write = cx
+        .write_alive_v2(
+            &mut serving,
+            &all,
+            read_at,
+            "write the keys into the v2 store",
+            label,
+        )
+        .await?;
     crate::failpoint!("etcd2-rollback-after-v2-write");
     let after = verify_v2_store(cx, &mut serving, &to_write, read_at, before).await?;
     log::info(
