@@ -79,13 +79,7 @@ fn refused_target_keeps_the_cluster(test: &str, style: Style, runs: &str, target
     cluster.wait_healthy(victim, START_DEADLINE);
     writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes after the member rejoined");
 
-    let log = writer.finish();
-    let rounds = monitor.finish();
-    cluster.check_invariants(&baseline, &log, &rounds);
-    say(&format!(
-        "{test}: passed in {:.1} s",
-        started.elapsed().as_secs_f64()
-    ));
+    cluster.finish_scenario(test, started, &baseline, writer, monitor);
 }
 
 #[test]

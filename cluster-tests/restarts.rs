@@ -40,13 +40,7 @@ fn rolling_restart_of_five_members_at_one_version_keeps_quorum_and_writes() {
             &format!("writes after {} restarted", cluster.members[i].name),
         );
     }
-    let log = writer.finish();
-    let rounds = monitor.finish();
-    cluster.check_invariants(&baseline, &log, &rounds);
-    say(&format!(
-        "{test}: passed in {:.1} s",
-        started.elapsed().as_secs_f64()
-    ));
+    cluster.finish_scenario(test, started, &baseline, writer, monitor);
 }
 
 #[test]
@@ -79,13 +73,7 @@ fn member_killed_then_member_cut_off_rejoin_with_every_write() {
     cluster.wait_healthy(2, START_DEADLINE);
     writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes after the reconnect");
 
-    let log = writer.finish();
-    let rounds = monitor.finish();
-    cluster.check_invariants(&baseline, &log, &rounds);
-    say(&format!(
-        "{test}: passed in {:.1} s",
-        started.elapsed().as_secs_f64()
-    ));
+    cluster.finish_scenario(test, started, &baseline, writer, monitor);
 }
 
 /// The failure, made by hand: etcd 3.5.16 started directly on a

@@ -7,6 +7,8 @@
 //! revision, how many keys each spans: the sum must stay within a small
 //! constant factor of the key count. No timings: counts only.
 
+use std::future::Future;
+
 use etcd_client::GetOptions;
 use etcd_migrate::keyspace::{traced_read, ReadLimits};
 
@@ -25,15 +27,39 @@ const PAGE: usize = 50;
 /// `keyspace::ranges`; open ranges would need `KEYS / PAGE / 2` = 60).
 const MAX_VISITS_PER_KEY: usize = 12;
 
-#[test]
-fn a_keyspace_read_costs_etcd_a_constant_number_of_visits_per_key() {
-    let member = Member::new("scale");
-    let data = temp_dir("scale-data");
-    let logs = temp_dir("scale-logs");
-    let mut etcd = EtcdProcess::start("3.5.16", &member, data.path(), free_port(), logs.path());
+/// Runs `body` with the endpoint of a fresh `version` etcd named `name`
+/// (data and logs in temp dirs) once it is ready, stops it, and copies its
+/// data dir to `SCALE_KEEP` where that is set.
+fn on_fresh_etcd<F: Future<Output = ()>>(
+    version: &str,
+    name: &str,
+    body: impl FnOnce(String) -> F,
+) {
+    let member = Member::new(name);
+    let data = temp_dir(&format!("{name}-data"));
+    let logs = temp_dir(&format!("{name}-logs"));
+    let mut etcd = EtcdProcess::start(version, &member, data.path(), free_port(), logs.path());
     let endpoint = etcd.endpoint();
     block_on(async {
         etcd.wait_ready().await;
+        body(endpoint).await;
+    });
+    etcd.stop();
+    if let Ok(keep) = std::env::var("SCALE_KEEP") {
+        // For a walk by hand: the data dir as this release left it.
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(data.path())
+            .arg(&keep)
+            .status()
+            .expect("cp");
+        assert!(status.success());
+    }
+}
+
+#[test]
+fn a_keyspace_read_costs_etcd_a_constant_number_of_visits_per_key() {
+    on_fresh_etcd("3.5.16", "scale", |endpoint| async move {
         let mut client = connect(&endpoint).await.expect("connect");
         // Two clusters of decimal keys (the windows' worst case: a digit
         // carries every hundred keys) and a few keys around them.
@@ -93,28 +119,11 @@ fn a_keyspace_read_costs_etcd_a_constant_number_of_visits_per_key() {
             visited as f64 / total as f64
         );
     });
-    etcd.stop();
-    if let Ok(keep) = std::env::var("SCALE_KEEP") {
-        // For a walk by hand: the data dir as this release left it.
-        let status = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(data.path())
-            .arg(&keep)
-            .status()
-            .expect("cp");
-        assert!(status.success());
-    }
 }
 
 #[test]
 fn a_page_of_large_values_stays_small() {
-    let member = Member::new("scale-big");
-    let data = temp_dir("scale-big-data");
-    let logs = temp_dir("scale-big-logs");
-    let mut etcd = EtcdProcess::start("3.5.16", &member, data.path(), free_port(), logs.path());
-    let endpoint = etcd.endpoint();
-    block_on(async {
-        etcd.wait_ready().await;
+    on_fresh_etcd("3.5.16", "scale-big", |endpoint| async move {
         let mut client = connect(&endpoint).await.expect("connect");
         for i in 0..40 {
             client
@@ -131,17 +140,6 @@ fn a_page_of_large_values_stays_small() {
         // 40 MiB in pages of at most ~4 MiB (the first page is 8 keys).
         assert!(read.ranges.len() >= 6, "{} ranges", read.ranges.len());
     });
-    etcd.stop();
-    if let Ok(keep) = std::env::var("SCALE_KEEP") {
-        // For a walk by hand: the data dir as this release left it.
-        let status = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(data.path())
-            .arg(&keep)
-            .status()
-            .expect("cp");
-        assert!(status.success());
-    }
 }
 
 /// Not a test: the time of one whole-keyspace read of `SCALE_KEYS` keys
@@ -158,13 +156,8 @@ fn measure_read_times() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
     let version = std::env::var("SCALE_VERSION").unwrap_or_else(|_| "3.5.16".to_string());
-    let member = Member::new("scale-measure");
-    let data = temp_dir("scale-measure-data");
-    let logs = temp_dir("scale-measure-logs");
-    let mut etcd = EtcdProcess::start(&version, &member, data.path(), free_port(), logs.path());
-    let endpoint = etcd.endpoint();
-    block_on(async {
-        etcd.wait_ready().await;
+    let version = version.as_str();
+    on_fresh_etcd(version, "scale-measure", |endpoint| async move {
         let mut client = connect(&endpoint).await.expect("connect");
         let mut ops = Vec::new();
         for i in 0..keys {
@@ -217,15 +210,4 @@ fn measure_read_times() {
             hash.hash()
         );
     });
-    etcd.stop();
-    if let Ok(keep) = std::env::var("SCALE_KEEP") {
-        // For a walk by hand: the data dir as this release left it.
-        let status = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(data.path())
-            .arg(&keep)
-            .status()
-            .expect("cp");
-        assert!(status.success());
-    }
 }

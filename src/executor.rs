@@ -365,14 +365,70 @@ fn first_and_last_lines(text: &str) -> (String, String) {
     (first.to_string(), last.unwrap_or_default().to_string())
 }
 
+/// Runs `plan` to its end, on a current-thread runtime, over the effects
+/// given and with the settings every executor test shares: member `m` on
+/// client port 18629, data in `/data`, a destructive backup kept 3 deep
+/// in `/data.backup`, exact TTL leases.
+#[cfg(test)]
+fn execute_with_test_settings<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress>(
+    launcher: &L,
+    api: &A,
+    tools: &T,
+    disk: &D,
+    progress: &mut P,
+    termination: watch::Receiver<Option<Signal>>,
+    plan: &Plan,
+) -> Result<(), ExecuteError> {
+    use crate::backup::{BackupMode, BackupPolicy};
+    use crate::config::{Member, TtlLeases};
+    use std::path::Path;
+    use std::time::Duration;
+
+    let member = Member {
+        name: "m".to_string(),
+        client_port: 18629,
+        listen_peer_urls: "http://localhost:2380".to_string(),
+        initial_advertise_peer_urls: "http://localhost:2380".to_string(),
+        initial_cluster: "m=http://localhost:2380".to_string(),
+        initial_cluster_token: "etcd-cluster".to_string(),
+        extra_args: Vec::new(),
+    };
+    let backup = BackupPolicy {
+        mode: BackupMode::Destructive,
+        root: "/data.backup".into(),
+        keep: 3,
+    };
+    let mut executor = Executor {
+        launcher,
+        api,
+        tools,
+        disk,
+        progress,
+        settings: StepSettings {
+            member: &member,
+            data_dir: Path::new("/data"),
+            health_timeout: Duration::from_millis(300),
+            backup: &backup,
+            ttl_leases: TtlLeases::Exact,
+            ttl_keys_directory: "/registry/events",
+            keep_v2_keys: false,
+        },
+        termination,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    runtime.block_on(executor.execute(plan))
+}
+
 #[cfg(test)]
 mod rebuild_tests;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backup::{BackupError, BackupMode, BackupPolicy, StopCheck};
-    use crate::config::{Member, TtlLeases};
+    use crate::backup::{BackupError, BackupPolicy, StopCheck};
     use crate::datadir::DataDirError;
     use crate::dialect::StepEtcd;
     use crate::effects::LeasePlan;
@@ -386,7 +442,6 @@ mod tests {
     use std::future::Future;
     use std::path::{Path, PathBuf};
     use std::rc::Rc;
-    use std::time::Duration;
 
     /// How the fake etcd of one step behaves.
     #[derive(Clone, Copy, Debug, PartialEq)]
@@ -781,42 +836,15 @@ mod tests {
             fail: record_fails,
         };
         let (sender, termination) = watch::channel(signal);
-        let member = Member {
-            name: "m".to_string(),
-            client_port: 18629,
-            listen_peer_urls: "http://localhost:2380".to_string(),
-            initial_advertise_peer_urls: "http://localhost:2380".to_string(),
-            initial_cluster: "m=http://localhost:2380".to_string(),
-            initial_cluster_token: "etcd-cluster".to_string(),
-            extra_args: Vec::new(),
-        };
-        let backup = BackupPolicy {
-            mode: BackupMode::Destructive,
-            root: "/data.backup".into(),
-            keep: 3,
-        };
-        let mut executor = Executor {
-            launcher: &launcher,
-            api: &health,
-            tools: &NoTools,
-            disk: &NoDisk,
-            progress: &mut progress,
-            settings: StepSettings {
-                member: &member,
-                data_dir: Path::new("/data"),
-                health_timeout: Duration::from_millis(300),
-                backup: &backup,
-                ttl_leases: TtlLeases::Exact,
-                ttl_keys_directory: "/registry/events",
-                keep_v2_keys: false,
-            },
+        let result = execute_with_test_settings(
+            &launcher,
+            &health,
+            &NoTools,
+            &NoDisk,
+            &mut progress,
             termination,
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("runtime");
-        let result = runtime.block_on(executor.execute(&plan));
+            &plan,
+        );
         drop(sender);
         let events = journal.borrow().events.clone();
         Outcome { result, events }

@@ -542,6 +542,27 @@ impl Cluster {
             .join("\n")
     }
 
+    /// Ends a scenario with a client writing throughout: stops `writer`
+    /// and `monitor`, checks the invariants against `baseline` (see
+    /// [`Cluster::check_invariants`]), and says that `test` passed and in
+    /// how long since `started`.
+    pub fn finish_scenario(
+        &self,
+        test: &str,
+        started: Instant,
+        baseline: &Baseline,
+        writer: Writer,
+        monitor: Monitor,
+    ) {
+        let log = writer.finish();
+        let rounds = monitor.finish();
+        self.check_invariants(baseline, &log, &rounds);
+        super::say(&format!(
+            "{test}: passed in {:.1} s",
+            started.elapsed().as_secs_f64()
+        ));
+    }
+
     /// The end-of-scenario invariants: every acknowledged write present on
     /// every member, membership, cluster and member ids unchanged, equal
     /// keyspace hashes at one revision on every member, and the monitor's

@@ -9,14 +9,12 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
-use super::{ExecuteError, Executor};
+use super::{execute_with_test_settings, ExecuteError};
 use crate::backup::{BackupError, BackupMode, BackupPolicy, StopCheck};
-use crate::config::{Member, TtlLeases};
 use crate::datadir::{DataDirError, WORK_DIR};
 use crate::dialect::StepEtcd;
 use crate::effects::{
@@ -24,7 +22,6 @@ use crate::effects::{
 };
 use crate::keyspace::{Entry, Fingerprint, KnownLeases, Ours, Read};
 use crate::plan::{backup_before, plan, Binary, Bundle};
-use crate::steps::StepSettings;
 use crate::supervisor::{ExitStatus, SupervisorError};
 use crate::swap::{Disk, SwapError};
 use crate::version::{Storage, VersionPair};
@@ -369,42 +366,15 @@ fn migrate(current: &str, target: &str, fail: Option<&'static str>) -> Outcome {
     let fakes = Fakes(Rc::clone(&world));
     let mut progress = Fakes(Rc::clone(&world));
     let (sender, termination) = watch::channel(None);
-    let member = Member {
-        name: "m".to_string(),
-        client_port: 18629,
-        listen_peer_urls: "http://localhost:2380".to_string(),
-        initial_advertise_peer_urls: "http://localhost:2380".to_string(),
-        initial_cluster: "m=http://localhost:2380".to_string(),
-        initial_cluster_token: "etcd-cluster".to_string(),
-        extra_args: Vec::new(),
-    };
-    let backup = BackupPolicy {
-        mode: BackupMode::Destructive,
-        root: "/data.backup".into(),
-        keep: 3,
-    };
-    let mut executor = Executor {
-        launcher: &fakes,
-        api: &fakes,
-        tools: &fakes,
-        disk: &fakes,
-        progress: &mut progress,
-        settings: StepSettings {
-            member: &member,
-            data_dir: Path::new("/data"),
-            health_timeout: Duration::from_millis(300),
-            backup: &backup,
-            ttl_leases: TtlLeases::Exact,
-            ttl_keys_directory: "/registry/events",
-            keep_v2_keys: false,
-        },
+    let result = execute_with_test_settings(
+        &fakes,
+        &fakes,
+        &fakes,
+        &fakes,
+        &mut progress,
         termination,
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
-    let result = runtime.block_on(executor.execute(&plan));
+        &plan,
+    );
     drop(sender);
     let failed_at = *world.failed_at.borrow();
     Outcome {

@@ -783,31 +783,28 @@ pub async fn read_all_since(
         Storage::Etcd3 => {
             let client = v3::v3_client(endpoint).await?;
             let mut entries = Vec::new();
-            let (ttls, revision) = v3::read_v3_with(
+            let whole = read_v3_whole(
                 &client,
                 endpoint,
                 ours,
+                hidden,
                 known,
-                ReadLimits::default(),
+                before,
                 &mut |entry| entries.push(entry),
-                None,
             )
             .await?;
-            let hash = v3::hash_kv(&client, endpoint, revision).await?;
-            let since = check_since(&client, endpoint, before, hash, ours).await?;
-            let leases = v3::read_leases(&client, endpoint, &ttls, ours).await?;
-            let since = since.map(|(since, changes)| since.with_strays(&changes, leases.as_ref()));
-            let side = v2::read_v2(endpoint, ours, hidden).await?;
-            let side_fingerprint = side
+            let side_fingerprint = whole
+                .side
                 .as_ref()
                 .map(|side| Fingerprint::new(Storage::Etcd2, side, None, started));
-            let mut fingerprint = Fingerprint::new(storage, &entries, leases.as_ref(), started)
-                .with_v2_side(side_fingerprint);
-            fingerprint.hash = hash;
-            fingerprint.since = since;
+            let mut fingerprint =
+                Fingerprint::new(storage, &entries, whole.leases.as_ref(), started)
+                    .with_v2_side(side_fingerprint);
+            fingerprint.hash = whole.hash;
+            fingerprint.since = whole.since;
             Ok(Read {
                 entries,
-                v2_side: side.unwrap_or_default(),
+                v2_side: whole.side.unwrap_or_default(),
                 fingerprint,
             })
         }
@@ -883,26 +880,71 @@ pub async fn read_fingerprint_since(
         }
     }
     let mut fingerprint = Fingerprint::empty(storage);
-    let (ttls, revision) = v3::read_v3_with(
+    let whole = read_v3_whole(
         &client,
+        endpoint,
+        ours,
+        hidden,
+        known,
+        before,
+        &mut |entry| fingerprint.add(&entry, started),
+    )
+    .await?;
+    fingerprint.hash = whole.hash;
+    fingerprint.since = whole.since;
+    let side = whole
+        .side
+        .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
+    Ok(fingerprint
+        .finish(whole.leases.as_ref(), started)
+        .with_v2_side(side))
+}
+
+/// What a whole v3 read gives besides its entries: etcd's hash at the
+/// revision read, what it says of `before`'s revision (with the changes
+/// since that are not expiries), the leases with their TTLs, and the v2
+/// side store where the release serves the v2 API.
+struct WholeV3 {
+    hash: Option<KvHash>,
+    since: Option<SinceCheck>,
+    leases: Option<BTreeMap<i64, i64>>,
+    side: Option<Vec<Entry>>,
+}
+
+/// Reads the whole v3 keyspace `client` serves into `sink` (this run's
+/// keys and leases left out), then etcd's hash at that revision, the check
+/// against `before`, the leases and the v2 side store: the one whole read
+/// behind [`read_all_since`] and [`read_fingerprint_since`].
+async fn read_v3_whole(
+    client: &etcd_client::Client,
+    endpoint: &str,
+    ours: &Ours,
+    hidden: &[String],
+    known: &KnownLeases,
+    before: Option<&Fingerprint>,
+    sink: &mut dyn FnMut(Entry),
+) -> Result<WholeV3, KeyspaceError> {
+    let (ttls, revision) = v3::read_v3_with(
+        client,
         endpoint,
         ours,
         known,
         ReadLimits::default(),
-        &mut |entry| fingerprint.add(&entry, started),
+        sink,
         None,
     )
     .await?;
-    fingerprint.hash = v3::hash_kv(&client, endpoint, revision).await?;
-    let since = check_since(&client, endpoint, before, fingerprint.hash, ours).await?;
-    let leases = v3::read_leases(&client, endpoint, &ttls, ours).await?;
-    fingerprint.since = since.map(|(since, changes)| since.with_strays(&changes, leases.as_ref()));
-    let side = v2::read_v2(endpoint, ours, hidden)
-        .await?
-        .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
-    Ok(fingerprint
-        .finish(leases.as_ref(), started)
-        .with_v2_side(side))
+    let hash = v3::hash_kv(client, endpoint, revision).await?;
+    let since = check_since(client, endpoint, before, hash, ours).await?;
+    let leases = v3::read_leases(client, endpoint, &ttls, ours).await?;
+    let since = since.map(|(since, changes)| since.with_strays(&changes, leases.as_ref()));
+    let side = v2::read_v2(endpoint, ours, hidden).await?;
+    Ok(WholeV3 {
+        hash,
+        since,
+        leases,
+        side,
+    })
 }
 
 /// What this etcd says of the revision `before` was read at: its hash

@@ -11,9 +11,9 @@ use crate::effects::{EtcdApi, Launcher, Tools};
 use crate::keyspace::{Entry, Fingerprint};
 use crate::log;
 use crate::plan::Binary;
-use crate::steps::{report_expired, run, still_alive, strings, Context, Failure, Serving};
+use crate::steps::{run, strings, Context, Failure, Serving};
 use crate::swap::Disk;
-use crate::version::{Storage, Version, VersionPair};
+use crate::version::{Storage, Version};
 
 /// What the source gave: its fingerprint, its hidden v2 nodes, and its v2
 /// side store's keys with when they were read.
@@ -34,8 +34,7 @@ pub(crate) async fn minor_rollback<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     label: &str,
     before: Option<&Fingerprint>,
 ) -> Result<Fingerprint, Failure> {
-    let data_dir = cx.settings.data_dir;
-    let work = cx.disk.fresh_work_dir(data_dir)?;
+    let work = cx.disk.fresh_work_dir(cx.settings.data_dir)?;
     let snapshot = work.join("snapshot.db");
     let restored = work.join("restored");
     let source = save_snapshot(cx, serve, label, before, &snapshot).await?;
@@ -45,11 +44,7 @@ pub(crate) async fn minor_rollback<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     let before = before.unwrap_or(&source.fingerprint).clone();
     let after = prove_restored(cx, to, &restored, &source, &before, label).await?;
     crate::failpoint!("rollback-after-restored-served");
-    let pair = VersionPair {
-        version: to,
-        storage: Storage::Etcd3,
-    };
-    cx.disk.swap(data_dir, &restored, pair)?;
+    cx.swap_in(&restored, to, Storage::Etcd3)?;
     Ok(after)
 }
 
@@ -184,15 +179,15 @@ async fn carry_v2_side<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     if side.is_empty() {
         return Ok(());
     }
-    let (to_write, expired) = still_alive(side, read_at.elapsed().as_secs() as i64);
-    report_expired(label, &expired);
-    let endpoint = serving.endpoint.clone();
-    cx.while_serving(
-        serving,
-        "write the v2 store's keys into the restored copy",
-        cx.api.write_all_v2(&endpoint, &to_write),
-    )
-    .await?;
+    let to_write = cx
+        .write_alive_v2(
+            serving,
+            side,
+            read_at,
+            "write the v2 store's keys into the restored copy",
+            label,
+        )
+        .await?;
     log::info(
         "v2 store carried",
         &[("step", label.into()), ("keys", to_write.len().into())],

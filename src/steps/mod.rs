@@ -383,6 +383,20 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         Ok(())
     }
 
+    /// Swaps `copy`, a member dir built in the scratch dir, in for the
+    /// data dir's, which then holds `version`'s data in `storage`; the one
+    /// end of every step kind that builds a copy.
+    pub(crate) fn swap_in(
+        &self,
+        copy: &Path,
+        version: Version,
+        storage: Storage,
+    ) -> Result<(), Failure> {
+        let pair = VersionPair { version, storage };
+        self.disk.swap(self.settings.data_dir, copy, pair)?;
+        Ok(())
+    }
+
     /// Takes the backup. The copy runs on this thread, so it asks the
     /// termination channel itself, between files and between chunks: a
     /// signal stops it within a chunk's time and removes the partial copy.
@@ -497,6 +511,26 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
             log::warn("etcd healthy but stopped uncleanly", &fields);
         }
         Ok(())
+    }
+
+    /// Writes into the v2 store `serving` serves each of `entries` whose
+    /// TTL, counted from `read_at`, has not run out, with what is left of
+    /// it (`what` names the work); says which ran out; returns what it
+    /// wrote.
+    pub(crate) async fn write_alive_v2(
+        &self,
+        serving: &mut Serving<L::Etcd>,
+        entries: &[Entry],
+        read_at: Instant,
+        what: &str,
+        label: &str,
+    ) -> Result<Vec<Entry>, Failure> {
+        let (to_write, expired) = still_alive(entries, read_at.elapsed().as_secs() as i64);
+        report_expired(label, &expired);
+        let endpoint = serving.endpoint.clone();
+        self.while_serving(serving, what, self.api.write_all_v2(&endpoint, &to_write))
+            .await?;
+        Ok(to_write)
     }
 
     /// Does `work` while `serving` runs: fails (and stops etcd) if etcd
@@ -676,4 +710,16 @@ pub(crate) fn report_expired(label: &str, expired: &[String]) {
             ("keys", shown.join(",").into()),
         ],
     );
+}
+
+/// A test key `key` = `value`, without a lease, with `ttl` seconds left
+/// (or none): what the step kinds' unit tests read and write.
+#[cfg(test)]
+pub(crate) fn test_entry(key: &str, value: &str, ttl: Option<i64>) -> Entry {
+    Entry {
+        lease: 0,
+        key: key.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+        ttl,
+    }
 }

@@ -25,7 +25,7 @@ use crate::steps::{
     copy_failure, report_expired, run, strings, work_err, Context, Failure, Serving, TtlLeases,
 };
 use crate::swap::Disk;
-use crate::version::{Storage, Version, VersionPair};
+use crate::version::{Storage, Version};
 
 /// The lease the flat TTL mode gives the TTL keys directory (what the
 /// Kubernetes tool attached to `/registry/events`).
@@ -69,11 +69,7 @@ pub(crate) async fn storage_migration<L: Launcher, A: EtcdApi, T: Tools, D: Disk
     crate::failpoint!("migration-after-v2-read");
     convert_copy(cx, at, &converted, label).await?;
     let after = prove_converted(cx, at, &converted, &source, before, label).await?;
-    let pair = VersionPair {
-        version: at,
-        storage: Storage::Etcd3,
-    };
-    cx.disk.swap(data_dir, &converted, pair)?;
+    cx.swap_in(&converted, at, Storage::Etcd3)?;
     Ok(after)
 }
 
@@ -392,15 +388,7 @@ fn verify_migration(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn e(key: &str, value: &str, ttl: Option<i64>) -> Entry {
-        Entry {
-            lease: 0,
-            key: key.as_bytes().to_vec(),
-            value: value.as_bytes().to_vec(),
-            ttl,
-        }
-    }
+    use crate::steps::test_entry as e;
 
     #[test]
     fn keys_expiring_in_the_same_second_share_a_lease() {

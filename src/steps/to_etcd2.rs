@@ -13,11 +13,9 @@ use std::time::Instant;
 use crate::effects::{EtcdApi, Launcher, Tools};
 use crate::keyspace::{self, Entry, Fingerprint, KnownLeases, Read};
 use crate::log;
-use crate::steps::{
-    report_expired, run, run_new, still_alive, work_err, Context, Failure, Serving,
-};
+use crate::steps::{run, run_new, work_err, Context, Failure, Serving};
 use crate::swap::Disk;
-use crate::version::{Storage, Version, VersionPair};
+use crate::version::{Storage, Version};
 
 /// Rebuilds the data as a v2 store of `to`; returns the fingerprint of the
 /// copy, checked against `before`.
@@ -50,11 +48,7 @@ pub(crate) async fn rollback_to_etcd2<L: Launcher, A: EtcdApi, T: Tools, D: Disk
     crate::failpoint!("etcd2-rollback-after-v3-read");
     let before = before.unwrap_or(&read.fingerprint).clone();
     let after = build_v2_store(cx, to, &rebuilt, &read, read_at, &before, label).await?;
-    let pair = VersionPair {
-        version: to,
-        storage: Storage::Etcd2,
-    };
-    cx.disk.swap(data_dir, &rebuilt, pair)?;
+    cx.swap_in(&rebuilt, to, Storage::Etcd2)?;
     Ok(after)
 }
 
@@ -84,15 +78,15 @@ async fn build_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         })
         .chain(read.v2_side.iter().cloned())
         .collect();
-    let (to_write, expired) = still_alive(&all, read_at.elapsed().as_secs() as i64);
-    report_expired(label, &expired);
-    let endpoint = serving.endpoint.clone();
-    cx.while_serving(
-        &mut serving,
-        "write the keys into the v2 store",
-        cx.api.write_all_v2(&endpoint, &to_write),
-    )
-    .await?;
+    let to_write = cx
+        .write_alive_v2(
+            &mut serving,
+            &all,
+            read_at,
+            "write the keys into the v2 store",
+            label,
+        )
+        .await?;
     crate::failpoint!("etcd2-rollback-after-v2-write");
     let after = verify_v2_store(cx, &mut serving, &to_write, read_at, before).await?;
     log::info(
@@ -278,15 +272,7 @@ fn verify_copy(written: &[Entry], copied: &[Entry], tolerance: i64) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn e(key: &str, value: &str, ttl: Option<i64>) -> Entry {
-        Entry {
-            lease: 0,
-            key: key.as_bytes().to_vec(),
-            value: value.as_bytes().to_vec(),
-            ttl,
-        }
-    }
+    use crate::steps::test_entry as e;
 
     #[test]
     fn v2_refuses_what_it_cannot_hold() {
