@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::keyspace::Fingerprint;
 use crate::log;
@@ -202,7 +203,13 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
                 ("to", step.result().to_string().into()),
             ],
         );
-        let after = match self.run_step(step, label, before).await {
+        // One span per step: every line inside it (and in the step kinds)
+        // carries `step=<label>` without passing the label around.
+        let after = match self
+            .run_step(step, before)
+            .instrument(log::step_span(label))
+            .await
+        {
             Ok(after) => after,
             Err(Failure::Interrupted(signal)) => {
                 return Err(at.interrupted(signal, Some(format!("{label} ({step})"))))
@@ -237,20 +244,17 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
     async fn run_step(
         &self,
         step: &Step,
-        label: &str,
         before: Option<&Fingerprint>,
     ) -> Result<Fingerprint, Failure> {
         let cx = self.context();
         match *step {
             Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. } => {
-                run_in_place(&cx, step.result(), label, before).await
+                run_in_place(&cx, step.result(), before).await
             }
-            Step::StorageMigration { at } => storage_migration(&cx, at, label, before).await,
-            Step::MinorRollback { serve, to, .. } => {
-                minor_rollback(&cx, serve, to, label, before).await
-            }
+            Step::StorageMigration { at } => storage_migration(&cx, at, before).await,
+            Step::MinorRollback { serve, to, .. } => minor_rollback(&cx, serve, to, before).await,
             Step::RollbackToEtcd2 { serve, to, .. } => {
-                rollback_to_etcd2(&cx, serve, to, label, before).await
+                rollback_to_etcd2(&cx, serve, to, before).await
             }
         }
     }
@@ -323,6 +327,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         match self
             .context()
             .read_baseline(version, recorded.storage)
+            .instrument(log::step_span("baseline"))
             .await
         {
             Ok(fingerprint) => Ok(fingerprint),

@@ -13,16 +13,15 @@ use crate::version::VersionPair;
 pub(crate) async fn run_in_place<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     cx: &Context<'_, L, A, T, D>,
     pair: VersionPair,
-    label: &str,
     before: Option<&Fingerprint>,
 ) -> Result<Fingerprint, Failure> {
     let serve = run(pair.version, pair.storage, cx.settings.data_dir);
-    let mut serving = cx.start_serving(serve, label).await?;
+    let mut serving = cx.start_serving(serve).await?;
     let after = cx
         .read_fingerprint_since(&mut serving, pair.storage, before)
         .await?;
     crate::failpoint!("step-after-fingerprint");
     cx.check_kept(&mut serving, before, &after).await?;
-    cx.stop_serving(serving, label).await?;
+    cx.stop_serving(serving).await?;
     Ok(after)
 }

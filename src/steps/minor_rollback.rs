@@ -31,18 +31,17 @@ pub(crate) async fn minor_rollback<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     cx: &Context<'_, L, A, T, D>,
     serve: Version,
     to: Version,
-    label: &str,
     before: Option<&Fingerprint>,
 ) -> Result<Fingerprint, Failure> {
     let work = cx.disk.fresh_work_dir(cx.settings.data_dir)?;
     let snapshot = work.join("snapshot.db");
     let restored = work.join("restored");
-    let source = save_snapshot(cx, serve, label, before, &snapshot).await?;
+    let source = save_snapshot(cx, serve, before, &snapshot).await?;
     crate::failpoint!("rollback-after-snapshot-save");
     restore(cx, to, &snapshot, &restored).await?;
     crate::failpoint!("rollback-after-restore");
     let before = before.unwrap_or(&source.fingerprint).clone();
-    let after = prove_restored(cx, to, &restored, &source, &before, label).await?;
+    let after = prove_restored(cx, to, &restored, &source, &before).await?;
     crate::failpoint!("rollback-after-restored-served");
     cx.swap_in(&restored, to, Storage::Etcd3)?;
     Ok(after)
@@ -53,12 +52,11 @@ pub(crate) async fn minor_rollback<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
 async fn save_snapshot<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     cx: &Context<'_, L, A, T, D>,
     serve: Version,
-    label: &str,
     before: Option<&Fingerprint>,
     snapshot: &Path,
 ) -> Result<Source, Failure> {
     let source = run(serve, Storage::Etcd3, cx.settings.data_dir);
-    let mut serving = cx.start_serving(source, label).await?;
+    let mut serving = cx.start_serving(source).await?;
     let fingerprint = cx.read_fingerprint(&mut serving, Storage::Etcd3).await?;
     cx.check_kept(&mut serving, before, &fingerprint).await?;
     // The v2 side store is not in the snapshot: read its keys now.
@@ -78,7 +76,7 @@ async fn save_snapshot<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     let saved = cx
         .offline(Binary::etcdctl(serve), &save_args, &[("ETCDCTL_API", "3")])
         .await;
-    cx.stop_serving(serving, label).await?;
+    cx.stop_serving(serving).await?;
     saved?;
     Ok(Source {
         fingerprint,
@@ -145,24 +143,14 @@ async fn prove_restored<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     restored: &Path,
     source: &Source,
     before: &Fingerprint,
-    label: &str,
 ) -> Result<Fingerprint, Failure> {
-    let mut serving = cx
-        .start_serving(run(to, Storage::Etcd3, restored), label)
-        .await?;
-    carry_v2_side(
-        cx,
-        &mut serving,
-        &source.v2_side,
-        source.side_read_at,
-        label,
-    )
-    .await?;
+    let mut serving = cx.start_serving(run(to, Storage::Etcd3, restored)).await?;
+    carry_v2_side(cx, &mut serving, &source.v2_side, source.side_read_at).await?;
     // The carried hidden v2 nodes are where the source had them.
     serving.hidden_v2 = source.hidden.clone();
     let after = cx.read_fingerprint(&mut serving, Storage::Etcd3).await?;
     cx.check_kept(&mut serving, Some(before), &after).await?;
-    cx.stop_serving(serving, label).await?;
+    cx.stop_serving(serving).await?;
     Ok(after)
 }
 
@@ -174,7 +162,6 @@ async fn carry_v2_side<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     serving: &mut Serving<L::Etcd>,
     side: &[Entry],
     read_at: Instant,
-    label: &str,
 ) -> Result<(), Failure> {
     if side.is_empty() {
         return Ok(());
@@ -185,12 +172,8 @@ async fn carry_v2_side<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
             side,
             read_at,
             "write the v2 store's keys into the restored copy",
-            label,
         )
         .await?;
-    log::info(
-        "v2 store carried",
-        &[("step", label.into()), ("keys", to_write.len().into())],
-    );
+    log::info("v2 store carried", &[("keys", to_write.len().into())]);
     Ok(())
 }

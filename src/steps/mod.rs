@@ -129,11 +129,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     /// Starts `run.version` on `run.data_dir` and waits until one write
     /// succeeds: the proof that this release can serve the data. On any
     /// failure the etcd is stopped before returning.
-    pub(crate) async fn start_serving(
-        &self,
-        run: Run<'_>,
-        label: &str,
-    ) -> Result<Serving<L::Etcd>, Failure> {
+    pub(crate) async fn start_serving(&self, run: Run<'_>) -> Result<Serving<L::Etcd>, Failure> {
         let data_dir = run.data_dir.to_string_lossy();
         let spec = self.spec(run, &data_dir);
         let hidden_v2 = self.launcher.hidden_v2_paths(run.data_dir);
@@ -144,7 +140,6 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         log::info(
             "etcd started",
             &[
-                ("step", label.into()),
                 ("version", run.version.to_string().into()),
                 ("pid", pid.into()),
                 ("client", spec.client_url().into()),
@@ -279,12 +274,11 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         storage: Storage,
     ) -> Result<Fingerprint, Failure> {
         let started = Instant::now();
-        let label = "baseline";
         let serve = run(version, storage, self.settings.data_dir);
-        let mut serving = self.start_serving(serve, label).await?;
+        let mut serving = self.start_serving(serve).await?;
         let fingerprint = self.read_fingerprint(&mut serving, storage).await?;
         crate::failpoint!("baseline-read");
-        self.stop_serving(serving, label).await?;
+        self.stop_serving(serving).await?;
         log::info(
             "baseline read",
             &[
@@ -304,10 +298,9 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     pub(crate) async fn read_source(
         &self,
         run: Run<'_>,
-        label: &str,
         before: Option<&Fingerprint>,
     ) -> Result<(keyspace::Read, Instant), Failure> {
-        let mut serving = self.start_serving(run, label).await?;
+        let mut serving = self.start_serving(run).await?;
         let endpoint = serving.endpoint.clone();
         let hidden = serving.hidden_v2.clone();
         let known = serving.known.clone();
@@ -321,7 +314,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         let read_at = Instant::now();
         self.check_kept(&mut serving, before, &read.fingerprint)
             .await?;
-        self.stop_serving(serving, label).await?;
+        self.stop_serving(serving).await?;
         Ok((read, read_at))
     }
 
@@ -475,11 +468,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     }
 
     /// Stops a serving etcd and logs how the step's etcd went.
-    pub(crate) async fn stop_serving(
-        &self,
-        mut serving: Serving<L::Etcd>,
-        label: &str,
-    ) -> Result<(), Failure> {
+    pub(crate) async fn stop_serving(&self, mut serving: Serving<L::Etcd>) -> Result<(), Failure> {
         let stopping = Instant::now();
         let (status, killed) = serving
             .etcd
@@ -494,7 +483,6 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
             ExitStatus::Exited(0) | ExitStatus::Signaled(Signal::SIGTERM)
         ) && !killed;
         let fields = [
-            ("step", label.into()),
             ("version", serving.version.to_string().into()),
             ("pid", serving.pid.into()),
             ("healthy_ms", log::ms(serving.healthy_after)),
@@ -523,10 +511,9 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         entries: &[Entry],
         read_at: Instant,
         what: &str,
-        label: &str,
     ) -> Result<Vec<Entry>, Failure> {
         let (to_write, expired) = still_alive(entries, read_at.elapsed().as_secs() as i64);
-        report_expired(label, &expired);
+        report_expired(&expired);
         let endpoint = serving.endpoint.clone();
         self.while_serving(serving, what, self.api.write_all_v2(&endpoint, &to_write))
             .await?;
@@ -697,7 +684,7 @@ pub(crate) fn still_alive(entries: &[Entry], elapsed: i64) -> (Vec<Entry>, Vec<S
     (alive, expired)
 }
 
-pub(crate) fn report_expired(label: &str, expired: &[String]) {
+pub(crate) fn report_expired(expired: &[String]) {
     if expired.is_empty() {
         return;
     }
@@ -705,7 +692,6 @@ pub(crate) fn report_expired(label: &str, expired: &[String]) {
     log::warn(
         "keys whose TTL ran out during the migration are not carried over",
         &[
-            ("step", label.into()),
             ("count", expired.len().into()),
             ("keys", shown.join(",").into()),
         ],

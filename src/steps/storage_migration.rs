@@ -45,14 +45,13 @@ struct Source {
 pub(crate) async fn storage_migration<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     cx: &Context<'_, L, A, T, D>,
     at: Version,
-    label: &str,
     before: Option<&Fingerprint>,
 ) -> Result<Fingerprint, Failure> {
     let data_dir = cx.settings.data_dir;
     let work = cx.disk.fresh_work_dir(data_dir)?;
     let converted = work.join("converted");
     let (read, read_at) = cx
-        .read_source(run(at, Storage::Etcd2, data_dir), label, before)
+        .read_source(run(at, Storage::Etcd2, data_dir), before)
         .await?;
     let source = Source {
         entries: read.entries,
@@ -61,14 +60,11 @@ pub(crate) async fn storage_migration<L: Launcher, A: EtcdApi, T: Tools, D: Disk
     };
     log::info(
         "v2 keyspace read",
-        &[
-            ("step", label.into()),
-            ("fingerprint", source.fingerprint.to_string().into()),
-        ],
+        &[("fingerprint", source.fingerprint.to_string().into())],
     );
     crate::failpoint!("migration-after-v2-read");
-    convert_copy(cx, at, &converted, label).await?;
-    let after = prove_converted(cx, at, &converted, &source, before, label).await?;
+    convert_copy(cx, at, &converted).await?;
+    let after = prove_converted(cx, at, &converted, &source, before).await?;
     cx.swap_in(&converted, at, Storage::Etcd3)?;
     Ok(after)
 }
@@ -79,7 +75,6 @@ async fn convert_copy<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     cx: &Context<'_, L, A, T, D>,
     at: Version,
     converted: &Path,
-    label: &str,
 ) -> Result<(), Failure> {
     let copying = Instant::now();
     cx.disk.create_dir(converted)?;
@@ -90,7 +85,7 @@ async fn convert_copy<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         .map_err(|e| copy_failure("copy the data for conversion", e))?;
     log::info(
         "data copied for conversion",
-        &[("step", label.into()), ("ms", log::ms(copying.elapsed()))],
+        &[("ms", log::ms(copying.elapsed()))],
     );
     crate::failpoint!("migration-after-copy");
     let migrate_args = strings(&["migrate", "--data-dir", &converted.to_string_lossy()]);
@@ -109,23 +104,17 @@ async fn prove_converted<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     converted: &Path,
     source: &Source,
     before: Option<&Fingerprint>,
-    label: &str,
 ) -> Result<Fingerprint, Failure> {
-    let mut serving = cx
-        .start_serving(run(at, Storage::Etcd3, converted), label)
-        .await?;
-    let plan = attach_leases(cx, &mut serving, source, label).await?;
+    let mut serving = cx.start_serving(run(at, Storage::Etcd3, converted)).await?;
+    let plan = attach_leases(cx, &mut serving, source).await?;
     let after = verify_converted(cx, &mut serving, source, &plan, before).await?;
     log::info(
         "v3 keys verified",
-        &[
-            ("step", label.into()),
-            ("fingerprint", after.to_string().into()),
-        ],
+        &[("fingerprint", after.to_string().into())],
     );
     crate::failpoint!("migration-after-verify");
-    let after = empty_v2_store(cx, &mut serving, after, label).await?;
-    cx.stop_serving(serving, label).await?;
+    let after = empty_v2_store(cx, &mut serving, after).await?;
+    cx.stop_serving(serving).await?;
     Ok(after)
 }
 
@@ -135,7 +124,6 @@ async fn attach_leases<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     cx: &Context<'_, L, A, T, D>,
     serving: &mut Serving<L::Etcd>,
     source: &Source,
-    label: &str,
 ) -> Result<LeasePlan, Failure> {
     let v2 = &source.entries;
     let plan = lease_plan(
@@ -144,7 +132,7 @@ async fn attach_leases<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         cx.settings.ttl_leases,
         cx.settings.ttl_keys_directory,
     );
-    report_expired(label, &plan.expired);
+    report_expired(&plan.expired);
     let leased = plan.groups.values().map(Vec::len).sum::<usize>();
     let endpoint = serving.endpoint.clone();
     let hidden = hidden_without_ttl(v2, &plan);
@@ -161,7 +149,6 @@ async fn attach_leases<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     log::info(
         "leases attached",
         &[
-            ("step", label.into()),
             ("leases", plan.groups.len().into()),
             ("keys", leased.into()),
             ("expired", plan.expired.len().into()),
@@ -231,7 +218,6 @@ async fn empty_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     cx: &Context<'_, L, A, T, D>,
     serving: &mut Serving<L::Etcd>,
     after: Fingerprint,
-    label: &str,
 ) -> Result<Fingerprint, Failure> {
     let endpoint = serving.endpoint.clone();
     let hidden = serving.hidden_v2.clone();
@@ -245,7 +231,7 @@ async fn empty_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
             .await?;
         log::info(
             "v2 store emptied of migrated keys",
-            &[("step", label.into()), ("top_level_nodes", removed.into())],
+            &[("top_level_nodes", removed.into())],
         );
         crate::failpoint!("migration-after-v2-emptied");
     }

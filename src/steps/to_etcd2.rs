@@ -23,7 +23,6 @@ pub(crate) async fn rollback_to_etcd2<L: Launcher, A: EtcdApi, T: Tools, D: Disk
     cx: &Context<'_, L, A, T, D>,
     serve: Version,
     to: Version,
-    label: &str,
     before: Option<&Fingerprint>,
 ) -> Result<Fingerprint, Failure> {
     let data_dir = cx.settings.data_dir;
@@ -32,7 +31,7 @@ pub(crate) async fn rollback_to_etcd2<L: Launcher, A: EtcdApi, T: Tools, D: Disk
     cx.disk.create_dir(&rebuilt)?;
 
     let (read, read_at) = cx
-        .read_source(run(serve, Storage::Etcd3, data_dir), label, before)
+        .read_source(run(serve, Storage::Etcd3, data_dir), before)
         .await?;
     check_v2_compatible(&read.entries)
         .and_then(|()| check_v2_side_fits(&read.entries, &read.v2_side))
@@ -40,14 +39,11 @@ pub(crate) async fn rollback_to_etcd2<L: Launcher, A: EtcdApi, T: Tools, D: Disk
         .map_err(|detail| work_err("check that every v3 key fits the v2 store", detail))?;
     log::info(
         "v3 keyspace read",
-        &[
-            ("step", label.into()),
-            ("fingerprint", read.fingerprint.to_string().into()),
-        ],
+        &[("fingerprint", read.fingerprint.to_string().into())],
     );
     crate::failpoint!("etcd2-rollback-after-v3-read");
     let before = before.unwrap_or(&read.fingerprint).clone();
-    let after = build_v2_store(cx, to, &rebuilt, &read, read_at, &before, label).await?;
+    let after = build_v2_store(cx, to, &rebuilt, &read, read_at, &before).await?;
     cx.swap_in(&rebuilt, to, Storage::Etcd2)?;
     Ok(after)
 }
@@ -63,10 +59,9 @@ async fn build_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     read: &Read,
     read_at: Instant,
     before: &Fingerprint,
-    label: &str,
 ) -> Result<Fingerprint, Failure> {
     let mut serving = cx
-        .start_serving(run_new(to, Storage::Etcd2, rebuilt), label)
+        .start_serving(run_new(to, Storage::Etcd2, rebuilt))
         .await?;
     let all: Vec<Entry> = read
         .entries
@@ -84,20 +79,16 @@ async fn build_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
             &all,
             read_at,
             "write the keys into the v2 store",
-            label,
         )
         .await?;
     crate::failpoint!("etcd2-rollback-after-v2-write");
     let after = verify_v2_store(cx, &mut serving, &to_write, read_at, before).await?;
     log::info(
         "v2 store verified",
-        &[
-            ("step", label.into()),
-            ("fingerprint", after.to_string().into()),
-        ],
+        &[("fingerprint", after.to_string().into())],
     );
     crate::failpoint!("etcd2-rollback-after-verify");
-    cx.stop_serving(serving, label).await?;
+    cx.stop_serving(serving).await?;
     Ok(after)
 }
 
