@@ -80,6 +80,10 @@ pub enum HealthError {
 /// makes on the keyspace it serves. Errors are the API's own words, which
 /// name the endpoint's URL and the key.
 pub trait EtcdApi {
+    /// Why a call failed. It names its subject (endpoint, key, lease,
+    /// revision); a step's error keeps it, with its causes, as text.
+    type Error: std::error::Error + Into<String>;
+
     /// Checks the data's alarms (where the API has them) and writes the
     /// health key once.
     fn write(
@@ -98,7 +102,7 @@ pub trait EtcdApi {
         storage: Storage,
         hidden: &[String],
         known: &KnownLeases,
-    ) -> impl Future<Output = Result<Fingerprint, String>>;
+    ) -> impl Future<Output = Result<Fingerprint, Self::Error>>;
 
     /// [`EtcdApi::fingerprint`], proven against `before` (the last step's
     /// read) by etcd's own hash where the release has one, instead of
@@ -110,7 +114,7 @@ pub trait EtcdApi {
         hidden: &[String],
         known: &KnownLeases,
         before: Option<&Fingerprint>,
-    ) -> impl Future<Output = Result<Fingerprint, String>> {
+    ) -> impl Future<Output = Result<Fingerprint, Self::Error>> {
         let _ = before;
         self.fingerprint(endpoint, storage, hidden, known)
     }
@@ -123,21 +127,21 @@ pub trait EtcdApi {
         storage: Storage,
         hidden: &[String],
         known: &KnownLeases,
-    ) -> impl Future<Output = Result<Read, String>>;
+    ) -> impl Future<Output = Result<Read, Self::Error>>;
 
     /// Reads the v2 store (`None` where the release serves no v2 API).
     fn read_v2(
         &self,
         endpoint: &str,
         hidden: &[String],
-    ) -> impl Future<Output = Result<Option<Vec<Entry>>, String>>;
+    ) -> impl Future<Output = Result<Option<Vec<Entry>>, Self::Error>>;
 
     /// Writes `entries` through the v2 API, each with its TTL.
     fn write_all_v2(
         &self,
         endpoint: &str,
         entries: &[Entry],
-    ) -> impl Future<Output = Result<(), String>>;
+    ) -> impl Future<Output = Result<(), Self::Error>>;
 
     /// Removes every top-level v2 node (and the hidden ones named);
     /// returns how many were removed.
@@ -145,7 +149,7 @@ pub trait EtcdApi {
         &self,
         endpoint: &str,
         hidden: &[String],
-    ) -> impl Future<Output = Result<usize, String>>;
+    ) -> impl Future<Output = Result<usize, Self::Error>>;
 
     /// Grants one lease per group of `plan` and re-puts its keys under it,
     /// puts `hidden` (keys `etcdctl migrate` skipped), deletes the expired
@@ -155,7 +159,7 @@ pub trait EtcdApi {
         endpoint: &str,
         plan: &LeasePlan,
         hidden: &[Entry],
-    ) -> impl Future<Output = Result<KnownLeases, String>>;
+    ) -> impl Future<Output = Result<KnownLeases, Self::Error>>;
 
     /// What the health writes of this run put into the keyspace, for the
     /// reads to leave out.
@@ -326,4 +330,33 @@ pub enum StepError {
         #[source]
         source: DataDirError,
     },
+}
+
+/// The error the test fakes of [`EtcdApi`] give: their message.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct FakeError(pub String);
+
+#[cfg(test)]
+impl std::fmt::Display for FakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+impl std::error::Error for FakeError {}
+
+#[cfg(test)]
+impl From<String> for FakeError {
+    fn from(message: String) -> Self {
+        FakeError(message)
+    }
+}
+
+#[cfg(test)]
+impl From<FakeError> for String {
+    fn from(err: FakeError) -> String {
+        err.0
+    }
 }

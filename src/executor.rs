@@ -653,6 +653,8 @@ mod tests {
     }
 
     impl EtcdApi for FakeHealth {
+        type Error = crate::effects::FakeError;
+
         fn write(
             &self,
             _endpoint: &str,
@@ -686,7 +688,7 @@ mod tests {
             _storage: Storage,
             _hidden: &[String],
             known: &KnownLeases,
-        ) -> impl Future<Output = Result<Fingerprint, String>> {
+        ) -> impl Future<Output = Result<Fingerprint, crate::effects::FakeError>> {
             if !known.is_empty() {
                 self.journal
                     .borrow_mut()
@@ -713,7 +715,7 @@ mod tests {
             _storage: Storage,
             _hidden: &[String],
             _known: &KnownLeases,
-        ) -> Result<Read, String> {
+        ) -> Result<Read, crate::effects::FakeError> {
             panic!("an upgrade read the whole keyspace")
         }
 
@@ -721,11 +723,15 @@ mod tests {
             &self,
             _endpoint: &str,
             _hidden: &[String],
-        ) -> Result<Option<Vec<Entry>>, String> {
+        ) -> Result<Option<Vec<Entry>>, crate::effects::FakeError> {
             panic!("an upgrade read the v2 store")
         }
 
-        async fn write_all_v2(&self, _endpoint: &str, _entries: &[Entry]) -> Result<(), String> {
+        async fn write_all_v2(
+            &self,
+            _endpoint: &str,
+            _entries: &[Entry],
+        ) -> Result<(), crate::effects::FakeError> {
             panic!("an upgrade wrote v2 keys")
         }
 
@@ -733,7 +739,7 @@ mod tests {
             &self,
             _endpoint: &str,
             _hidden: &[String],
-        ) -> Result<usize, String> {
+        ) -> Result<usize, crate::effects::FakeError> {
             panic!("an upgrade deleted v2 keys")
         }
 
@@ -742,7 +748,7 @@ mod tests {
             _endpoint: &str,
             _plan: &LeasePlan,
             _hidden: &[Entry],
-        ) -> Result<KnownLeases, String> {
+        ) -> Result<KnownLeases, crate::effects::FakeError> {
             panic!("an upgrade attached leases")
         }
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{AlarmAction, AlarmType, Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use crate::effects::{EtcdApi, HealthError, LeasePlan};
-use crate::keyspace::{self, Entry, Fingerprint, KnownLeases, Ours, Read};
+use crate::keyspace::{self, Entry, Fingerprint, KeyspaceError, KnownLeases, Ours, Read};
 use crate::log::error_chain;
 use crate::swap::fresh_mark;
 use crate::version::Storage;
@@ -46,6 +46,9 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
 /// the URL or endpoint and the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// A keyspace read or write failed.
+    #[error(transparent)]
+    Keyspace(#[from] KeyspaceError),
     /// The HTTP client could not be built.
     #[error("cannot build the HTTP client: {source}")]
     Client {
@@ -278,14 +281,23 @@ impl EtcdHealth {
     }
 }
 
+/// A step's error keeps an API error as text, with its causes.
+impl From<ApiError> for String {
+    fn from(err: ApiError) -> String {
+        crate::log::error_chain(&err)
+    }
+}
+
 impl EtcdApi for EtcdHealth {
+    type Error = ApiError;
+
     fn fingerprint(
         &self,
         endpoint: &str,
         storage: Storage,
         hidden: &[String],
         known: &KnownLeases,
-    ) -> impl Future<Output = Result<Fingerprint, String>> {
+    ) -> impl Future<Output = Result<Fingerprint, ApiError>> {
         let endpoint = endpoint.to_string();
         let ours = self.ours.borrow().clone();
         let hidden = hidden.to_vec();
@@ -293,7 +305,7 @@ impl EtcdApi for EtcdHealth {
         async move {
             keyspace::read_fingerprint(&endpoint, storage, &ours, &hidden, &known)
                 .await
-                .map_err(String::from)
+                .map_err(ApiError::from)
         }
     }
 
@@ -304,7 +316,7 @@ impl EtcdApi for EtcdHealth {
         hidden: &[String],
         known: &KnownLeases,
         before: Option<&Fingerprint>,
-    ) -> impl Future<Output = Result<Fingerprint, String>> {
+    ) -> impl Future<Output = Result<Fingerprint, ApiError>> {
         let endpoint = endpoint.to_string();
         let ours = self.ours.borrow().clone();
         let hidden = hidden.to_vec();
@@ -320,7 +332,7 @@ impl EtcdApi for EtcdHealth {
                 before.as_ref(),
             )
             .await
-            .map_err(String::from)
+            .map_err(ApiError::from)
         }
     }
 
@@ -350,7 +362,7 @@ impl EtcdApi for EtcdHealth {
         storage: Storage,
         hidden: &[String],
         known: &KnownLeases,
-    ) -> impl Future<Output = Result<Read, String>> {
+    ) -> impl Future<Output = Result<Read, ApiError>> {
         let endpoint = endpoint.to_string();
         let ours = self.ours.borrow().clone();
         let hidden = hidden.to_vec();
@@ -358,7 +370,7 @@ impl EtcdApi for EtcdHealth {
         async move {
             keyspace::read_all(&endpoint, storage, &ours, &hidden, &known)
                 .await
-                .map_err(String::from)
+                .map_err(ApiError::from)
         }
     }
 
@@ -366,25 +378,25 @@ impl EtcdApi for EtcdHealth {
         &self,
         endpoint: &str,
         hidden: &[String],
-    ) -> impl Future<Output = Result<Option<Vec<Entry>>, String>> {
+    ) -> impl Future<Output = Result<Option<Vec<Entry>>, ApiError>> {
         let ours = self.ours.borrow().clone();
         async move {
             keyspace::read_v2(endpoint, &ours, hidden)
                 .await
-                .map_err(String::from)
+                .map_err(ApiError::from)
         }
     }
 
-    async fn write_all_v2(&self, endpoint: &str, entries: &[Entry]) -> Result<(), String> {
+    async fn write_all_v2(&self, endpoint: &str, entries: &[Entry]) -> Result<(), ApiError> {
         keyspace::write_all_v2(endpoint, entries)
             .await
-            .map_err(String::from)
+            .map_err(ApiError::from)
     }
 
-    async fn delete_v2_tree(&self, endpoint: &str, hidden: &[String]) -> Result<usize, String> {
+    async fn delete_v2_tree(&self, endpoint: &str, hidden: &[String]) -> Result<usize, ApiError> {
         keyspace::delete_v2_tree(endpoint, hidden)
             .await
-            .map_err(String::from)
+            .map_err(ApiError::from)
     }
 
     fn apply_leases(
@@ -392,13 +404,9 @@ impl EtcdApi for EtcdHealth {
         endpoint: &str,
         plan: &LeasePlan,
         hidden: &[Entry],
-    ) -> impl Future<Output = Result<KnownLeases, String>> {
+    ) -> impl Future<Output = Result<KnownLeases, ApiError>> {
         let ours = self.ours.borrow().clone();
-        async move {
-            apply_leases(endpoint, plan, &ours, hidden)
-                .await
-                .map_err(|err| err.to_string())
-        }
+        async move { apply_leases(endpoint, plan, &ours, hidden).await }
     }
 
     fn ours(&self) -> Ours {

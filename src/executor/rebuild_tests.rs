@@ -137,6 +137,8 @@ impl RunningEtcd for FakeEtcd {
 }
 
 impl EtcdApi for Fakes {
+    type Error = crate::effects::FakeError;
+
     async fn write(
         &self,
         endpoint: &str,
@@ -157,7 +159,7 @@ impl EtcdApi for Fakes {
         storage: Storage,
         _hidden: &[String],
         _known: &KnownLeases,
-    ) -> Result<Fingerprint, String> {
+    ) -> Result<Fingerprint, crate::effects::FakeError> {
         self.0.did(&format!("api fingerprint {endpoint}"))?;
         Ok(Fingerprint::of(storage, &entries()))
     }
@@ -168,7 +170,7 @@ impl EtcdApi for Fakes {
         storage: Storage,
         _hidden: &[String],
         _known: &KnownLeases,
-    ) -> Result<Read, String> {
+    ) -> Result<Read, crate::effects::FakeError> {
         self.0.did(&format!("api read_all {endpoint} {storage}"))?;
         Ok(Read {
             entries: entries(),
@@ -181,19 +183,27 @@ impl EtcdApi for Fakes {
         &self,
         endpoint: &str,
         _hidden: &[String],
-    ) -> Result<Option<Vec<Entry>>, String> {
+    ) -> Result<Option<Vec<Entry>>, crate::effects::FakeError> {
         self.0.did(&format!("api read_v2 {endpoint}"))?;
         Ok(Some(Vec::new()))
     }
 
-    async fn write_all_v2(&self, endpoint: &str, entries: &[Entry]) -> Result<(), String> {
-        self.0.did(&format!(
+    async fn write_all_v2(
+        &self,
+        endpoint: &str,
+        entries: &[Entry],
+    ) -> Result<(), crate::effects::FakeError> {
+        Ok(self.0.did(&format!(
             "api write_all_v2 {endpoint} {} keys",
             entries.len()
-        ))
+        ))?)
     }
 
-    async fn delete_v2_tree(&self, endpoint: &str, _hidden: &[String]) -> Result<usize, String> {
+    async fn delete_v2_tree(
+        &self,
+        endpoint: &str,
+        _hidden: &[String],
+    ) -> Result<usize, crate::effects::FakeError> {
         self.0.did(&format!("api delete_v2_tree {endpoint}"))?;
         Ok(2)
     }
@@ -203,7 +213,7 @@ impl EtcdApi for Fakes {
         endpoint: &str,
         _plan: &LeasePlan,
         _hidden: &[Entry],
-    ) -> Result<KnownLeases, String> {
+    ) -> Result<KnownLeases, crate::effects::FakeError> {
         self.0.did(&format!("api apply_leases {endpoint}"))?;
         Ok(KnownLeases::new())
     }
