@@ -355,8 +355,8 @@ struct Cli {
     #[arg(long)]
     dry_run: bool,
     /// Our log lines: text|json
-    #[arg(long, default_value = "text")]
-    log_format: String,
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// Arguments for the exec'd etcd
     #[arg(last = true)]
     etcd_args: Vec<String>,
@@ -375,7 +375,9 @@ pub fn log_format_hint<I: IntoIterator<Item = String>>(args: I) -> LogFormat {
             Some(rest) => rest.strip_prefix('=').map(str::to_string),
             None => None,
         };
-        if let Some(format) = value.and_then(|v| v.parse().ok()) {
+        if let Some(format) =
+            value.and_then(|v| <LogFormat as clap::ValueEnum>::from_str(&v, false).ok())
+        {
             return format;
         }
     }
@@ -429,14 +431,7 @@ where
         .take()
         .unwrap_or_else(|| format!("{data_prefix}/events"));
     let health_timeout = resolve_health_timeout(cli.health_timeout)?;
-    let log_format = cli
-        .log_format
-        .parse()
-        .map_err(|reason| ConfigError::Invalid {
-            setting: "--log-format".to_string(),
-            value: cli.log_format.clone(),
-            reason,
-        })?;
+    let log_format = cli.log_format;
     let backup = resolve_backup(&mut cli, &data_dir)?;
     let env = |name: &str| picker.env(name);
     let config_file = EtcdConfigFile::find(&cli.etcd_args, &env);

@@ -14,7 +14,6 @@
 
 use std::fmt;
 use std::io::Write;
-use std::str::FromStr;
 use std::sync::{Once, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -26,8 +25,8 @@ use tracing::{Event, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::{LookupSpan, Registry};
 
-/// How log lines look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How log lines look (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum LogFormat {
     /// `[etcd-migrate] <time> <level> <message> key=value …`
     #[default]
@@ -104,18 +103,6 @@ fn install() {
         // Fails only if someone else installed one first: theirs stays.
         let _ = tracing::subscriber::set_global_default(Registry::default().with(layer));
     });
-}
-
-impl FromStr for LogFormat {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "text" => Ok(LogFormat::Text),
-            "json" => Ok(LogFormat::Json),
-            _ => Err("expected text or json".to_string()),
-        }
-    }
 }
 
 /// Writes one line of ours, as a tracing event of this crate. `fields`
