@@ -617,17 +617,21 @@ fn last_segment(data_dir: &Path) -> (PathBuf, Vec<u8>) {
     (last, bytes[..written].to_vec())
 }
 
-/// The newest `.snap` of a data dir.
+/// The newest `.snap` of a data dir that holds anything.
 fn newest_snap(data_dir: &Path) -> PathBuf {
     let mut snaps: Vec<PathBuf> = std::fs::read_dir(data_dir.join("member/snap"))
         .expect("list member/snap")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+        // etcd creates a .snap under its final name and then writes it: a
+        // SIGKILL in between leaves an empty one (etcd, and our reader,
+        // pass over it). The newest with content is the one to damage.
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
         .collect();
     snaps.sort();
     snaps
         .pop()
-        .unwrap_or_else(|| panic!("no .snap in {}", data_dir.display()))
+        .unwrap_or_else(|| panic!("no non-empty .snap in {}", data_dir.display()))
 }
 
 /// An error must name a file of the data dir.
