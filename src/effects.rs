@@ -175,6 +175,17 @@ pub struct LeasePlan {
     pub expired: Vec<String>,
 }
 
+impl LeasePlan {
+    /// Every key the plan puts under a lease.
+    pub fn leased_keys(&self) -> std::collections::BTreeSet<&[u8]> {
+        self.groups
+            .values()
+            .flatten()
+            .map(|e| e.key.as_slice())
+            .collect()
+    }
+}
+
 /// Runs the offline tools of a release (`etcdctl`, `etcdutl`).
 pub trait Tools {
     /// Runs `binary` with `args` (and `env`) to completion. Dropping the

@@ -250,12 +250,7 @@ async fn empty_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
 /// puts under a lease expires (in flat mode, also keys of the TTL keys
 /// directory that had no TTL).
 fn flat_expiry(v2: &[Entry], plan: &LeasePlan) -> Vec<Entry> {
-    let leased: BTreeSet<&[u8]> = plan
-        .groups
-        .values()
-        .flatten()
-        .map(|e| e.key.as_slice())
-        .collect();
+    let leased = plan.leased_keys();
     v2.iter()
         .map(|e| Entry {
             ttl: e.ttl.or(leased
@@ -297,12 +292,7 @@ pub fn lease_plan(v2: &[Entry], elapsed: i64, mode: TtlLeases, ttl_dir: &str) ->
 /// leaves without a lease: `etcdctl migrate` does not copy hidden nodes
 /// (the v2 store's listing skips them), so they are put into v3 by hand.
 fn hidden_without_ttl(v2: &[Entry], plan: &LeasePlan) -> Vec<Entry> {
-    let leased: BTreeSet<&[u8]> = plan
-        .groups
-        .values()
-        .flatten()
-        .map(|e| e.key.as_slice())
-        .collect();
+    let leased = plan.leased_keys();
     v2.iter()
         .filter(|e| {
             keyspace::is_hidden_v2(&e.key) && e.ttl.is_none() && !leased.contains(e.key.as_slice())
