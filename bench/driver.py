@@ -7,6 +7,7 @@ Called by run.sh with every path resolved; see run.sh for the knobs.
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import shutil
 import signal
@@ -108,6 +109,23 @@ def copy_dir(src, dst):
     os.sync()
 
 
+def vm_hwm_kb(pid):
+    """The peak resident set of a live process, kB (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def du_mib(path):
+    out = subprocess.run(["du", "-sb", path], capture_output=True, text=True).stdout.split()
+    return int(out[0]) / 2**20 if out else 0.0
+
+
 def read_version(d):
     with open(os.path.join(d, "version.txt")) as f:
         return f.read()
@@ -146,8 +164,16 @@ class Bench:
         with open(errpath, "w") as err:
             t0 = time.time()
             p0 = time.perf_counter()
-            rc = subprocess.call(self.migrate_cmd(data_dir, target), stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(self.migrate_cmd(data_dir, target), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err)
+            # Our own peak RSS (etcd-migrate's VmHWM, not its etcd's), polled:
+            # the mark only grows, so the last read before exit is it, but
+            # for growth in the last poll interval.
+            self.last_hwm_kb = 0
+            while proc.poll() is None:
+                self.last_hwm_kb = max(self.last_hwm_kb, vm_hwm_kb(proc.pid))
+                time.sleep(0.05)
+            rc = proc.returncode
             wall = (time.perf_counter() - p0) * 1000
         lines = []
         self.last_relayed = {}
@@ -180,6 +206,7 @@ class Bench:
             "--poll-ms", str(self.a.poll_ms),
             "--value", version,
             "--output", f"file={outpath}",
+            "--timeout-s", str(self.a.floor_timeout_s),
             *extra,
         ]
         out = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
@@ -194,14 +221,17 @@ class Bench:
         return r
 
     # ---------- phase 0: realistic 3.3.25 data ----------
-    def prepare(self):
+    def prepare(self, keys=None, value_bytes=None, root=None):
+        keys = keys or self.a.keys
+        value_bytes = value_bytes or self.a.value_bytes
+        root = root or self.root
         for port in (self.a.client_port, self.a.peer_port):
             if not port_free(port):
                 die(f"port {port} on 127.0.0.1 is in use; pick others with "
                     "BENCH_CLIENT_PORT / BENCH_PEER_PORT")
-        seed = os.path.join(self.root, "seed-3.3.25")
+        seed = os.path.join(root, "seed-3.3.25")
         os.mkdir(seed, 0o700)
-        logf = open(os.path.join(self.root, "prep-etcd-3.3.25.log"), "w")
+        logf = open(os.path.join(root, "prep-etcd-3.3.25.log"), "w")
         # A production-like 3.3.25 member: default raft timings and snapshot
         # count, the SAME name and peer URL etcd-migrate will use.
         cmd = [
@@ -221,8 +251,8 @@ class Bench:
             while True:
                 r = subprocess.run(
                     [self.a.floor, "seed", "--endpoint", self.endpoint,
-                     "--keys", str(self.a.keys), "--leased", str(self.a.leased),
-                     "--leases", "10", "--value-bytes", str(self.a.value_bytes)],
+                     "--keys", str(keys), "--leased", str(self.a.leased),
+                     "--leases", "10", "--value-bytes", str(value_bytes)],
                     capture_output=True, text=True)
                 if r.returncode == 0:
                     break
@@ -238,11 +268,11 @@ class Bench:
             f.write(f"{FROM}/etcd3")
         size = subprocess.run(["du", "-sh", seed], capture_output=True, text=True).stdout.split()[0]
         log(f"prepared {seed}: {seeded['keys']} keys ({seeded['leased']} on {seeded['leases']} "
-            f"leases, {self.a.value_bytes} B values), written by etcd {FROM} with default flags; {size}")
+            f"leases, {value_bytes} B values), written by etcd {FROM} with default flags; {size}")
         self.seed = seed
 
         # The data as left after step 1, made by etcd-migrate itself.
-        after1 = os.path.join(self.root, f"after-step1-{MID}")
+        after1 = os.path.join(root, f"after-step1-{MID}")
         copy_dir(seed, after1)
         self.run_ours(after1, MID, "make-after-step1")
         log(f"prepared {after1} (etcd-migrate --target-version {MID})")
@@ -436,6 +466,153 @@ class Bench:
         return json.loads(r.stdout), json.loads(pb.stdout)
 
 
+def parse_sizes(spec):
+    """'10k,100k,1M,150k@10240' -> [(10000, 1024), ..., (150000, 10240)]."""
+    sizes = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        count, _, value = item.partition("@")
+        mult = {"k": 1000, "M": 1000000}.get(count[-1], 1)
+        sizes.append((int(float(count.rstrip("kM")) * mult), int(value or 1024)))
+    return sizes
+
+
+def human_keys(n):
+    return f"{n // 1000000}M" if n >= 1000000 and n % 1000000 == 0 else (
+        f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n))
+
+
+class Scale:
+    """Issue 12's scale bench: for each data size, ours (the whole walk
+    3.3.25 -> 3.5.16, and one hop to 3.4.23) against the floor of the etcd
+    starts the plan needs (baseline, step 1, step 2: each a start -> one
+    write -> stop with the step's own flags), on fresh copies of the same
+    data, in rotating order; and our own peak RSS."""
+
+    PHASES = (f"baseline {FROM}", f"step {MID}", f"step {TARGET}", "whole walk", f"one hop {MID}")
+
+    def __init__(self, bench, a):
+        self.b = bench
+        self.a = a
+        self.rows = []      # (keys, value_bytes, db_mib, phase, ours_s, floor_s)
+        self.summary = []   # one dict per size
+
+    def ours(self, work, target, tag):
+        t0, wall, lines = self.b.run_ours(work, target, tag)
+        base = [ln["ms"] for ln in lines if ln["msg"] == "baseline read"]
+        steps = {ln["step"]: ln["ms"] for ln in lines if ln["msg"] == "step done"}
+        copies = [ln for ln in lines if ln["msg"] == "copy done"]
+        progress = sum(1 for ln in lines if str(ln["msg"]).endswith(" progress"))
+        return dict(wall_s=wall / 1000, rss_mib=self.b.last_hwm_kb / 1024,
+                    base_s=base[0] / 1000 if base else 0.0,
+                    steps_s={k: v / 1000 for k, v in steps.items()},
+                    copies=copies, progress_lines=progress)
+
+    def floor(self, work, version):
+        return self.b.run_floor(work, version, "fresh")["total_ms"] / 1000
+
+    def size(self, keys, value_bytes, runs):
+        root = os.path.join(self.a.root, f"scale-{keys}x{value_bytes}")
+        os.mkdir(root)
+        load_before = os.getloadavg()
+        t = time.time()
+        self.b.prepare(keys, value_bytes, root)
+        prep_s = time.time() - t
+        seed = self.b.seed
+        dir_mib = du_mib(seed)
+        db_mib = os.path.getsize(os.path.join(seed, "member", "snap", "db")) / 2**20
+        work = os.path.join(root, "work")
+        m = {k: [] for k in ("walk", "base", "s1", "s2", "rss", "hop", "hop_rss", "hop_base",
+                             "hop_s1", "f_base", "f_s1", "f_s2", "progress")}
+        variants = ["walk", "hop", "f_base", "f_s1", "f_s2"]
+        for i in range(runs):
+            order = variants[i % len(variants):] + variants[:i % len(variants)]
+            for v in order:
+                copy_dir(self.b.after1 if v == "f_s2" else seed, work)
+                if v == "walk":
+                    r = self.ours(work, TARGET, f"{keys}-walk{i}")
+                    m["walk"].append(r["wall_s"])
+                    m["rss"].append(r["rss_mib"])
+                    m["base"].append(r["base_s"])
+                    m["s1"].append(r["steps_s"].get("1/2", 0.0))
+                    m["s2"].append(r["steps_s"].get("2/2", 0.0))
+                    m["progress"].append(r["progress_lines"])
+                elif v == "hop":
+                    r = self.ours(work, MID, f"{keys}-hop{i}")
+                    m["hop"].append(r["wall_s"])
+                    m["hop_rss"].append(r["rss_mib"])
+                    m["hop_base"].append(r["base_s"])
+                    m["hop_s1"].append(r["steps_s"].get("1/1", 0.0))
+                elif v == "f_base":
+                    m["f_base"].append(self.floor(work, FROM))
+                elif v == "f_s1":
+                    m["f_s1"].append(self.floor(work, MID))
+                else:
+                    m["f_s2"].append(self.floor(work, TARGET))
+            log(f"{human_keys(keys)} x {value_bytes} B: round {i + 1}/{runs} done")
+        load_after = os.getloadavg()
+        if not self.a.keep_sizes:
+            shutil.rmtree(root, ignore_errors=True)
+        md = {k: med(v) for k, v in m.items()}
+        floor_walk = md["f_base"] + md["f_s1"] + md["f_s2"]
+        for phase, ours, floor in zip(self.PHASES,
+                                      (md["base"], md["s1"], md["s2"], md["walk"], md["hop"]),
+                                      (md["f_base"], md["f_s1"], md["f_s2"], floor_walk, md["f_s1"])):
+            self.rows.append((keys, value_bytes, round(db_mib), phase, round(ours, 3), round(floor, 3)))
+        self.summary.append(dict(
+            keys=keys, value_bytes=value_bytes, dir_mib=dir_mib, db_mib=db_mib, runs=runs,
+            prep_s=prep_s, walk=md["walk"], walk_min=min(m["walk"]), walk_max=max(m["walk"]),
+            floor_walk=floor_walk, base=md["base"], s1=md["s1"], s2=md["s2"],
+            f_base=md["f_base"], f_s1=md["f_s1"], f_s2=md["f_s2"],
+            hop=md["hop"], hop_base=md["hop_base"], hop_s1=md["hop_s1"],
+            rss=max(m["rss"] + m["hop_rss"]), progress=md["progress"],
+            load_before=load_before, load_after=load_after))
+        self.write()
+        s = self.summary[-1]
+        log(f"{human_keys(keys)} x {value_bytes} B ({dir_mib:.0f} MiB dir, {db_mib:.0f} MiB db): "
+            f"walk {s['walk']:.1f} s vs floor {floor_walk:.1f} s ({s['walk'] / floor_walk:.2f}x); "
+            f"one hop {s['hop']:.1f} s vs one start {s['f_s1']:.1f} s ({s['hop'] / s['f_s1']:.2f}x); "
+            f"peak RSS {s['rss']:.1f} MiB")
+
+    def write(self):
+        os.makedirs(self.a.out, exist_ok=True)
+        with open(os.path.join(self.a.out, "scale.csv"), "w") as f:
+            f.write("keys,value_bytes,db_mib,phase,ours_s,floor_s\n")
+            for row in self.rows:
+                f.write(",".join(str(x) for x in row) + "\n")
+        with open(os.path.join(self.a.out, "scale-summary.json"), "w") as f:
+            json.dump(self.summary, f, indent=1)
+
+    def table(self):
+        out = []
+        p = out.append
+        fs = subprocess.run(["df", "--output=source,fstype", self.a.root], capture_output=True,
+                            text=True).stdout.split()[-2:]
+        p(f"etcd-migrate scale benchmark — {os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM; "
+          f"data on {fs[0]} ({fs[1]}); walk {FROM} → {MID} → {TARGET}; seconds, medians")
+        p("")
+        p("| data | dir / db MiB | runs | load 1 min before→after | baseline ours / floor | step "
+          f"{MID} ours / floor | step {TARGET} ours / floor | whole walk ours / floor | ratio | one hop ours / one start | ratio | one hop / its two starts | peak RSS MiB |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for s in self.summary:
+            p(f"| {human_keys(s['keys'])} × {s['value_bytes']} B | {s['dir_mib']:.0f} / {s['db_mib']:.0f} | {s['runs']} "
+              f"| {s['load_before'][0]:.1f}→{s['load_after'][0]:.1f} "
+              f"| {s['base']:.2f} / {s['f_base']:.2f} | {s['s1']:.2f} / {s['f_s1']:.2f} | {s['s2']:.2f} / {s['f_s2']:.2f} "
+              f"| {s['walk']:.2f} [{s['walk_min']:.2f}–{s['walk_max']:.2f}] / {s['floor_walk']:.2f} | {s['walk'] / s['floor_walk']:.2f} "
+              f"| {s['hop']:.2f} / {s['f_s1']:.2f} | {s['hop'] / s['f_s1']:.2f} "
+              f"| {s['hop'] / (s['f_base'] + s['f_s1']):.2f} | {s['rss']:.1f} |")
+        p("")
+        one_kib = [s for s in self.summary if s["value_bytes"] == 1024]
+        for a_, b_ in zip(one_kib, one_kib[1:]):
+            data = b_["keys"] / a_["keys"]
+            time_ = b_["walk"] / a_["walk"]
+            p(f"Linear, {human_keys(a_['keys'])} → {human_keys(b_['keys'])} keys ({data:.0f}× the data): "
+              f"whole walk {time_:.2f}× the time; per doubling {time_ ** (1 / math.log2(data)):.2f}× (goal ≤ 2.1×)")
+        return "\n".join(out)
+
+
 def fmt(x):
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}"
 
@@ -452,8 +629,23 @@ def main():
     for k, v in (("runs", 7), ("noop-runs", 50), ("client-port", 0), ("peer-port", 0),
                  ("poll-ms", 10), ("keys", 1000), ("leased", 100), ("value-bytes", 512)):
         ap.add_argument(f"--{k}", type=int, default=v)
+    ap.add_argument("--scale", default="")
+    ap.add_argument("--scale-runs", type=int, default=3)
+    ap.add_argument("--big-runs", type=int, default=1)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--floor-timeout-s", type=int, default=60)
+    ap.add_argument("--keep-sizes", action="store_true")
     a = ap.parse_args()
     b = Bench(a)
+    if a.scale:
+        sc = Scale(b, a)
+        for keys, value_bytes in parse_sizes(a.scale):
+            # Sizes over ~300 MB of values take minutes per run.
+            runs = a.scale_runs if keys * value_bytes <= 300_000_000 else a.big_runs
+            log(f"scale: {human_keys(keys)} keys x {value_bytes} B, {runs} runs")
+            sc.size(keys, value_bytes, runs)
+        print(sc.table(), flush=True)
+        return
     t_all = time.time()
     load_before = os.getloadavg()
     b.prepare()

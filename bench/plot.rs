@@ -1,6 +1,7 @@
 //! This module owns the benchmark's picture: time per phase (the baseline,
-//! each step, the whole walk) against data size, ours beside the floor, on
-//! log-log axes, as an SVG. It reads the figures the benchmark wrote, one
+//! each step, the whole walk, one hop) against data size (the db file's
+//! MiB, so sizes made of many small or fewer large values line up), ours
+//! beside the floor, on log-log axes, as an SVG. It reads the figures the benchmark wrote, one
 //! row per (data size, phase):
 //!
 //! ```text
@@ -18,7 +19,7 @@ use plotters::prelude::*;
 
 /// One measured row.
 struct Row {
-    keys: f64,
+    db_mib: f64,
     phase: String,
     ours: f64,
     floor: f64,
@@ -33,7 +34,7 @@ fn parse(path: &Path) -> Result<Vec<Row>, Box<dyn Error>> {
             continue;
         }
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let [keys, _value_bytes, _db_mib, phase, ours, floor] = fields[..] else {
+        let [_keys, _value_bytes, db_mib, phase, ours, floor] = fields[..] else {
             return Err(format!(
                 "{}:{}: want 6 fields (keys,value_bytes,db_mib,phase,ours_s,floor_s), got {line:?}",
                 path.display(),
@@ -46,7 +47,7 @@ fn parse(path: &Path) -> Result<Vec<Row>, Box<dyn Error>> {
                 .map_err(|e| format!("{}:{}: {what} {text:?}: {e}", path.display(), n + 1).into())
         };
         rows.push(Row {
-            keys: number("keys", keys)?,
+            db_mib: number("db_mib", db_mib)?,
             phase: phase.to_string(),
             ours: number("ours_s", ours)?,
             floor: number("floor_s", floor)?,
@@ -64,14 +65,12 @@ fn span(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     (lo / 1.6).max(1e-3)..hi * 1.6
 }
 
-/// 10000 → "10k", 1000000 → "1M".
-fn human(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{}k", v / 1e3)
+/// 1763 → "1.7 GiB", 131 → "131 MiB".
+fn human(mib: f64) -> String {
+    if mib >= 1024.0 {
+        format!("{:.1} GiB", mib / 1024.0)
     } else {
-        format!("{v}")
+        format!("{mib:.0} MiB")
     }
 }
 
@@ -82,7 +81,7 @@ fn draw(rows: &[Row], out: &Path, title: &str) -> Result<(), Box<dyn Error>> {
     }
     let root = SVGBackend::new(out, (960, 600)).into_drawing_area();
     root.fill(&WHITE)?;
-    let x = span(rows.iter().map(|r| r.keys));
+    let x = span(rows.iter().map(|r| r.db_mib));
     let y = span(rows.iter().flat_map(|r| [r.ours, r.floor]));
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
@@ -92,7 +91,7 @@ fn draw(rows: &[Row], out: &Path, title: &str) -> Result<(), Box<dyn Error>> {
         .build_cartesian_2d(x.log_scale(), y.log_scale())?;
     chart
         .configure_mesh()
-        .x_desc("keys (log)")
+        .x_desc("db size (log)")
         .y_desc("seconds (log)")
         .x_labels(8)
         .y_labels(8)
@@ -101,10 +100,10 @@ fn draw(rows: &[Row], out: &Path, title: &str) -> Result<(), Box<dyn Error>> {
         .light_line_style(WHITE)
         .draw()?;
     for (i, (phase, mut points)) in phases.into_iter().enumerate() {
-        points.sort_by(|a, b| a.keys.total_cmp(&b.keys));
+        points.sort_by(|a, b| a.db_mib.total_cmp(&b.db_mib));
         let color = Palette99::pick(i).to_rgba();
-        let ours: Vec<(f64, f64)> = points.iter().map(|r| (r.keys, r.ours)).collect();
-        let floor: Vec<(f64, f64)> = points.iter().map(|r| (r.keys, r.floor)).collect();
+        let ours: Vec<(f64, f64)> = points.iter().map(|r| (r.db_mib, r.ours)).collect();
+        let floor: Vec<(f64, f64)> = points.iter().map(|r| (r.db_mib, r.floor)).collect();
         chart
             .draw_series(LineSeries::new(ours.clone(), color.stroke_width(2)))?
             .label(format!("{phase}: etcd-migrate"))

@@ -17,6 +17,16 @@
 #                         (10/50 and 5/25 ms besides dialect.rs's 10/100)
 #   BENCH_KEEP=1          keep the scratch dir (logs of every run, raw.json)
 #   BENCH_NO_BUILD=1      skip the cargo builds
+#   BENCH_SCALE=10k,100k,200k,1M,150k@10240
+#                         the scale bench instead (issue 12): per data size
+#                         (keys, @value bytes, default 1024), ours (whole walk
+#                         and one hop) vs the floor of the starts the plan
+#                         needs, on fresh copies of the same data, and our
+#                         peak RSS; writes scale.csv, scale-summary.json and
+#                         scale.svg to BENCH_OUT (default <repo>/bench/results)
+#   BENCH_SCALE_RUNS=3    rounds per size up to ~300 MB of values
+#   BENCH_BIG_RUNS=1      rounds per larger size
+#   BENCH_FLOOR_TIMEOUT_S=60   the floor's wait for its write (raise it for GBs)
 #
 # Needs: cargo (+ protoc for etcd-client), python3 (stdlib only), and
 # etcd-3.3.25, etcd-3.4.23, etcd-3.5.16 in the bin dir.
@@ -46,10 +56,13 @@ if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then
   echo "bench: building (cargo build --release; cargo build --release --example floor)" >&2
   # Two invocations: the first builds etcd-migrate exactly as users do
   # (an example build also unifies dev-dependency features).
-  (cd "$repo" && cargo build --release --quiet && cargo build --release --quiet --example floor)
+  (cd "$repo" && cargo build --release --quiet && cargo build --release --quiet --example floor \
+    && cargo build --release --quiet --example plot)
 fi
-migrate=$repo/target/release/etcd-migrate
-floor=$repo/target/release/examples/floor
+target_dir=${CARGO_TARGET_DIR:-$repo/target}
+migrate=$target_dir/release/etcd-migrate
+floor=$target_dir/release/examples/floor
+plot=$target_dir/release/examples/plot
 [[ -x $migrate && -x $floor ]] || { echo "bench: $migrate or $floor missing (build failed?)" >&2; exit 1; }
 
 work=$(mktemp -d "${BENCH_TMP:-${TMPDIR:-/tmp}}/etcd-migrate-bench.XXXXXX")
@@ -82,6 +95,19 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 echo "bench: scratch dir $work; ports client $client_port, peer $peer_port" >&2
+if [[ -n ${BENCH_SCALE:-} ]]; then
+  out=${BENCH_OUT:-$repo/bench/results}
+  "$python" "$repo/bench/driver.py" \
+    --root "$work" --bin-dir "$bin_dir" --migrate "$migrate" --floor "$floor" \
+    --name etcd-bench --client-port "$client_port" --peer-port "$peer_port" --poll-ms "$poll_ms" \
+    --leased "${BENCH_LEASED:-100}" --scale "$BENCH_SCALE" --out "$out" \
+    --scale-runs "${BENCH_SCALE_RUNS:-3}" --big-runs "${BENCH_BIG_RUNS:-1}" \
+    --floor-timeout-s "${BENCH_FLOOR_TIMEOUT_S:-60}"
+  if [[ -x $plot ]]; then
+    "$plot" "$out/scale.csv" "$out/scale.svg" "walk 3.3.25 → 3.5.16: etcd-migrate vs the floor"
+  fi
+  exit 0
+fi
 "$python" "$repo/bench/driver.py" \
   --root "$work" --bin-dir "$bin_dir" --migrate "$migrate" --floor "$floor" \
   --name etcd-bench --runs "$runs" --noop-runs "$noop_runs" \

@@ -34,8 +34,32 @@ fn backup_taken(run: &Outcome) -> Option<PathBuf> {
     );
     lines.first().map(|line| {
         let path = field(line, "path").unwrap_or_else(|| panic!("no path= in {line:?}"));
+        assert_copy_logged(run, path);
         PathBuf::from(path)
     })
+}
+
+/// The backup's `copy done` line says how it was copied (issue 12): the
+/// methods, bytes and time, for the backup just taken.
+fn assert_copy_logged(run: &Outcome, backup: &str) {
+    let copies = run.lines_with("copy done");
+    let line = copies
+        .iter()
+        .find(|line| field(line, "what") == Some("backup"))
+        .unwrap_or_else(|| panic!("no 'copy done what=backup' line\n{}", run.explain()));
+    assert_eq!(field(line, "to"), Some(backup), "{line}");
+    let method = field(line, "method").unwrap_or_default();
+    assert!(
+        ["reflink", "copy_file_range", "read/write"]
+            .iter()
+            .any(|m| method.starts_with(m)),
+        "{line}"
+    );
+    let bytes: u64 = field(line, "bytes")
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(0);
+    assert!(bytes > 0, "{line}");
+    assert!(field(line, "ms").is_some(), "{line}");
 }
 
 /// Whether `name` is `<YYYYMMDD>T<HHMMSS>Z-<version>-<storage>` with an

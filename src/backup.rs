@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, DirBuilder, File, Metadata, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -23,7 +23,10 @@ use sha2::{Digest, Sha256};
 
 use crate::datadir::{VERSION_TEMP_FILE, WORK_DIR};
 use crate::durable::{self, DurableError};
+use crate::log;
 use crate::version::VersionPair;
+
+pub mod copy;
 
 /// When to take a backup (`--backup`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -617,7 +620,7 @@ pub fn create(
     now: SystemTime,
     stop: StopCheck<'_>,
 ) -> Result<PathBuf, BackupError> {
-    check_space(data_dir, &policy.root)?;
+    let size = check_space(data_dir, &policy.root)?;
     DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -635,18 +638,22 @@ pub fn create(
         name = backup_name(when, pair);
     }
     let temp = policy.root.join(format!("{TEMP_PREFIX}{name}"));
-    if let Err(err) = write_copy(data_dir, &temp, &source, &policy.root, stop) {
-        // Half a backup is no backup: never leave one to be mistaken for
-        // it (a crash instead leaves the temp name, which the next backup
-        // of this data dir clears).
-        let _ = fs::remove_dir_all(&temp);
-        return Err(match err {
-            BackupError::Interrupted { signal, .. } => {
-                BackupError::Interrupted { signal, path: temp }
-            }
-            other => other,
-        });
-    }
+    let written = write_copy(data_dir, &temp, &source, &policy.root, size, stop);
+    let tally = match written {
+        Ok(tally) => tally,
+        Err(err) => {
+            // Half a backup is no backup: never leave one to be mistaken for
+            // it (a crash instead leaves the temp name, which the next backup
+            // of this data dir clears).
+            let _ = fs::remove_dir_all(&temp);
+            return Err(match err {
+                BackupError::Interrupted { signal, .. } => {
+                    BackupError::Interrupted { signal, path: temp }
+                }
+                other => other,
+            });
+        }
+    };
     crate::failpoint!("backup-before-publish");
     let target = policy.root.join(&name);
     // Publish the finished copy in one step: the rename is atomic, so a
@@ -655,19 +662,22 @@ pub fn create(
     // The rename lives in the backup root's directory entries: without this
     // fsync a power loss could lose the published name.
     fsync(&policy.root)?;
+    tally.log_done("backup", &target);
     crate::failpoint!("backup-after-publish");
     prune(&policy.root, policy.keep, &target, data_dir)?;
     Ok(target)
 }
 
-/// Writes the whole unpublished backup at `temp`.
+/// Writes the whole unpublished backup of `size` bytes at `temp`; returns
+/// how it was copied.
 fn write_copy(
     data_dir: &Path,
     temp: &Path,
     source: &Path,
     root: &Path,
+    size: u64,
     stop: StopCheck<'_>,
-) -> Result<(), BackupError> {
+) -> Result<copy::Tally, BackupError> {
     // A backup's top dir is private whatever the data dir's mode (the
     // Kubernetes tool made data dirs 0755): it holds the whole keyspace.
     make_dir(temp, 0o700)?;
@@ -683,6 +693,7 @@ fn write_copy(
             format!("the backup dir {}", root.display()),
         )],
         true,
+        size,
     )?;
     let top = fs::metadata(data_dir).map_err(io_err("stat", data_dir))?;
     let mut stack = vec![id(&top)];
@@ -715,7 +726,8 @@ fn write_copy(
     }
     write_file(&temp.join(MANIFEST_FILE), &manifest_text(&copier.manifest))?;
     // The two files' names, durable likewise.
-    fsync(temp)
+    fsync(temp)?;
+    Ok(copier.tally)
 }
 
 /// Copies the directory tree `from` to the new directory `to`, durably
@@ -725,15 +737,15 @@ fn write_copy(
 pub fn copy_dir(from: &Path, to: &Path, stop: StopCheck<'_>) -> Result<(), BackupError> {
     let meta = fs::metadata(from).map_err(io_err("stat", from))?;
     let parent = to.parent().unwrap_or(Path::new("/"));
-    let mut copier = Copier::new(
-        stop,
-        &[(parent.to_path_buf(), format!("the copy {}", to.display()))],
-        false,
-    )?;
+    let destinations = [(parent.to_path_buf(), format!("the copy {}", to.display()))];
+    let size = survey(from, &destinations)?.bytes;
+    let mut copier = Copier::new(stop, &destinations, false, size)?;
     make_dir(to, meta.mode() & 0o7777)?;
     let mut stack = vec![id(&meta)];
     copier.copy_entries(from, to, Path::new(""), false, &mut stack)?;
-    fsync(to)
+    fsync(to)?;
+    copier.tally.log_done("scratch copy", to);
+    Ok(())
 }
 
 /// One file of a backup, as the manifest lists it.
@@ -781,20 +793,29 @@ struct Copier<'a> {
     buffer: Vec<u8>,
     backup: bool,
     manifest: Vec<ManifestEntry>,
+    /// Methods, bytes and time so far.
+    tally: copy::Tally,
+    /// Progress lines of a long copy.
+    progress: log::Progress,
 }
 
 impl<'a> Copier<'a> {
+    /// A copier of `total` bytes (for progress lines) into `destinations`.
     fn new(
         stop: StopCheck<'a>,
         destinations: &[(PathBuf, String)],
         backup: bool,
+        total: u64,
     ) -> Result<Self, BackupError> {
+        let what = if backup { "backup copy" } else { "copy" };
         Ok(Copier {
             stop,
             fence: Fence::around(destinations)?,
             buffer: vec![0; CHUNK],
             backup,
             manifest: Vec::new(),
+            tally: copy::Tally::default(),
+            progress: log::Progress::new(what, log::ProgressUnit::Bytes, total),
         })
     }
 
@@ -861,45 +882,73 @@ impl<'a> Copier<'a> {
         Ok(())
     }
 
-    /// Copies one file chunk by chunk (hashing it for a backup), keeps its
-    /// mode, and fsyncs it: durable before the copy is published.
+    /// Copies one file the fastest way the filesystem offers
+    /// ([`copy::copy_file`]), hashing it for a backup, keeps its mode, and
+    /// fsyncs it: durable before the copy is published.
     fn copy_file(
         &mut self,
         from: &Path,
         to: &Path,
         mode: u32,
     ) -> Result<(u64, [u8; 32]), BackupError> {
-        let mut input = File::open(from).map_err(io_err("open", from))?;
-        let mut output = OpenOptions::new()
+        let input = File::open(from).map_err(io_err("open", from))?;
+        // Readable too: a copy the kernel made is hashed by reading it back.
+        let output = OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(to)
             .map_err(io_err("create", to))?;
         let mut hasher = self.backup.then(Sha256::new);
-        let mut size = 0u64;
-        loop {
-            self.check_stop(to)?;
-            let read = match input.read(&mut self.buffer) {
-                Ok(0) => break,
-                Ok(read) => read,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                Err(err) => return Err(io_err("read", from)(err)),
-            };
-            let chunk = &self.buffer[..read];
+        let mut hash = |chunk: &[u8]| {
             if let Some(hasher) = hasher.as_mut() {
                 hasher.update(chunk);
             }
-            output.write_all(chunk).map_err(io_err("copy into", to))?;
-            size += read as u64;
-        }
+        };
+        let (stop, progress) = (self.stop, &mut self.progress);
+        let mut between = |copied: u64| -> Result<(), BackupError> {
+            progress.add(copied, copied);
+            match stop() {
+                Some(signal) => Err(BackupError::Interrupted {
+                    signal,
+                    path: to.to_path_buf(),
+                }),
+                None => Ok(()),
+            }
+        };
+        let ends = copy::Ends {
+            from: &input,
+            from_path: from,
+            to: &output,
+            to_path: to,
+        };
+        let mut hooks = copy::Hooks {
+            between: &mut between,
+            bytes: if self.backup { Some(&mut hash) } else { None },
+        };
+        // The fastest first; copy.rs's tests force and fail each method.
+        let copied = copy::copy_file(
+            &copy::KERNEL,
+            &ends,
+            copy::Method::Reflink,
+            &mut self.buffer,
+            &mut hooks,
+        )?;
+        self.tally.add(copied);
         output
             .set_permissions(fs::Permissions::from_mode(mode))
             .map_err(io_err("chmod", to))?;
         // Durable before the copy is published by a rename.
         output.sync_all().map_err(io_err("fsync", to))?;
         let digest = hasher.map(|h| h.finalize().into()).unwrap_or([0; 32]);
-        Ok((size, digest))
+        Ok((copied.bytes, digest))
+    }
+}
+
+impl From<copy::CopyError> for BackupError {
+    fn from(err: copy::CopyError) -> Self {
+        io_err(err.op, &err.path)(err.source)
     }
 }
 

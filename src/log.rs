@@ -163,6 +163,121 @@ pub fn ms(duration: Duration) -> Value {
     Value::from(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// How often a long read, copy or wait says how far it is.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// What a [`Progress`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressUnit {
+    /// Keys of a keyspace read (the bytes are their keys and values).
+    Keys,
+    /// Bytes of a copy.
+    Bytes,
+    /// Seconds of a wait against its deadline (no bytes, no rate).
+    Seconds,
+}
+
+/// The progress lines of one long read, copy or wait: none while the work
+/// is younger than [`PROGRESS_EVERY`], then at most one per
+/// [`PROGRESS_EVERY`], each `<what> progress` with how much is done of the
+/// total, the MB, the rate and the ETA (a wait: seconds waited, the
+/// deadline, the seconds left). Lines come from the caller's thread when
+/// it reports work ([`Progress::add`]) or asks ([`Progress::tick`]): a
+/// single call that blocks is not interrupted to say so.
+pub struct Progress {
+    msg: String,
+    unit: ProgressUnit,
+    started: std::time::Instant,
+    last_line: std::time::Instant,
+    total: u64,
+    done: u64,
+    bytes: u64,
+}
+
+impl Progress {
+    /// Starts counting `what` (e.g. "keyspace read", "backup copy",
+    /// "health wait") out of `total` (0: not known yet).
+    pub fn new(what: &str, unit: ProgressUnit, total: u64) -> Self {
+        let now = std::time::Instant::now();
+        Progress {
+            msg: format!("{what} progress"),
+            unit,
+            started: now,
+            last_line: now,
+            total,
+            done: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Sets the total, once it is known.
+    pub fn set_total(&mut self, total: u64) {
+        self.total = total;
+    }
+
+    /// Counts `done` more units and `bytes` more bytes, and logs a line if
+    /// one is due.
+    pub fn add(&mut self, done: u64, bytes: u64) {
+        self.done += done;
+        self.bytes += bytes;
+        self.tick(&[]);
+    }
+
+    /// Logs a line if one is due, with `extra` fields after the counts (a
+    /// wait's attempts and last error). For [`ProgressUnit::Seconds`] the
+    /// time waited is the count.
+    pub fn tick(&mut self, extra: &[(&str, Value)]) {
+        let now = std::time::Instant::now();
+        if now.duration_since(self.last_line) < PROGRESS_EVERY {
+            return;
+        }
+        self.last_line = now;
+        let mut fields = self.fields(now.duration_since(self.started));
+        fields.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        let borrowed: Vec<(&str, Value)> = fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        info(&self.msg, &borrowed);
+    }
+
+    /// The fields of a line after `elapsed`.
+    fn fields(&self, elapsed: Duration) -> Vec<(String, Value)> {
+        let secs = elapsed.as_secs_f64().max(0.001);
+        let whole = |x: f64| Value::from(x.max(0.0).round() as u64);
+        if self.unit == ProgressUnit::Seconds {
+            return vec![
+                ("waited_s".into(), whole(secs)),
+                ("deadline_s".into(), self.total.into()),
+                ("left_s".into(), whole(self.total as f64 - secs)),
+            ];
+        }
+        let rate = self.done as f64 / secs;
+        let left = self.total.saturating_sub(self.done) as f64;
+        let eta = if rate > 0.0 { left / rate } else { 0.0 };
+        let mut fields: Vec<(String, Value)> = Vec::new();
+        let unit = match self.unit {
+            ProgressUnit::Keys => "keys",
+            _ => "bytes",
+        };
+        fields.push((unit.into(), self.done.into()));
+        fields.push(("total".into(), self.total.into()));
+        fields.push((
+            "mb".into(),
+            format!("{:.1}", self.bytes as f64 / 1e6).into(),
+        ));
+        if self.unit == ProgressUnit::Keys {
+            fields.push(("keys_per_s".into(), whole(rate)));
+        }
+        fields.push((
+            "mb_per_s".into(),
+            format!("{:.1}", self.bytes as f64 / 1e6 / secs).into(),
+        ));
+        fields.push(("eta_s".into(), whole(eta)));
+        fields
+    }
+}
+
 fn emit_stderr(text: &str) {
     // One write per line under the stderr lock, so relay threads and the
     // main thread never interleave inside a line. A closed stderr is not a
@@ -376,6 +491,67 @@ fn render<K: AsRef<str>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn field_map(fields: Vec<(String, Value)>) -> Vec<String> {
+        fields
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
+    }
+
+    #[test]
+    fn progress_of_a_copy_says_bytes_of_total_mb_rate_and_eta() {
+        let mut progress = Progress::new("backup copy", ProgressUnit::Bytes, 400_000_000);
+        progress.done = 100_000_000;
+        progress.bytes = 100_000_000;
+        let fields = field_map(progress.fields(Duration::from_secs(5)));
+        assert_eq!(
+            fields,
+            [
+                "bytes=100000000",
+                "total=400000000",
+                "mb=\"100.0\"",
+                "mb_per_s=\"20.0\"",
+                "eta_s=15"
+            ]
+        );
+    }
+
+    #[test]
+    fn progress_of_a_read_counts_keys_and_their_rate() {
+        let mut progress = Progress::new("keyspace read", ProgressUnit::Keys, 0);
+        progress.set_total(1000);
+        progress.done = 250;
+        progress.bytes = 2_000_000;
+        let fields = field_map(progress.fields(Duration::from_secs(10)));
+        assert_eq!(
+            fields,
+            [
+                "keys=250",
+                "total=1000",
+                "mb=\"2.0\"",
+                "keys_per_s=25",
+                "mb_per_s=\"0.2\"",
+                "eta_s=30"
+            ]
+        );
+    }
+
+    #[test]
+    fn progress_of_a_wait_says_waited_deadline_and_left() {
+        let progress = Progress::new("health wait", ProgressUnit::Seconds, 120);
+        let fields = field_map(progress.fields(Duration::from_millis(7_400)));
+        assert_eq!(fields, ["waited_s=7", "deadline_s=120", "left_s=113"]);
+    }
+
+    #[test]
+    fn progress_says_nothing_before_its_interval() {
+        let mut progress = Progress::new("backup copy", ProgressUnit::Bytes, 10);
+        let before = progress.last_line;
+        progress.add(5, 5);
+        assert_eq!(progress.last_line, before, "a line within the interval");
+        assert_eq!(progress.done, 5);
+    }
 
     #[test]
     fn text_lines_carry_the_prefix_and_fields() {

@@ -5,7 +5,7 @@
 //! made since a revision.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::ranges::Walk;
 use super::{Entry, KeyspaceError, KnownLeases, Ours, REQUEST_TIMEOUT};
@@ -19,9 +19,6 @@ const V3_MAX_MESSAGE: usize = 512 * 1024 * 1024;
 /// list (LeaseLeases came in 3.3) and to HashKV (3.3), and 3.0 to a
 /// lease's time-to-live (LeaseTimeToLive came in 3.1).
 const GRPC_UNIMPLEMENTED: i32 = 12;
-
-/// How often a long read says how far it is.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// How a whole-keyspace read pages: by bytes (what our memory holds at
 /// once) and by count.
@@ -78,51 +75,6 @@ fn unimplemented(err: &etcd_client::Error) -> bool {
         if i32::from(status.code()) == GRPC_UNIMPLEMENTED)
 }
 
-/// Progress lines of a long read.
-struct Progress {
-    started: Instant,
-    last_line: Instant,
-    total: usize,
-    keys: usize,
-    bytes: usize,
-}
-
-impl Progress {
-    fn new() -> Self {
-        let now = Instant::now();
-        Progress {
-            started: now,
-            last_line: now,
-            total: 0,
-            keys: 0,
-            bytes: 0,
-        }
-    }
-
-    fn add(&mut self, keys: usize, bytes: usize) {
-        self.keys += keys;
-        self.bytes += bytes;
-        if self.last_line.elapsed() < PROGRESS_EVERY {
-            return;
-        }
-        self.last_line = Instant::now();
-        let secs = self.started.elapsed().as_secs_f64().max(0.001);
-        let rate = self.keys as f64 / secs;
-        let left = self.total.saturating_sub(self.keys) as f64;
-        let eta = if rate > 0.0 { left / rate } else { 0.0 };
-        log::info(
-            "keyspace read progress",
-            &[
-                ("keys", self.keys.into()),
-                ("total", self.total.into()),
-                ("mb", format!("{:.1}", self.bytes as f64 / 1e6).into()),
-                ("keys_per_s", (rate.round() as u64).into()),
-                ("eta_s", (eta.round() as u64).into()),
-            ],
-        );
-    }
-}
-
 /// Reads every v3 key at one revision, window by window (see
 /// [`super::ranges`]), handing each to `sink` with the remaining TTL of
 /// its lease (a key whose lease has just run out, not yet deleted by etcd,
@@ -146,7 +98,7 @@ pub(crate) async fn read_v3_with(
     let mut ttls = LeaseTtls::new(client.lease_client(), endpoint, known);
     let mut walk = Walk::new();
     let mut page = limits.first_page.max(1);
-    let mut progress = Progress::new();
+    let mut progress = log::Progress::new("keyspace read", log::ProgressUnit::Keys, 0);
     let mut revision = 0;
     while let Some((start, end)) = walk.range() {
         let (start, end) = (start.to_vec(), end.map(<[u8]>::to_vec));
@@ -161,11 +113,11 @@ pub(crate) async fn read_v3_with(
             // Every window reads the same revision: a consistent snapshot.
             // The first range is the whole keyspace: its count is the total.
             revision = response.header().map(|h| h.revision()).unwrap_or(0);
-            progress.total = usize::try_from(response.count()).unwrap_or(0);
+            progress.set_total(u64::try_from(response.count()).unwrap_or(0));
         }
         let bytes = sink_page(&response, ours, &mut ttls, sink).await?;
         let returned = response.kvs().len();
-        progress.add(returned, bytes);
+        progress.add(returned as u64, bytes as u64);
         let keys: Vec<&[u8]> = response.kvs().iter().map(|kv| kv.key()).collect();
         let count = usize::try_from(response.count()).unwrap_or(0);
         walk.answer(&keys, count, response.more(), page);

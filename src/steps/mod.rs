@@ -195,7 +195,15 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         let value = run.version.to_string();
         let deadline = tokio::time::Instant::now() + self.settings.health_timeout;
         let mut last_error = String::from("no attempt finished");
+        // A large data dir takes etcd long to load: say so while it does.
+        let mut progress = log::Progress::new(
+            "health wait",
+            log::ProgressUnit::Seconds,
+            self.settings.health_timeout.as_secs(),
+        );
+        let mut attempts = 0u64;
         let ended = loop {
+            attempts += 1;
             let attempt = self
                 .race(
                     etcd,
@@ -216,6 +224,12 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
                 }
                 Race::Done(Err(HealthError::NotYet(err))) => {
                     last_error = err;
+                    progress.tick(&[
+                        ("version", value.as_str().into()),
+                        ("pid", pid.into()),
+                        ("attempts", attempts.into()),
+                        ("last_error", last_error.as_str().into()),
+                    ]);
                     self.race(etcd, deadline, tokio::time::sleep(HEALTH_POLL_INTERVAL))
                         .await
                 }
@@ -564,14 +578,28 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     ) -> Result<(), Failure> {
         let mut termination = self.termination.clone();
         let started = Instant::now();
-        let result = tokio::select! {
-            biased;
-            signal = termination.wait_for(Option::is_some) => match signal.ok().and_then(|s| *s) {
-                Some(signal) => return Err(Failure::Interrupted(signal)),
-                None => Err(StepError::WorkTimeout { what: binary.to_string(), waited: WORK_TIMEOUT }),
-            },
-            _ = tokio::time::sleep(WORK_TIMEOUT) => Err(StepError::WorkTimeout { what: binary.to_string(), waited: WORK_TIMEOUT }),
-            result = self.tools.run(binary, args, env) => result,
+        let work = self.tools.run(binary, args, env);
+        let deadline = tokio::time::sleep(WORK_TIMEOUT);
+        tokio::pin!(work, deadline);
+        // A snapshot restore or `etcdctl migrate` of a large data dir runs
+        // for minutes: say so while it does.
+        let mut progress = log::Progress::new(
+            "tool wait",
+            log::ProgressUnit::Seconds,
+            WORK_TIMEOUT.as_secs(),
+        );
+        let mut ticks = tokio::time::interval(log::PROGRESS_EVERY);
+        let result = loop {
+            tokio::select! {
+                biased;
+                signal = termination.wait_for(Option::is_some) => break match signal.ok().and_then(|s| *s) {
+                    Some(signal) => return Err(Failure::Interrupted(signal)),
+                    None => Err(StepError::WorkTimeout { what: binary.to_string(), waited: WORK_TIMEOUT }),
+                },
+                _ = &mut deadline => break Err(StepError::WorkTimeout { what: binary.to_string(), waited: WORK_TIMEOUT }),
+                result = &mut work => break result,
+                _ = ticks.tick() => progress.tick(&[("tool", binary.to_string().into())]),
+            }
         };
         log::info(
             "tool finished",
