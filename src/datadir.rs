@@ -13,7 +13,7 @@ use nix::fcntl::{Flock, FlockArg};
 use nix::unistd::{access, AccessFlags, Uid};
 
 use crate::durable::{self, DurableError, Stage};
-use crate::version::{ParseError, VersionPair};
+use crate::version::{ParseError, Version, VersionPair};
 
 /// The file that records the data's version and storage, as in the
 /// Kubernetes image.
@@ -32,6 +32,16 @@ pub const HOLD_FILE: &str = ".etcd-migrate.hold";
 /// The temporary name the hold is written under before the rename.
 const HOLD_TEMP_FILE: &str = ".etcd-migrate.hold.tmp";
 
+/// The cluster mode's restart mark: written (durably) before a release
+/// starts on a member's data, removed once that release has proven itself
+/// as a member and `version.txt` records it. While it exists, the release
+/// it names has run on the data unrecorded, and the member starts with it
+/// again: etcd data is never handed back to an older release.
+pub const RESTART_MARK_FILE: &str = ".etcd-migrate.restart";
+
+/// The temporary name the restart mark is written under before the rename.
+const RESTART_MARK_TEMP_FILE: &str = ".etcd-migrate.restart.tmp";
+
 /// Scratch space of steps that rebuild the data (restores, rollbacks). It
 /// lives inside the data dir so that swaps are renames within one
 /// filesystem, even when the data dir is a mount point.
@@ -39,7 +49,12 @@ pub const WORK_DIR: &str = ".etcd-migrate.work";
 
 /// Entries that do not make a data dir "non-empty": a filesystem's
 /// `lost+found` at the root of a volume, and our own leftovers.
-const IGNORED_ENTRIES: [&str; 3] = ["lost+found", VERSION_TEMP_FILE, WORK_DIR];
+const IGNORED_ENTRIES: [&str; 4] = [
+    "lost+found",
+    VERSION_TEMP_FILE,
+    WORK_DIR,
+    RESTART_MARK_TEMP_FILE,
+];
 
 /// What the data dir holds, as far as planning is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +191,17 @@ pub enum DataDirError {
     Locked {
         /// The data dir.
         dir: PathBuf,
+    },
+    /// The restart mark does not name a release.
+    #[error("{path} holds {content:?}, not a release ({source}); it is etcd-migrate's restart mark, naming the release that last started on this member's data; write that release (e.g. `echo 3.4.23 > {path}`), or remove {path} if version.txt already names it")]
+    BadRestartMark {
+        /// The mark.
+        path: PathBuf,
+        /// What it holds (truncated).
+        content: String,
+        /// Why it is not a release.
+        #[source]
+        source: ParseError,
     },
     /// An I/O operation failed.
     #[error("{op} {path}: {source}")]
@@ -488,6 +514,62 @@ pub fn write_version(dir: &Path, pair: VersionPair) -> Result<(), DataDirError> 
     )
 }
 
+/// Writes the restart mark ([`RESTART_MARK_FILE`]) naming `version`,
+/// atomically and durably, before that release starts on the data.
+pub fn write_restart_mark(dir: &Path, version: Version) -> Result<(), DataDirError> {
+    replace_file(
+        dir,
+        RESTART_MARK_TEMP_FILE,
+        RESTART_MARK_FILE,
+        version.to_string().as_bytes(),
+    )
+}
+
+/// The release the restart mark names, if there is one.
+pub fn read_restart_mark(dir: &Path) -> Result<Option<Version>, DataDirError> {
+    let path = dir.join(RESTART_MARK_FILE);
+    let content = match fs::read_to_string(&path) {
+        Ok(content) => content,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(DataDirError::Io {
+                op: "read",
+                path,
+                source,
+            })
+        }
+    };
+    content
+        .trim()
+        .parse::<Version>()
+        .map(Some)
+        .map_err(|source| DataDirError::BadRestartMark {
+            content: content.chars().take(64).collect(),
+            path,
+            source,
+        })
+}
+
+/// Records `pair` in `version.txt`, then removes the restart mark (in that
+/// order: a crash between leaves a mark naming the recorded release).
+pub fn record_and_unmark(dir: &Path, pair: VersionPair) -> Result<(), DataDirError> {
+    write_version(dir, pair)?;
+    let path = dir.join(RESTART_MARK_FILE);
+    match fs::remove_file(&path) {
+        Ok(()) => durable::fsync_dir(dir).map_err(|err| DataDirError::Io {
+            op: err.op,
+            path: err.path,
+            source: err.source,
+        }),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DataDirError::Io {
+            op: "remove",
+            path,
+            source,
+        }),
+    }
+}
+
 /// Puts the hold on the data dir ([`HOLD_FILE`]), durably, with `reason`.
 pub fn write_hold(dir: &Path, reason: &str) -> Result<(), DataDirError> {
     replace_file(
@@ -549,6 +631,37 @@ mod tests {
 
     fn pair(s: &str) -> VersionPair {
         s.parse().expect("test pair parses")
+    }
+
+    /// The restart mark: written, read back, dropped with the record; a
+    /// mark that names no release is an error naming it and the fix, and
+    /// reading it changes nothing.
+    #[test]
+    fn the_restart_mark_goes_with_the_record_and_a_bad_one_is_named() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        assert_eq!(read_restart_mark(tmp.path()).expect("none"), None);
+        write_restart_mark(tmp.path(), Version::new(3, 4, 23)).expect("mark");
+        assert_eq!(
+            read_restart_mark(tmp.path()).expect("mark"),
+            Some(Version::new(3, 4, 23))
+        );
+        record_and_unmark(tmp.path(), pair("3.4.23/etcd3")).expect("record");
+        assert_eq!(read_restart_mark(tmp.path()).expect("gone"), None);
+        assert_eq!(
+            fs::read_to_string(tmp.path().join(VERSION_FILE)).expect("version.txt"),
+            "3.4.23/etcd3"
+        );
+        let mark = tmp.path().join(RESTART_MARK_FILE);
+        fs::write(&mark, "garbage").expect("write");
+        let err = read_restart_mark(tmp.path()).expect_err("not a release");
+        let text = err.to_string();
+        assert!(
+            text.contains(&mark.display().to_string())
+                && text.contains("\"garbage\"")
+                && text.contains("restart mark"),
+            "{text}"
+        );
+        assert_eq!(fs::read_to_string(&mark).expect("still there"), "garbage");
     }
 
     #[test]

@@ -105,17 +105,23 @@ impl ExecTarget {
     /// and that etcd would misread: it reads every `ETCD_*` as a flag,
     /// warns about unknown ones, and refuses to start when one shadows a
     /// flag on the command line (`ETCD_NAME` next to `--name`).
-    fn environment(&self) -> Result<Vec<CString>, ExecError> {
+    fn kept_environment(&self) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
         let sets_name = self.args.iter().any(|a| {
             a.starts_with('-') && a.trim_start_matches('-').split('=').next() == Some("name")
         });
+        std::env::vars_os()
+            .filter(|(key, _)| {
+                let key = key.to_string_lossy();
+                !(OUR_ETCD_VARS.contains(&key.as_ref()) || (sets_name && key == "ETCD_NAME"))
+            })
+            .collect()
+    }
+
+    /// [`Self::kept_environment`] as execve wants it.
+    fn environment(&self) -> Result<Vec<CString>, ExecError> {
         let mut envp = Vec::new();
-        for (key, value) in std::env::vars_os() {
+        for (key, value) in self.kept_environment() {
             let key_text = key.to_string_lossy().into_owned();
-            if OUR_ETCD_VARS.contains(&key_text.as_str()) || (sets_name && key_text == "ETCD_NAME")
-            {
-                continue;
-            }
             let mut entry = key.into_encoded_bytes();
             entry.push(b'=');
             entry.extend_from_slice(value.as_encoded_bytes());
@@ -125,6 +131,17 @@ impl ExecTarget {
             }
         }
         Ok(envp)
+    }
+
+    /// The same program, arguments and environment as a command to spawn
+    /// (the cluster mode's supervised member etcd), instead of an exec.
+    pub fn command(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(&self.program);
+        command
+            .args(&self.args)
+            .env_clear()
+            .envs(self.kept_environment());
+        command
     }
 
     /// Replaces this process with the target etcd, which gets back the

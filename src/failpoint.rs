@@ -55,6 +55,11 @@ pub const ALL: &[&str] = &[
     "finish-after-mark-removed",
     // rebuild: finishing an interrupted swap on the next start
     "recover-after-record",
+    // cluster: the lock holder's restart into the next release
+    "cluster-after-lock",
+    "cluster-after-stop",
+    "cluster-after-start",
+    "cluster-after-record",
     // lib: the end of the run
     "before-exec",
 ];

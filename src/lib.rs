@@ -43,10 +43,11 @@ use crate::config::{Config, Member, Mode};
 use crate::datadir::{DataDirError, DirLock, DirState, WORK_DIR};
 use crate::exec::ExecTarget;
 use crate::executor::{ExecuteError, Executor, Progress, StepSettings};
+use crate::ondisk::OnDisk;
 use crate::plan::{Binary, Bundle, Plan, PlanError, Refusal, Site, Situation, Work};
 use crate::preconditions::PreconditionError;
 use crate::supervisor::{Supervisor, SupervisorError};
-use crate::version::VersionPair;
+use crate::version::{Version, VersionPair};
 
 /// Exit code: migrated (and, with `--no-exec`, done).
 pub const EXIT_OK: u8 = 0;
@@ -65,6 +66,9 @@ pub enum Outcome {
     Exit,
     /// Replace the process with the target etcd.
     Exec(ExecTarget),
+    /// Exit with this code: the member etcd we supervised (cluster mode)
+    /// ended so.
+    ExitCode(u8),
 }
 
 /// Why the run stopped.
@@ -80,6 +84,9 @@ pub enum Error {
     /// The member's etcd settings cannot carry talking to its cluster.
     #[error(transparent)]
     ClusterSettings(#[from] cluster::settings::SettingsError),
+    /// The cluster mode refused or failed.
+    #[error(transparent)]
+    Cluster(#[from] cluster::entry::EntryError),
     /// No safe path exists.
     #[error("no safe path from {current} to {target} in {data_dir}{looked_in}")]
     Plan {
@@ -177,6 +184,7 @@ impl Error {
             }
             Error::Execute(ExecuteError::Interrupted { signal, .. })
             | Error::Interrupted(signal) => signal_exit_code(*signal),
+            Error::Cluster(err) => err.exit_code(),
             Error::Record { .. } | Error::Supervisor(_) | Error::Runtime(_) => EXIT_FAILURE,
         }
     }
@@ -207,8 +215,11 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     log_overrides(config);
     // A scratch dir, or a version.txt temp file: a run died mid-step or
     // mid-record. Either sends us down the locked path that cleans up.
+    // A restart mark: the cluster mode started a release on the data that
+    // version.txt does not record yet; never the fast path.
     let interrupted = config.data_dir.join(WORK_DIR).exists()
-        || config.data_dir.join(datadir::VERSION_TEMP_FILE).exists();
+        || config.data_dir.join(datadir::VERSION_TEMP_FILE).exists()
+        || config.data_dir.join(datadir::RESTART_MARK_FILE).exists();
     let first_look = preconditions::check_not_held(datadir::inspect(&config.data_dir))?;
     // Fast path: the data is already at the target. Nothing is spawned and
     // no thread is started, so handing over to etcd costs a few ms.
@@ -232,24 +243,44 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         Some(list) => Bundle::new(list.iter().copied()),
         None => binaries::scan(&config.bin_dir)?,
     };
-    let plan = make_plan(config, state, &bundle)?;
+    let marked = match state {
+        DirState::Recorded(_) => datadir::read_restart_mark(&config.data_dir)?,
+        DirState::Missing | DirState::Empty => None,
+    };
+    // What the data records, read once, when anything may change it.
+    let on_disk = match state {
+        DirState::Recorded(current) if current != config.target || marked.is_some() => {
+            preconditions::read_data(config)
+        }
+        _ => None,
+    };
+    let data_members = on_disk.as_ref().map_or(0, |d| d.members.len());
+    let plan = make_plan(config, state, &bundle, data_members, marked.is_some())?;
     if plan.is_fresh() && config.mode != Mode::DryRun {
         check_join(config)?;
     }
-    let recorded_name = if plan.is_recorded() && !plan.is_noop() {
-        preconditions::check_recorded_data(config, &plan)?
-    } else {
-        None
+    let recorded_name = match &on_disk {
+        Some(on_disk) if plan.is_recorded() && (!plan.is_noop() || plan.cluster.is_some()) => {
+            preconditions::check_recorded_data(config, &plan, on_disk)?
+        }
+        _ => None,
     };
     let member = match recorded_name {
         Some(name) => config.member.named(&name),
         None => config.member.clone(),
     };
-    preconditions::check_before_steps(config, &plan)?;
+    if plan.cluster.is_none() {
+        preconditions::check_before_steps(config, &plan)?;
+    }
     binaries::check_present(&config.bin_dir, &plan.needed_binaries())?;
     if config.mode == Mode::DryRun {
         print_plan(config, plan, member);
         return Ok(Outcome::Exit);
+    }
+    if let (Work::Roll { .. }, Some(on_disk)) = (plan.work(), &on_disk) {
+        cluster::entry::check_mode(config, on_disk)?;
+        log_plan(config, &plan, &member, &bundle);
+        return roll_as_member(config, &plan, on_disk, marked, bundle, lock, original_mask);
     }
     log_plan(config, &plan, &member, &bundle);
     carry_out(config, &plan, &member, lock, original_mask)?;
@@ -345,14 +376,49 @@ fn lock_and_recover(config: &Config, interrupted: bool) -> Result<Option<DirLock
     Ok(Some(lock))
 }
 
+/// The cluster mode: this member's etcd runs as our supervised child while
+/// the cluster rolls to the target (`cluster::entry`); the data dir's lock
+/// is held throughout.
+fn roll_as_member(
+    config: &Config,
+    plan: &Plan,
+    on_disk: &OnDisk,
+    marked: Option<Version>,
+    bundle: Bundle,
+    lock: Option<DirLock>,
+    original_mask: SigSet,
+) -> Result<Outcome, Error> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let supervisor = Supervisor::start(original_mask)?;
+    verify_binaries(config, plan, &runtime, &supervisor)?;
+    let lock = match lock {
+        Some(lock) => lock,
+        None => datadir::lock(&config.data_dir)?,
+    };
+    let code = cluster::entry::run(config, plan, on_disk, marked, bundle, &runtime, supervisor)?;
+    drop(lock);
+    Ok(Outcome::ExitCode(code))
+}
+
 /// The plan for the data dir as found, or the refusal as the run's error.
-fn make_plan(config: &Config, state: DirState, bundle: &Bundle) -> Result<Plan, Error> {
+fn make_plan(
+    config: &Config,
+    state: DirState,
+    bundle: &Bundle,
+    data_members: usize,
+    restart_mark: bool,
+) -> Result<Plan, Error> {
     let situation = Situation {
         found: state,
         target: config.target,
         bundle,
         backup: config.backup.mode,
         initial_cluster: &config.member.initial_cluster,
+        data_members,
+        restart_mark,
     };
     plan::decide(&situation).map_err(|refusal| match refusal {
         Refusal::FutureData { current, known } => Error::FutureData {
@@ -442,6 +508,8 @@ fn carry_out(
             );
         }
         Work::Steps => execute_steps(config, plan, member, &runtime, &supervisor)?,
+        // Taken by `roll_as_member` before the plan is carried out here.
+        Work::Roll { .. } => {}
     }
     if let Some(signal) = supervisor.terminated() {
         return Err(Error::Interrupted(signal));

@@ -40,6 +40,7 @@ fn main() -> ExitCode {
     };
     match run(&config, original_mask) {
         Ok(Outcome::Exit) => ExitCode::from(EXIT_OK),
+        Ok(Outcome::ExitCode(code)) => ExitCode::from(code),
         Ok(Outcome::Exec(target)) => hand_over(
             target,
             Inherited {

@@ -124,6 +124,10 @@ pub struct Plan {
     pub backup: Option<usize>,
     /// Where the plan runs, for its `Display`; `None` for a bare route.
     pub site: Option<Site>,
+    /// The data belongs to a cluster of this many members (its own
+    /// membership says so) and the plan's upgrades are rolled through it,
+    /// one member at a time, by the cluster mode instead of run as steps.
+    pub cluster: Option<usize>,
 }
 
 /// What a run does with the data dir once it holds the lock.
@@ -131,6 +135,11 @@ pub struct Plan {
 pub enum Work {
     /// Nothing: version.txt already names the target.
     Nothing,
+    /// Roll the upgrades through the cluster, as one of its members.
+    Roll {
+        /// How many members the data's membership lists.
+        members: usize,
+    },
     /// Record the target without a step; the reason is logged.
     Record {
         /// "empty data dir" or "patch change, no step needed".
@@ -172,6 +181,12 @@ pub struct Situation<'a> {
     pub backup: BackupMode,
     /// `--initial-cluster`.
     pub initial_cluster: &'a str,
+    /// How many members the data's own membership lists (0 when not read:
+    /// no data, or the data already at the target).
+    pub data_members: usize,
+    /// The cluster mode's restart mark is on the data: a release started
+    /// on it unrecorded, so the cluster mode must resume.
+    pub restart_mark: bool,
 }
 
 /// Why a run must not start, decided from its [`Situation`] alone.
@@ -442,6 +457,12 @@ impl Step {
         }
     }
 
+    /// True for the steps that run a newer etcd on the data in place: the
+    /// only ones a cluster rolls member by member.
+    pub fn is_upgrade(&self) -> bool {
+        matches!(self, Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. })
+    }
+
     /// True for steps that rewrite the data rather than run a newer etcd
     /// on it; a backup is taken before the first of them.
     pub fn is_destructive(&self) -> bool {
@@ -522,6 +543,9 @@ impl Plan {
 
     /// What the run does with the data dir.
     pub fn work(&self) -> Work {
+        if let Some(members) = self.cluster {
+            return Work::Roll { members };
+        }
         match (&self.found, self.steps.is_empty()) {
             (_, false) => Work::Steps,
             (DirState::Recorded(current), true) if *current == self.target => Work::Nothing,
@@ -579,6 +603,8 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
         bundle,
         backup,
         initial_cluster,
+        data_members,
+        restart_mark,
     } = *situation;
     let mut plan = match *found {
         DirState::Recorded(current) => {
@@ -600,12 +626,24 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
                 baseline: None,
                 backup: None,
                 site: None,
+                cluster: None,
             }
         }
     };
-    let members = initial_cluster_members(initial_cluster);
-    if !plan.steps.is_empty() && members > 1 {
-        return Err(Refusal::MultiMember { members });
+    let changes = !plan.steps.is_empty() || restart_mark;
+    if data_members > 1 {
+        // The data's own membership decides, not the command line. Only
+        // upgrades roll; the rest is refused with the members named
+        // (preconditions::check_alone) before anything runs.
+        if changes && plan.steps.iter().all(Step::is_upgrade) {
+            plan.cluster = Some(data_members);
+            return Ok(plan);
+        }
+    } else {
+        let members = initial_cluster_members(initial_cluster);
+        if !plan.steps.is_empty() && members > 1 {
+            return Err(Refusal::MultiMember { members });
+        }
     }
     plan.backup = backup_before(&plan.steps, backup);
     Ok(plan)
@@ -691,6 +729,9 @@ impl fmt::Display for Plan {
                 target.version.minor_line()
             )?;
         }
+        if let Some(members) = self.cluster {
+            return self.fmt_roll(f, members);
+        }
         self.fmt_steps(f)?;
         self.fmt_backup(f)?;
         writeln!(
@@ -709,6 +750,30 @@ impl Plan {
             Some(site) => site.bin_dir.join(binary.to_string()).display().to_string(),
             None => binary.to_string(),
         }
+    }
+
+    /// The cluster mode's plan: the releases this member restarts into, as
+    /// the cluster's member, one member at a time.
+    fn fmt_roll(&self, f: &mut fmt::Formatter<'_>, members: usize) -> fmt::Result {
+        writeln!(
+            f,
+            "the data's own membership lists {members} members: a rolling upgrade, coordinated with the other members through the cluster (its cluster version as the barrier, one member restarting at a time under an upgrade lock in the cluster)"
+        )?;
+        let total = self.steps.len();
+        for (i, step) in self.steps.iter().enumerate() {
+            writeln!(
+                f,
+                "  restart {}/{total}: into {} ({}), as this member with its own flags, once the cluster allows it",
+                i + 1,
+                step.runs(),
+                self.binary_path(Binary::etcd(step.runs()))
+            )?;
+        }
+        writeln!(
+            f,
+            "then: keep serving {} as a supervised child (a later start with nothing to change execs it)",
+            self.target.version
+        )
     }
 
     /// One line per step (with the binaries, the client URL and the peer
@@ -806,6 +871,7 @@ pub fn plan(current: VersionPair, target: VersionPair, bundle: &Bundle) -> Resul
         baseline: None,
         backup: None,
         site: None,
+        cluster: None,
     };
     plan.baseline = baseline_reader(&plan, bundle);
     Ok(plan)
@@ -1629,6 +1695,8 @@ mod tests {
                 bundle: &bundle,
                 backup,
                 initial_cluster,
+                data_members: 0,
+                restart_mark: false,
             };
             let got = decide(&situation);
             let row = format!("{found:?} -> {target}, {backup:?}, {initial_cluster}");
@@ -1649,6 +1717,65 @@ mod tests {
         }
     }
 
+    /// The data's own membership decides the cluster mode: upgrades roll
+    /// (whatever `--initial-cluster` says, kubeadm style or GCE style), a
+    /// restart mark resumes the roll even at the target, and the rest is
+    /// left for the stop-the-world refusal.
+    #[test]
+    fn the_data_membership_decides_the_cluster_mode() {
+        let bundle = bundle(CI);
+        #[rustfmt::skip]
+        type Row = (&'static str, &'static str, &'static str, usize, bool, Result<Option<usize>, &'static str>);
+        let rows: Vec<Row> = vec![
+            // (recorded, target, --initial-cluster, data members, mark, plan.cluster or refusal)
+            ("3.3.25/etcd3", "3.5.16/etcd3", ONE, 3, false, Ok(Some(3))),
+            ("3.3.25/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok(Some(3))),
+            ("3.3.25/etcd3", "3.4.23/etcd3", TWO, 5, false, Ok(Some(5))),
+            // At the target: nothing to roll, unless a restart is unrecorded.
+            ("3.5.16/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok(None)),
+            ("3.4.23/etcd3", "3.4.23/etcd3", TWO, 3, true, Ok(Some(3))),
+            // A patch change needs no step: recorded, as for one member.
+            ("3.5.1/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok(None)),
+            // A rollback or a storage change does not roll.
+            ("3.5.16/etcd3", "3.4.23/etcd3", TWO, 3, false, Ok(None)),
+            ("3.3.25/etcd3", "3.4.23/etcd2", TWO, 3, false, Ok(None)),
+            // One member in the data: --initial-cluster still refuses steps.
+            (
+                "3.3.25/etcd3",
+                "3.5.16/etcd3",
+                TWO,
+                1,
+                false,
+                Err("INITIAL_CLUSTER lists 2 members"),
+            ),
+            ("3.3.25/etcd3", "3.5.16/etcd3", ONE, 1, false, Ok(None)),
+        ];
+        for (recorded, target, initial_cluster, data_members, restart_mark, expect) in rows {
+            let situation = Situation {
+                found: DirState::Recorded(pair(recorded)),
+                target: pair(target),
+                bundle: &bundle,
+                backup: BackupMode::Destructive,
+                initial_cluster,
+                data_members,
+                restart_mark,
+            };
+            let row = format!("{recorded} -> {target}, {initial_cluster}, {data_members} members, mark {restart_mark}");
+            match (decide(&situation), expect) {
+                (Ok(plan), Ok(cluster)) => {
+                    assert_eq!(plan.cluster, cluster, "{row}");
+                    if cluster.is_some() {
+                        assert_eq!(plan.backup, None, "{row}: a roll takes no backup");
+                    }
+                }
+                (Err(err), Err(prefix)) => {
+                    assert!(err.to_string().starts_with(prefix), "{row}: {err}")
+                }
+                (got, expect) => panic!("{row}: got {got:?}, expected {expect:?}"),
+            }
+        }
+    }
+
     #[test]
     fn the_plan_shows_every_decision() {
         let bundle = bundle(CI);
@@ -1658,6 +1785,8 @@ mod tests {
             bundle: &bundle,
             backup: BackupMode::Destructive,
             initial_cluster: ONE,
+            data_members: 0,
+            restart_mark: false,
         };
         let member = Member {
             name: "data-name".to_string(),

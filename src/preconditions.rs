@@ -21,7 +21,7 @@ use crate::ondisk::{self, OnDisk};
 use crate::paths;
 use crate::plan::{Plan, Step};
 use crate::supervisor;
-use crate::version::{Storage, VersionPair};
+use crate::version::{Storage, Version, VersionPair};
 
 /// How often the wait for an earlier run's processes looks again.
 const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -294,19 +294,8 @@ fn names_dir(args: &[String], cwd: Option<&Path>, dir: &Path) -> bool {
 pub fn check_recorded_data(
     config: &Config,
     plan: &Plan,
+    on_disk: &OnDisk,
 ) -> Result<Option<String>, PreconditionError> {
-    let on_disk = match ondisk::read(&config.data_dir) {
-        Ok(on_disk) => on_disk,
-        Err(err) => {
-            // etcd reads the same files and will say what is wrong, with
-            // its own words, when the first step starts it.
-            log::warn(
-                "cannot read what the data records; its etcd will report it",
-                &[("error", err.to_string().into())],
-            );
-            return Ok(None);
-        }
-    };
     for note in &on_disk.notes {
         log::info("data read", &[("note", note.as_str().into())]);
     }
@@ -316,8 +305,8 @@ pub fn check_recorded_data(
     if plan.steps.is_empty() {
         return Ok(None);
     }
-    check_alone(config, plan, &on_disk)?;
-    check_auth_off(config, plan, &on_disk)?;
+    check_alone(config, plan, on_disk)?;
+    check_auth_off(config, plan, on_disk)?;
     let recorded_name = on_disk
         .members
         .iter()
@@ -337,23 +326,28 @@ pub fn check_recorded_data(
     Ok(recorded_name)
 }
 
-/// Refuses data whose own membership lists other members.
+/// What the data records, read offline; `None` (with a warning) when it
+/// cannot be read: etcd reads the same files and will say what is wrong,
+/// in its own words, when it first starts on them.
+pub fn read_data(config: &Config) -> Option<OnDisk> {
+    match ondisk::read(&config.data_dir) {
+        Ok(on_disk) => Some(on_disk),
+        Err(err) => {
+            log::warn(
+                "cannot read what the data records; its etcd will report it",
+                &[("error", err.to_string().into())],
+            );
+            None
+        }
+    }
+}
+
+/// Refuses data whose own membership lists other members, unless the plan
+/// rolls its upgrades through the cluster (`Plan::cluster`).
 fn check_alone(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), PreconditionError> {
-    if on_disk.members.len() <= 1 {
+    if on_disk.members.len() <= 1 || plan.cluster.is_some() {
         return Ok(());
     }
-    let members: Vec<String> = on_disk
-        .members
-        .iter()
-        .map(|m| {
-            let name = if m.name.is_empty() {
-                "(unstarted)"
-            } else {
-                &m.name
-            };
-            format!("{name} {}", m.peer_urls.join(","))
-        })
-        .collect();
     let upgrade = plan
         .steps
         .iter()
@@ -366,7 +360,7 @@ fn check_alone(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), Pre
             "a rollback or a storage change (etcd2 <-> etcd3) of a cluster of several members is a stop-the-world procedure that etcd-migrate does not do yet (a later release will); keep TARGET_VERSION at the release the members run now"
         },
         count: on_disk.members.len(),
-        members: members.join(", "),
+        members: on_disk.members_text(),
     })
 }
 
@@ -407,7 +401,13 @@ fn check_label(
         }
         _ => false,
     };
-    if cluster_minor == recorded_minor || interrupted_first_step {
+    // A member of a cluster may run one minor ahead of the cluster
+    // version while the others catch up (a wave under way).
+    let wave_under_way = plan.cluster.is_some()
+        && cluster_version
+            .parse::<Version>()
+            .is_ok_and(|cv| cv.minor_line().next() == recorded.version.minor_line());
+    if cluster_minor == recorded_minor || interrupted_first_step || wave_under_way {
         return Ok(());
     }
     let storage = if cluster_minor.starts_with("2.") {

@@ -159,9 +159,40 @@ pub struct V3Lock {
     me: Holder,
     value: String,
     lease: Option<i64>,
+    tls: Option<TlsFiles>,
+    timeout: Duration,
+}
+
+/// A v3 client for the lock at `endpoints`; its failures named as the
+/// lock's.
+async fn lock_client(
+    endpoints: &[String],
+    tls: Option<&TlsFiles>,
+    timeout: Duration,
+) -> Result<etcd_client::Client, LockError> {
+    connect_v3(endpoints, tls, timeout)
+        .await
+        .map_err(|e| match e {
+            ClientError::Tls(tls) => LockError::Tls(tls),
+            other => LockError::Unreachable {
+                key: LOCK_KEY.to_string(),
+                endpoints: endpoints.join(","),
+                reason: other.to_string(),
+            },
+        })
 }
 
 impl V3Lock {
+    /// The same lock (our holder value, our lease) asked through other
+    /// client URLs: our own member is down while it restarts under the
+    /// lock, and the lease must be kept alive through another.
+    pub async fn reconnect(&mut self, endpoints: &[String]) -> Result<(), LockError> {
+        let joined = endpoints.join(",");
+        self.client = lock_client(endpoints, self.tls.as_ref(), self.timeout).await?;
+        self.endpoints = joined;
+        Ok(())
+    }
+
     /// Connects to the cluster's client URLs (with the client TLS files,
     /// when the cluster has client TLS) as `me`.
     pub async fn connect(
@@ -171,16 +202,7 @@ impl V3Lock {
         timeout: Duration,
     ) -> Result<Self, LockError> {
         let joined = endpoints.join(",");
-        let client = connect_v3(endpoints, tls, timeout)
-            .await
-            .map_err(|e| match e {
-                ClientError::Tls(tls) => LockError::Tls(tls),
-                other => LockError::Unreachable {
-                    key: LOCK_KEY.to_string(),
-                    endpoints: joined.clone(),
-                    reason: other.to_string(),
-                },
-            })?;
+        let client = lock_client(endpoints, tls, timeout).await?;
         let value = serde_json::to_string(&me).map_err(|e| LockError::Unreachable {
             key: LOCK_KEY.to_string(),
             endpoints: joined.clone(),
@@ -192,6 +214,8 @@ impl V3Lock {
             me,
             value,
             lease: None,
+            tls: tls.cloned(),
+            timeout,
         })
     }
 

@@ -7,17 +7,23 @@
 //! - `peer`: asking the peer endpoints over the member's peer TLS;
 //! - `client`: the client API (leader, alarms, leadership transfer);
 //! - `lock`: the upgrade lock in the cluster (v3 lease, v2 TTL);
-//! - `settings`: the member's TLS files and URLs from its etcd settings.
-//!
-//! Still to come: the restart as a member (supervised) and the loop that
-//! drives observe → decide → act, behind the executor's effect traits.
+//! - `settings`: the member's TLS files and URLs from its etcd settings;
+//! - `join`: the safety floor for a member with no data yet;
+//! - `roll`: the observe → decide → act loop of one member, behind three
+//!   small seams (the cluster, our etcd, the data dir's records);
+//! - `member`: the real side of those seams;
+//! - `entry`: the cluster mode's entry from the run (seams built from the
+//!   configuration and the data, the loop, the exit code).
 
 pub mod client;
 pub mod decide;
+pub mod entry;
 pub mod join;
 pub mod lock;
+pub mod member;
 pub mod observe;
 pub mod peer;
+pub mod roll;
 pub mod settings;
 
 pub use decide::{decide, Behind, Decision, Goal, Member, Own, Reach, Refusal, View, Waiting};

@@ -90,6 +90,25 @@ pub struct OnDisk {
     pub notes: Vec<String>,
 }
 
+impl OnDisk {
+    /// The members as messages name them: `name peer-urls`, comma-joined
+    /// (`(unstarted)` for a member that never published its name).
+    pub fn members_text(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| {
+                let name = if m.name.is_empty() {
+                    "(unstarted)"
+                } else {
+                    &m.name
+                };
+                format!("{name} {}", m.peer_urls.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Why a data dir could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum OnDiskError {

@@ -1,0 +1,237 @@
+//! This module owns the cluster mode's entry from the run: from the
+//! configuration and what the data records (its member id and membership),
+//! it builds the rolling loop's real seams (the live cluster over the
+//! member's own TLS, the supervised member etcd with the user's arguments,
+//! the data dir's records), checks the cluster before anything starts,
+//! runs the loop, and turns how it ended into the exit code.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::cluster::lock::Holder;
+use crate::cluster::member::{self, DataLedger, LiveCluster, SupervisedEtcd};
+use crate::cluster::peer::PeerError;
+use crate::cluster::roll::{self, Ended, RollError, Rolling, Timing};
+use crate::cluster::settings::{self, SettingsError};
+use crate::config::{self, Config, Mode};
+use crate::log;
+use crate::ondisk::OnDisk;
+use crate::plan::{Bundle, Plan};
+use crate::supervisor::{ExitStatus, Supervisor};
+use crate::version::Version;
+
+/// The pause between two observations of the cluster.
+const ROUND: Duration = Duration::from_secs(2);
+/// The pause between rounds while our own etcd is not proven yet (see
+/// `Timing::prove_every`): short, a proof is one `/version` and one write.
+const PROVE_EVERY: Duration = Duration::from_millis(250);
+/// How often an unchanged wait is reported again.
+const PROGRESS_EVERY: Duration = Duration::from_secs(15);
+/// What one request to a member may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// What our etcd's graceful stop may take before SIGKILL (a leader hands
+/// over first; a large WAL is synced). Well under the lock's TTL: nothing
+/// refreshes the lock while the stop runs.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// Why the cluster mode could not run, or how it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EntryError {
+    /// `--no-exec` cannot keep the member's etcd running.
+    #[error("the data in {data_dir} belongs to a cluster of {members} members ({names}), as its own membership records, and reaching {target} means restarting this member's etcd under the cluster's upgrade lock and supervising it, which --no-exec (migrate-if-needed.sh) cannot do: it exits before etcd starts; run etcd-migrate as the container's command with etcd's flags after `--` (see examples/gce-etcd-ha.manifest and examples/kubeadm-etcd.yaml), or set TARGET_VERSION to the release recorded in version.txt")]
+    NoExec {
+        /// The data dir.
+        data_dir: String,
+        /// How many members.
+        members: usize,
+        /// Each member's name and peer URLs.
+        names: String,
+        /// The target.
+        target: Version,
+    },
+    /// The WAL names no member id.
+    #[error("the data in {data_dir} belongs to a cluster of {members} members, but its WAL records no member id, so etcd-migrate cannot tell which member it is; start it with etcd itself once to see etcd's own error")]
+    NoMemberId {
+        /// The data dir.
+        data_dir: String,
+        /// How many members.
+        members: usize,
+    },
+    /// The member's TLS settings.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// The peer client.
+    #[error(transparent)]
+    Peer(#[from] PeerError),
+    /// The loop.
+    #[error(transparent)]
+    Roll(#[from] RollError),
+}
+
+impl EntryError {
+    /// The documented exit code: 2 for what refuses the run before
+    /// anything started, 128 + signal when stopped, else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            EntryError::NoExec { .. }
+            | EntryError::NoMemberId { .. }
+            | EntryError::Settings(_)
+            | EntryError::Peer(_)
+            | EntryError::Roll(RollError::Refused(_) | RollError::NothingToStart { .. }) => {
+                crate::EXIT_PRECONDITION
+            }
+            EntryError::Roll(RollError::Interrupted(signal)) => crate::signal_exit_code(*signal),
+            EntryError::Roll(_) => crate::EXIT_FAILURE,
+        }
+    }
+}
+
+/// The etcd arguments the member runs with: the user's, after `--`.
+fn etcd_args<'a>(config: &'a Config, on_disk: &OnDisk) -> Result<&'a [String], EntryError> {
+    match &config.mode {
+        Mode::Exec { etcd_args } => Ok(etcd_args),
+        Mode::NoExec | Mode::DryRun => Err(EntryError::NoExec {
+            data_dir: config.data_dir.display().to_string(),
+            members: on_disk.members.len(),
+            names: on_disk.members_text(),
+            target: config.target.version,
+        }),
+    }
+}
+
+/// Refuses what cannot run before anything is set up (`--no-exec`).
+pub fn check_mode(config: &Config, on_disk: &OnDisk) -> Result<(), EntryError> {
+    etcd_args(config, on_disk).map(|_| ())
+}
+
+/// Rolls this member to the target with its cluster, then serves until
+/// its etcd exits; returns the exit code the process ends with.
+pub fn run(
+    config: &Config,
+    plan: &Plan,
+    on_disk: &OnDisk,
+    marked: Option<Version>,
+    bundle: Bundle,
+    runtime: &tokio::runtime::Runtime,
+    supervisor: Supervisor,
+) -> Result<u8, EntryError> {
+    let user_args = etcd_args(config, on_disk)?;
+    let members: Vec<_> = on_disk.members.iter().map(member::from_disk).collect();
+    let own_id = on_disk.member_id.ok_or_else(|| EntryError::NoMemberId {
+        data_dir: config.data_dir.display().to_string(),
+        members: members.len(),
+    })?;
+    let etcd = SupervisedEtcd::new(
+        supervisor.clone(),
+        &config.bin_dir,
+        user_args,
+        &config.data_dir,
+        config.listen_client_urls.as_deref(),
+        STOP_GRACE,
+    );
+    // What the member's etcd reads: the full command line it runs with.
+    let args = etcd.target(config.target.version).args;
+    let env = |name: &str| std::env::var(name).ok();
+    let cluster_settings = settings::read(&args, &env)?;
+    let peer_urls: Vec<String> = members
+        .iter()
+        .flat_map(|m| m.peer_urls.iter().cloned())
+        .collect();
+    let peer_tls = settings::peer_tls(&args, &env, &peer_urls)?;
+    let own_name = on_disk
+        .members
+        .iter()
+        .find(|m| m.id == own_id)
+        .map(|m| m.name.clone())
+        .filter(|name| !name.is_empty())
+        .or_else(|| config::flag_in_args(&args, "name"))
+        .unwrap_or_else(|| config.member.name.clone());
+    let me = Holder {
+        member: format!("{own_id:x}"),
+        name: own_name.clone(),
+        run: format!(
+            "pid {} at {}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        ),
+    };
+    let mut live = LiveCluster::new(
+        own_id,
+        members,
+        cluster_settings.advertise_client_urls.clone(),
+        me,
+        peer_tls.as_ref(),
+        cluster_settings.client_tls.clone(),
+        REQUEST_TIMEOUT,
+    )?;
+    let rolling = Rolling {
+        own_id,
+        own_name,
+        configured_peer_urls: cluster_settings.advertise_peer_urls.clone(),
+        recorded: plan.current,
+        marked,
+        target: config.target,
+        bundle,
+        timing: Timing {
+            round: ROUND,
+            prove_every: PROVE_EVERY,
+            progress_every: PROGRESS_EVERY,
+            prove_deadline: config.health_timeout,
+        },
+    };
+    let first = roll::first_release(&rolling)?;
+    if let Some(marked) = marked {
+        log::info(
+            "a restart was not recorded; this member starts with the release that last ran on its data",
+            &[("release", marked.to_string().into())],
+        );
+    }
+    let mut etcd = etcd;
+    let mut ledger = DataLedger {
+        dir: config.data_dir.clone(),
+        storage: plan.current.storage,
+    };
+    let ended = runtime.block_on(async {
+        let start = roll::choose_start(&rolling, first, &mut live).await?;
+        roll::run(
+            &rolling,
+            start,
+            &mut live,
+            &mut etcd,
+            &mut ledger,
+            supervisor.termination(),
+        )
+        .await
+    })?;
+    Ok(exit_code(ended, &config.data_dir))
+}
+
+/// The exit code of the member's etcd, as if it had been exec'd: its own
+/// code, or 128 + the signal that ended it.
+fn exit_code(ended: Ended, data_dir: &Path) -> u8 {
+    let status = match ended {
+        Ended::Exited(status) => {
+            log::info(
+                "member etcd exited",
+                &[
+                    ("status", status.to_string().into()),
+                    ("data_dir", data_dir.display().to_string().into()),
+                ],
+            );
+            status
+        }
+        Ended::Stopped(signal) => {
+            log::info(
+                "member etcd stopped on request",
+                &[("signal", signal.as_str().into())],
+            );
+            ExitStatus::Signaled(signal)
+        }
+    };
+    match status {
+        ExitStatus::Exited(code) => u8::try_from(code).unwrap_or(crate::EXIT_FAILURE),
+        ExitStatus::Signaled(signal) => crate::signal_exit_code(signal),
+    }
+}

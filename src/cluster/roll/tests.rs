@@ -1,0 +1,534 @@
+//! The rolling loop against a simulated cluster: two other members whose
+//! releases a test sets (or changes as rounds pass), our member's etcd and
+//! the data dir's records as fakes that log every effect, and failures
+//! injected at each effect. The sequences asserted here are the order the
+//! safety argument rests on: record only after a proof, the mark before a
+//! start, leadership away before the stop, the lock released only after
+//! our etcd is proven (or stopped, on failure).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::*;
+use crate::cluster::decide::{Member as ViewMember, Reach};
+use crate::cluster::lock::Holder;
+use crate::version::{Minor, Storage};
+
+const OWN: u64 = 1;
+
+fn v(text: &str) -> Version {
+    text.parse().expect("version")
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Fail(String);
+
+/// The simulated world, shared by the three fakes.
+#[derive(Default)]
+struct World {
+    /// The other members' releases (None: down), by id 2, 3, …
+    others: Vec<Option<Version>>,
+    /// What our etcd runs (None: stopped).
+    own: Option<Version>,
+    /// The cluster version.
+    cv: Option<Minor>,
+    lock: Option<u64>,
+    leader: Option<u64>,
+    rounds: usize,
+    /// Effects, in order.
+    log: Vec<String>,
+    /// Injected failures.
+    prove_fails: bool,
+    /// The next releases of the lock fail (no quorum, say).
+    release_failures: usize,
+    etcd_exits_on_start_of: Option<Version>,
+    /// Bring member `.0` up at release `.1` once this many rounds passed.
+    comes_up: Option<(usize, usize, Version)>,
+    /// Raise a stop request at this round.
+    stop_at_round: Option<usize>,
+    stop: Option<watch::Sender<Option<Signal>>>,
+}
+
+impl World {
+    /// etcd's rule: the cluster version moves up to the lowest release
+    /// only while every member answers, and never down.
+    fn cluster_version(&mut self) -> Option<Minor> {
+        let all_up = self.own.is_some() && self.others.iter().all(Option::is_some);
+        if all_up {
+            let lowest = self
+                .others
+                .iter()
+                .flatten()
+                .chain(self.own.iter())
+                .map(|v| v.minor_line())
+                .min();
+            self.cv = self.cv.max(lowest);
+        }
+        self.cv
+    }
+
+    fn view(&mut self) -> View {
+        let mut members = vec![ViewMember {
+            id: OWN,
+            name: "own".into(),
+            peer_urls: vec!["https://10.0.0.1:2380".into()],
+            client_urls: vec![],
+            is_learner: false,
+            reach: self.own.map_or(Reach::Down(Duration::ZERO), Reach::Up),
+        }];
+        for (i, release) in self.others.iter().enumerate() {
+            members.push(ViewMember {
+                id: i as u64 + 2,
+                name: format!("m{}", i + 2),
+                peer_urls: vec![format!("https://10.0.0.{}:2380", i + 2)],
+                client_urls: vec![],
+                is_learner: false,
+                reach: release.map_or(Reach::Down(Duration::from_secs(30)), Reach::Up),
+            });
+        }
+        View {
+            cluster_version: self.cluster_version(),
+            members,
+            alarms: vec![],
+            leader: self.leader,
+            lock: self.lock,
+        }
+    }
+}
+
+type Shared = Rc<RefCell<World>>;
+
+struct FakeCluster(Shared);
+struct FakeEtcd(Shared);
+struct FakeLedger(Shared);
+
+impl Coordination for FakeCluster {
+    type Error = Fail;
+
+    async fn peers(&mut self) -> View {
+        self.0.borrow_mut().view()
+    }
+
+    async fn observe(&mut self) -> Result<View, Fail> {
+        let mut w = self.0.borrow_mut();
+        w.rounds += 1;
+        let round = w.rounds;
+        if let Some((index, at, release)) = w.comes_up {
+            if round >= at {
+                w.others[index] = Some(release);
+            }
+        }
+        if w.stop_at_round == Some(round) {
+            if let Some(stop) = &w.stop {
+                stop.send_replace(Some(Signal::SIGTERM));
+            }
+        }
+        Ok(w.view())
+    }
+
+    async fn take_lock(&mut self) -> Result<Taken, Fail> {
+        let mut w = self.0.borrow_mut();
+        match w.lock {
+            Some(holder) if holder != OWN => Ok(Taken::HeldBy(Holder {
+                member: format!("{holder:x}"),
+                name: format!("m{holder}"),
+                run: "other".into(),
+            })),
+            _ => {
+                w.lock = Some(OWN);
+                w.log.push("lock".into());
+                Ok(Taken::Ours)
+            }
+        }
+    }
+
+    async fn keep_lock(&mut self) -> Result<(), Fail> {
+        Ok(())
+    }
+
+    async fn release_lock(&mut self) -> Result<(), Fail> {
+        let mut w = self.0.borrow_mut();
+        if w.release_failures > 0 {
+            w.release_failures -= 1;
+            w.log.push("unlock failed".into());
+            return Err(Fail("no quorum".into()));
+        }
+        if w.lock == Some(OWN) {
+            w.lock = None;
+        }
+        w.log.push("unlock".into());
+        Ok(())
+    }
+
+    async fn move_leader(&mut self, _from: u64, to: u64) -> Result<(), Fail> {
+        let mut w = self.0.borrow_mut();
+        w.leader = Some(to);
+        w.log.push(format!("leader->{to}"));
+        Ok(())
+    }
+
+    async fn prove(&mut self, release: Version) -> Result<(), Fail> {
+        let w = self.0.borrow();
+        if w.prove_fails || w.own != Some(release) {
+            return Err(Fail(format!("{release} does not serve")));
+        }
+        Ok(())
+    }
+}
+
+impl MemberEtcd for FakeEtcd {
+    type Error = Fail;
+
+    async fn start(&mut self, release: Version) -> Result<(), Fail> {
+        let mut w = self.0.borrow_mut();
+        w.own = Some(release);
+        w.log.push(format!("start {release}"));
+        Ok(())
+    }
+
+    async fn stop(&mut self) -> Result<ExitStatus, Fail> {
+        let mut w = self.0.borrow_mut();
+        if let Some(release) = w.own.take() {
+            w.log.push(format!("stop {release}"));
+        }
+        if w.leader == Some(OWN) {
+            w.leader = None;
+        }
+        Ok(ExitStatus::Exited(0))
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        let mut w = self.0.borrow_mut();
+        match (w.own, w.etcd_exits_on_start_of) {
+            (Some(running), Some(dies)) if running == dies => {
+                w.own = None;
+                w.log.push(format!("exited {running}"));
+                Some(ExitStatus::Exited(1))
+            }
+            _ => None,
+        }
+    }
+
+    async fn wait(&mut self) -> ExitStatus {
+        let mut w = self.0.borrow_mut();
+        w.log.push("served".into());
+        ExitStatus::Exited(0)
+    }
+}
+
+impl Ledger for FakeLedger {
+    type Error = Fail;
+
+    fn record(&mut self, release: Version) -> Result<(), Fail> {
+        self.0.borrow_mut().log.push(format!("record {release}"));
+        Ok(())
+    }
+
+    fn mark(&mut self, release: Version) -> Result<(), Fail> {
+        self.0.borrow_mut().log.push(format!("mark {release}"));
+        Ok(())
+    }
+}
+
+fn rolling(recorded: &str, target: &str) -> Rolling {
+    Rolling {
+        own_id: OWN,
+        own_name: "own".into(),
+        configured_peer_urls: vec![],
+        recorded: VersionPair {
+            version: v(recorded),
+            storage: Storage::Etcd3,
+        },
+        marked: None,
+        target: VersionPair {
+            version: v(target),
+            storage: Storage::Etcd3,
+        },
+        bundle: Bundle::new(["3.3.25", "3.4.23", "3.5.16"].map(v)),
+        timing: Timing {
+            round: Duration::ZERO,
+            prove_every: Duration::ZERO,
+            progress_every: Duration::from_secs(3600),
+            prove_deadline: Duration::from_secs(3600),
+        },
+    }
+}
+
+/// Runs the whole member run in the world; returns the result and the log.
+fn run_in(world: World, rolling: &Rolling) -> (Result<Ended, RollError>, Vec<String>) {
+    let shared = Rc::new(RefCell::new(world));
+    let (stop, termination) = watch::channel(None);
+    shared.borrow_mut().stop = Some(stop);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let result = runtime.block_on(async {
+        let mut cluster = FakeCluster(shared.clone());
+        let first = first_release(rolling)?;
+        let start = choose_start(rolling, first, &mut cluster).await?;
+        run(
+            rolling,
+            start,
+            &mut cluster,
+            &mut FakeEtcd(shared.clone()),
+            &mut FakeLedger(shared.clone()),
+            termination,
+        )
+        .await
+    });
+    let log = shared.borrow().log.clone();
+    (result, log)
+}
+
+#[test]
+fn a_restart_under_the_lock_records_only_after_its_proof_and_hands_leadership_first() {
+    // We run 3.4 already, one minor ahead; m3 reaches 3.4 after a while,
+    // the cluster version follows, and our restart into 3.5 goes.
+    let world = World {
+        others: vec![Some(v("3.4.23")), Some(v("3.3.25"))],
+        comes_up: Some((1, 5, v("3.4.23"))),
+        cv: Some(Minor::new(3, 3)),
+        leader: Some(OWN),
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling("3.4.23", "3.5.16"));
+    assert_eq!(
+        result.expect("rolled"),
+        Ended::Exited(ExitStatus::Exited(0))
+    );
+    assert_eq!(
+        log,
+        [
+            "start 3.4.23",
+            "record 3.4.23",
+            "lock",
+            "leader->2",
+            "stop 3.4.23",
+            "mark 3.5.16",
+            "start 3.5.16",
+            "record 3.5.16",
+            "unlock",
+            "served"
+        ]
+    );
+}
+
+#[test]
+fn a_member_down_already_starts_one_hop_further_and_the_next_wave_waits_for_the_lock() {
+    // The others run 3.4 while the cluster version is 3.3 (we are the last
+    // on 3.3): we start 3.4 at once, marked first; then the cluster
+    // version is 3.4 and 3.5 goes under the lock.
+    let world = World {
+        others: vec![Some(v("3.4.23")), Some(v("3.4.23"))],
+        cv: Some(Minor::new(3, 3)),
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling("3.3.25", "3.5.16"));
+    result.expect("rolled");
+    assert_eq!(
+        log,
+        [
+            "mark 3.4.23",
+            "start 3.4.23",
+            "record 3.4.23",
+            "lock",
+            "stop 3.4.23",
+            "mark 3.5.16",
+            "start 3.5.16",
+            "record 3.5.16",
+            "unlock",
+            "served"
+        ]
+    );
+}
+
+#[test]
+fn a_release_that_fails_is_tried_again_and_the_roll_goes_on() {
+    let world = World {
+        others: vec![Some(v("3.3.25")), Some(v("3.3.25"))],
+        release_failures: 2,
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling("3.3.25", "3.4.23"));
+    result.expect("rolled");
+    let tail: Vec<&str> = log.iter().rev().take(4).rev().map(String::as_str).collect();
+    assert_eq!(
+        tail,
+        ["unlock failed", "unlock failed", "unlock", "served"],
+        "{log:?}"
+    );
+}
+
+#[test]
+fn a_member_down_holds_the_wave_without_taking_the_lock() {
+    // m3 is down for 20 rounds, then comes back at 3.3.25.
+    let world = World {
+        others: vec![Some(v("3.3.25")), None],
+        comes_up: Some((1, 20, v("3.3.25"))),
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling("3.3.25", "3.4.23"));
+    result.expect("rolled");
+    assert_eq!(log[..2], ["start 3.3.25", "record 3.3.25"]);
+    // No lock while m3 was down: the first lock comes after it is back, so
+    // the restart (one member down) never meets another member down.
+    assert_eq!(log[2], "lock", "{log:?}");
+    assert!(log.contains(&"start 3.4.23".to_string()));
+}
+
+#[test]
+fn a_release_that_dies_after_its_start_leaves_the_mark_and_frees_the_lock() {
+    let world = World {
+        others: vec![Some(v("3.3.25")), Some(v("3.3.25"))],
+        etcd_exits_on_start_of: Some(v("3.4.23")),
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling("3.3.25", "3.4.23"));
+    let err = result.expect_err("etcd died");
+    assert!(
+        matches!(err, RollError::EtcdExited { release, .. } if release == v("3.4.23")),
+        "{err}"
+    );
+    assert!(!log.contains(&"record 3.4.23".to_string()), "{log:?}");
+    assert_eq!(log.last().map(String::as_str), Some("unlock"), "{log:?}");
+    let mark = log.iter().position(|l| l == "mark 3.4.23");
+    let start = log.iter().position(|l| l == "start 3.4.23");
+    assert!(mark.is_some() && mark < start, "{log:?}");
+}
+
+#[test]
+fn a_release_never_proven_under_the_lock_is_stopped_then_the_lock_released() {
+    let mut rolling = rolling("3.3.25", "3.4.23");
+    rolling.timing.prove_deadline = Duration::ZERO;
+    let world = World {
+        others: vec![Some(v("3.3.25")), Some(v("3.3.25"))],
+        ..World::default()
+    };
+    let shared = Rc::new(RefCell::new(world));
+    // Proofs fail from the restart on: flip the switch when 3.4 starts.
+    struct Flaky(Shared);
+    impl MemberEtcd for Flaky {
+        type Error = Fail;
+        async fn start(&mut self, release: Version) -> Result<(), Fail> {
+            if release == v("3.4.23") {
+                self.0.borrow_mut().prove_fails = true;
+            }
+            FakeEtcd(self.0.clone()).start(release).await
+        }
+        async fn stop(&mut self) -> Result<ExitStatus, Fail> {
+            FakeEtcd(self.0.clone()).stop().await
+        }
+        fn exited(&mut self) -> Option<ExitStatus> {
+            None
+        }
+        async fn wait(&mut self) -> ExitStatus {
+            ExitStatus::Exited(0)
+        }
+    }
+    let (_stop, termination) = watch::channel(None);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let result = runtime.block_on(run(
+        &rolling,
+        v("3.3.25"),
+        &mut FakeCluster(shared.clone()),
+        &mut Flaky(shared.clone()),
+        &mut FakeLedger(shared.clone()),
+        termination,
+    ));
+    let err = result.expect_err("never proven");
+    assert!(matches!(err, RollError::NotProven { .. }), "{err}");
+    let log = shared.borrow().log.clone();
+    let n = log.len();
+    assert_eq!(log[n - 2..], ["stop 3.4.23", "unlock"], "{log:?}");
+}
+
+#[test]
+fn a_stop_request_while_waiting_stops_our_etcd_gracefully() {
+    let world = World {
+        others: vec![Some(v("3.3.25")), None],
+        stop_at_round: Some(3),
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling("3.3.25", "3.4.23"));
+    let err = result.expect_err("stopped");
+    assert!(
+        matches!(err, RollError::Interrupted(Signal::SIGTERM)),
+        "{err}"
+    );
+    assert_eq!(log, ["start 3.3.25", "record 3.3.25", "stop 3.3.25"]);
+}
+
+#[test]
+fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
+    let world = World {
+        others: vec![Some(v("3.4.23")), Some(v("3.4.23"))],
+        own: None,
+        ..World::default()
+    };
+    // Our data says 3.3.25, but the others report cluster version 3.4
+    // (they bumped while we were away: our data is stale or foreign).
+    struct Bumped(Shared);
+    impl Coordination for Bumped {
+        type Error = Fail;
+        async fn peers(&mut self) -> View {
+            let mut view = self.0.borrow_mut().view();
+            view.cluster_version = Some(Minor::new(3, 4));
+            view
+        }
+        async fn observe(&mut self) -> Result<View, Fail> {
+            Err(Fail("unused".into()))
+        }
+        async fn take_lock(&mut self) -> Result<Taken, Fail> {
+            Err(Fail("unused".into()))
+        }
+        async fn keep_lock(&mut self) -> Result<(), Fail> {
+            Ok(())
+        }
+        async fn release_lock(&mut self) -> Result<(), Fail> {
+            Ok(())
+        }
+        async fn move_leader(&mut self, _: u64, _: u64) -> Result<(), Fail> {
+            Ok(())
+        }
+        async fn prove(&mut self, _: Version) -> Result<(), Fail> {
+            Ok(())
+        }
+    }
+    let shared = Rc::new(RefCell::new(world));
+    let rolling = rolling("3.3.25", "3.5.16");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let err = runtime
+        .block_on(choose_start(
+            &rolling,
+            v("3.3.25"),
+            &mut Bumped(shared.clone()),
+        ))
+        .expect_err("behind");
+    assert!(
+        err.to_string().contains("cluster version is already 3.4"),
+        "{err}"
+    );
+    assert!(shared.borrow().log.is_empty());
+}
+
+#[test]
+fn the_first_release_is_the_marked_one_then_the_recorded_then_its_newest_patch() {
+    let mut r = rolling("3.3.25", "3.5.16");
+    assert_eq!(first_release(&r).expect("recorded"), v("3.3.25"));
+    r.marked = Some(v("3.4.23"));
+    assert_eq!(first_release(&r).expect("marked"), v("3.4.23"));
+    r.marked = None;
+    r.recorded.version = v("3.3.20");
+    assert_eq!(first_release(&r).expect("newest patch"), v("3.3.25"));
+    r.recorded.version = v("3.2.32");
+    let err = first_release(&r).expect_err("no 3.2 bundled");
+    assert!(err.to_string().contains("no 3.2.x release"), "{err}");
+}
