@@ -30,14 +30,20 @@ use crate::harness::{block_on, etcd_binary, free_port, read_version_txt, temp_di
 const RELEASE: &str = "3.3.25";
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A CA and, per name, a certificate for 127.0.0.1/localhost usable as
+/// The loopback address of member `i`: each member has its own.
+pub(crate) fn member_ip(i: usize) -> String {
+    format!("127.0.0.{}", 11 + i)
+}
+
+/// A CA and, per name, a certificate for 127.0.0.1, the members' own
+/// loopback addresses (127.0.0.11 …) and localhost, usable as
 /// server and client (as kubeadm's etcd peer certificates are).
-struct Pki {
+pub(crate) struct Pki {
     dir: PathBuf,
 }
 
 impl Pki {
-    fn new(dir: &Path, names: &[&str]) -> Self {
+    pub(crate) fn new(dir: &Path, names: &[&str]) -> Self {
         let ca_key = rcgen::KeyPair::generate().expect("CA key");
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -49,11 +55,9 @@ impl Pki {
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
         for name in names {
             let key = rcgen::KeyPair::generate().expect("member key");
-            let mut params = rcgen::CertificateParams::new(vec![
-                "127.0.0.1".to_string(),
-                "localhost".to_string(),
-            ])
-            .expect("member params");
+            let mut sans = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+            sans.extend((0..5).map(member_ip));
+            let mut params = rcgen::CertificateParams::new(sans).expect("member params");
             params
                 .distinguished_name
                 .push(rcgen::DnType::CommonName, *name);
@@ -71,7 +75,7 @@ impl Pki {
         }
     }
 
-    fn tls(&self, name: &str) -> TlsFiles {
+    pub(crate) fn tls(&self, name: &str) -> TlsFiles {
         TlsFiles {
             trusted_ca: self.dir.join("ca.crt"),
             cert: self.dir.join(format!("{name}.crt")),
@@ -80,10 +84,12 @@ impl Pki {
     }
 }
 
-struct Node {
-    peer_url: String,
-    client_url: String,
-    child: Option<Child>,
+pub(crate) struct Node {
+    pub(crate) peer_url: String,
+    pub(crate) client_url: String,
+    /// The etcd flags it runs with (the data dir among them).
+    pub(crate) args: Vec<String>,
+    pub(crate) child: Option<Child>,
 }
 
 impl Drop for Node {
@@ -100,40 +106,47 @@ fn start_cluster(root: &Path, pki: &Pki, names: &[&str]) -> Vec<Node> {
 
 /// [`start_cluster`] of the etcd at `program` (a release outside the bin
 /// dir, e.g. 2.3.7 from `$ETCD_EXTRA_BIN_DIR`).
-fn start_cluster_of(program: &Path, root: &Path, pki: &Pki, names: &[&str]) -> Vec<Node> {
+pub(crate) fn start_cluster_of(
+    program: &Path,
+    root: &Path,
+    pki: &Pki,
+    names: &[&str],
+) -> Vec<Node> {
     let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
     let initial: Vec<String> = names
         .iter()
         .zip(&ports)
-        .map(|(name, (_, peer))| format!("{name}=https://127.0.0.1:{peer}"))
+        .enumerate()
+        .map(|(i, (name, (_, peer)))| format!("{name}=https://{}:{peer}", member_ip(i)))
         .collect();
     let mut nodes = Vec::new();
-    for (name, (client, peer)) in names.iter().zip(&ports) {
-        let peer_url = format!("https://127.0.0.1:{peer}");
-        let client_url = format!("https://127.0.0.1:{client}");
+    for (i, (name, (client, peer))) in names.iter().zip(&ports).enumerate() {
+        let ip = member_ip(i);
+        let peer_url = format!("https://{ip}:{peer}");
+        let client_url = format!("https://{ip}:{client}");
         let tls = pki.tls(name);
         let log = File::create(root.join(format!("{name}.log"))).expect("log file");
+        let args = vec![
+            format!("--name={name}"),
+            format!("--data-dir={}", root.join(name).display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster={}", initial.join(",")),
+            "--initial-cluster-state=new".to_string(),
+            "--peer-client-cert-auth=true".to_string(),
+            format!("--peer-trusted-ca-file={}", tls.trusted_ca.display()),
+            format!("--peer-cert-file={}", tls.cert.display()),
+            format!("--peer-key-file={}", tls.key.display()),
+            "--client-cert-auth=true".to_string(),
+            format!("--trusted-ca-file={}", tls.trusted_ca.display()),
+            format!("--cert-file={}", tls.cert.display()),
+            format!("--key-file={}", tls.key.display()),
+        ];
         let mut command = Command::new(program);
         command
-            .arg(format!("--name={name}"))
-            .arg(format!("--data-dir={}", root.join(name).display()))
-            .arg(format!("--listen-client-urls={client_url}"))
-            .arg(format!("--advertise-client-urls={client_url}"))
-            .arg(format!("--listen-peer-urls={peer_url}"))
-            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster={}", initial.join(",")))
-            .arg("--initial-cluster-state=new")
-            .arg("--peer-client-cert-auth=true")
-            .arg(format!(
-                "--peer-trusted-ca-file={}",
-                tls.trusted_ca.display()
-            ))
-            .arg(format!("--peer-cert-file={}", tls.cert.display()))
-            .arg(format!("--peer-key-file={}", tls.key.display()))
-            .arg("--client-cert-auth=true")
-            .arg(format!("--trusted-ca-file={}", tls.trusted_ca.display()))
-            .arg(format!("--cert-file={}", tls.cert.display()))
-            .arg(format!("--key-file={}", tls.key.display()))
+            .args(&args)
             .env_clear()
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log"))
@@ -143,6 +156,7 @@ fn start_cluster_of(program: &Path, root: &Path, pki: &Pki, names: &[&str]) -> V
         nodes.push(Node {
             peer_url,
             client_url,
+            args,
             child: Some(child),
         });
     }
@@ -150,7 +164,11 @@ fn start_cluster_of(program: &Path, root: &Path, pki: &Pki, names: &[&str]) -> V
 }
 
 /// One round of asking every member, as a member's entrypoint does it.
-fn observe(client: &PeerClient, nodes: &[Node], silent: Duration) -> etcd_migrate::cluster::View {
+pub(crate) fn observe(
+    client: &PeerClient,
+    nodes: &[Node],
+    silent: Duration,
+) -> etcd_migrate::cluster::View {
     block_on(async {
         let mut members = None;
         let mut answers = Answers::new();
@@ -173,7 +191,7 @@ fn wait_for_cluster_version(client: &PeerClient, nodes: &[Node]) -> etcd_migrate
     wait_for_cluster_version_of(client, nodes, Minor::new(3, 3))
 }
 
-fn wait_for_cluster_version_of(
+pub(crate) fn wait_for_cluster_version_of(
     client: &PeerClient,
     nodes: &[Node],
     minor: Minor,
@@ -245,7 +263,10 @@ fn a_member_sees_a_real_tls_cluster_and_decides_on_it() {
     let view = observe(&client, &nodes, Duration::from_secs(7));
     match decide(&view, &own, &goal) {
         Decision::Wait(Waiting::MemberDown { member, down_for }) => {
-            assert!(member.starts_with("etcd-c (https://127.0.0.1:"), "{member}");
+            assert!(
+                member.starts_with(&format!("etcd-c (https://{}:", member_ip(2))),
+                "{member}"
+            );
             assert_eq!(down_for, Duration::from_secs(7));
         }
         other => panic!("with etcd-c dead, want a wait for it, got {other:?}"),
@@ -350,7 +371,10 @@ fn a_member_joining_two_minors_ahead_is_refused_and_one_ahead_is_not() {
         text.contains("cluster version is 3.3") && text.contains("TARGET_VERSION is 3.5.16"),
         "{text}"
     );
-    assert!(text.contains("etcd-a at https://127.0.0.1:"), "{text}");
+    assert!(
+        text.contains(&format!("etcd-a at https://{}:", member_ip(0))),
+        "{text}"
+    );
     assert!(!data.exists(), "a refused join created {}", data.display());
 
     join("3.4.23").assert_code(0);

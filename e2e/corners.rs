@@ -344,8 +344,12 @@ fn a_version_txt_the_data_contradicts_is_refused_untouched() {
         .assert_refused_untouched(&new, &before, &["records cluster version 3.5.0"]);
 }
 
+/// Data whose own membership lists another member: the cluster mode (a
+/// rolling upgrade as a member, shown by --dry-run), which --no-exec cannot
+/// carry (refused, naming the members); a rollback is refused as a
+/// stop-the-world procedure. The data is untouched each time.
 #[test]
-fn data_whose_membership_lists_other_members_is_refused_untouched() {
+fn data_whose_membership_lists_other_members_rolls_as_a_member_or_is_refused_untouched() {
     let tmp = temp_dir("data-members");
     let data = tmp.path().join("data");
     let member = Member::new("data-members");
@@ -375,13 +379,39 @@ fn data_whose_membership_lists_other_members_is_refused_untouched() {
     );
     etcd.stop();
     let before = fingerprint(&data);
-    Migration::new("3.5.16", &data, &member)
+    let upgrade = Migration::new("3.5.16", &data, &member).bundled("3.3.25,3.4.23,3.5.16");
+    let dry = upgrade
+        .clone()
+        .mode(crate::harness::migrator::Mode::DryRun)
+        .run();
+    dry.assert_code(0);
+    assert!(
+        dry.stdout
+            .contains("membership lists 2 members: a rolling upgrade")
+            && dry.stdout.contains("restart 1/1: into 3.5.16"),
+        "{}",
+        dry.explain()
+    );
+    upgrade.run().assert_refused_untouched(
+        &data,
+        &before,
+        &[
+            "belongs to a cluster of 2 members",
+            "http://127.0.0.2:2380",
+            "--no-exec",
+        ],
+    );
+    Migration::new("3.3.25", &data, &member)
         .bundled("3.3.25,3.4.23,3.5.16")
         .run()
         .assert_refused_untouched(
             &data,
             &before,
-            &["belongs to a cluster of 2 members", "http://127.0.0.2:2380"],
+            &[
+                "belongs to a cluster of 2 members",
+                "http://127.0.0.2:2380",
+                "stop-the-world",
+            ],
         );
 }
 

@@ -889,8 +889,12 @@ mod points {
     #[test]
     fn every_pass_of_every_failpoint_converges() {
         let started = Instant::now();
+        // The cluster mode's points are e2e/cluster_roll.rs's: a holder of
+        // a real cluster's lock dies at each of them (and must have died by
+        // SIGKILL, there); these scenarios run one member.
         let defined: BTreeSet<String> = etcd_migrate::failpoint::ALL
             .iter()
+            .filter(|name| !name.starts_with("cluster-"))
             .map(|name| name.to_string())
             .collect();
         let exercised = on_threads(exercise);

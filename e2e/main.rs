@@ -34,12 +34,17 @@
 //!   its binaries says NOT RUN).
 //! - `cluster_probe`: the cluster mode's peer probe, view and decision on a
 //!   real 3-member cluster with peer TLS.
+//! - `cluster_roll`: the cluster mode end to end on loopback: three members
+//!   restarted as their entrypoints roll 3.3 → 3.5 themselves, one killed at
+//!   a failpoint under the lock; 2.2 → 3.0 over the v2 lock with
+//!   `$ETCD_EXTRA_BIN_DIR`.
 
 mod harness;
 
 mod backups;
 mod bad_input;
 mod cluster_probe;
+mod cluster_roll;
 mod corners;
 mod crashes;
 mod failures;

@@ -1,0 +1,324 @@
+//! This module owns the cluster mode end to end on loopback: three members
+//! of a real TLS cluster, each on its own loopback address (127.0.0.11 …;
+//! peer and client certificates made here), each
+//! restarted in turn as `etcd-migrate -- <its etcd flags>` with a
+//! multi-minor target, roll the cluster to it themselves; holders die at
+//! the failpoints of their restart under the lock (`FAILPOINTS`, SIGKILL of
+//! the entrypoint; every `cluster-after-*` point in the CI case) and are
+//! started again. At the end every member runs the
+//! target, reports its minor as the cluster version, records it in
+//! `version.txt`, carries no restart mark, and the membership (ids, peer
+//! and client URLs) is unchanged. The same on 2.x releases (2.2.1 → 2.3.7
+//! → 3.0.17 over the v2 lock) when `$ETCD_EXTRA_BIN_DIR` has them; NOT RUN
+//! without it.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use etcd_migrate::cluster::peer::PeerClient;
+use etcd_migrate::version::Version;
+
+use crate::cluster_probe::{observe, start_cluster_of, wait_for_cluster_version_of, Node, Pki};
+use crate::harness::etcd::kill_and_reap;
+use crate::harness::migrator::{Migration, Mode, Running};
+use crate::harness::{block_on, read_version_txt, temp_dir, Member};
+
+const ALL_NAMES: [&str; 5] = ["etcd-a", "etcd-b", "etcd-c", "etcd-d", "etcd-e"];
+/// What the whole roll may take on a loaded two-core machine.
+const ROLL_DEADLINE: Duration = Duration::from_secs(300);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn say(line: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "cluster_roll: {line}");
+}
+
+/// The entrypoint of member `i`, in exec mode with the node's own flags.
+fn entrypoint(
+    node: &Node,
+    name: &str,
+    data: &Path,
+    (target, storage): (&str, &str),
+    bundled: &str,
+    bin_dir: &Path,
+) -> Migration {
+    let member = Member::new(name);
+    Migration {
+        name: name.to_string(),
+        ..Migration::new(target, data, &member)
+    }
+    .bin_dir(bin_dir)
+    .bundled(bundled)
+    .arg("--target-storage")
+    .arg(storage)
+    .mode(Mode::Exec(node.args.clone()))
+}
+
+/// Waits until every member's peer `/version` names `release`, the
+/// cluster version is its minor and every `version.txt` records it (the
+/// record follows the member's proof); panics with the members' logs
+/// otherwise.
+fn wait_rolled(
+    peers: &PeerClient,
+    nodes: &[Node],
+    release: Version,
+    recorded: &dyn Fn() -> bool,
+    members: &mut [Running],
+) {
+    let started = Instant::now();
+    loop {
+        let view = observe(peers, nodes, Duration::ZERO);
+        let done = view.cluster_version == Some(release.minor_line())
+            && view
+                .members
+                .iter()
+                .all(|m| m.reach == etcd_migrate::cluster::Reach::Up(release))
+            && recorded();
+        if done {
+            say(&format!(
+                "every member runs {release} {:.1} s after the last restart",
+                started.elapsed().as_secs_f64()
+            ));
+            return;
+        }
+        if started.elapsed() > ROLL_DEADLINE {
+            let logs: Vec<String> = members.iter().map(|m| m.stderr()).collect();
+            panic!(
+                "the cluster did not reach {release} within {ROLL_DEADLINE:?}: {view:?}\n{}",
+                logs.join("\n----\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// A cluster started at `from` (etcd itself), each member then restarted
+/// as its entrypoint with TARGET_VERSION `target`; member `i` with
+/// `failpoints[i]` dies there once (SIGKILL of its entrypoint; its etcd
+/// follows by its parent-death signal) and is started again without.
+fn roll(
+    bin_dir: &Path,
+    from: &str,
+    storage: &str,
+    target: &str,
+    bundled: &str,
+    failpoints: &[Option<&str>],
+) {
+    // One member per entry of `failpoints`.
+    let names = &ALL_NAMES[..failpoints.len()];
+    let tmp = temp_dir("cluster-roll");
+    let pki = Pki::new(tmp.path(), names);
+    let mut nodes = start_cluster_of(
+        &bin_dir.join(format!("etcd-{from}")),
+        tmp.path(),
+        &pki,
+        names,
+    );
+    let from_version: Version = from.parse().expect("version");
+    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    let before = wait_for_cluster_version_of(&peers, &nodes, from_version.minor_line());
+    let mut members: Vec<Running> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let data = tmp.path().join(name);
+        std::fs::write(data.join("version.txt"), format!("{from}/{storage}")).expect("version.txt");
+        if let Some(mut child) = nodes[i].child.take() {
+            kill_and_reap(&mut child);
+        }
+        let mut run = entrypoint(&nodes[i], name, &data, (target, storage), bundled, bin_dir);
+        if let Some(failpoint) = failpoints[i] {
+            run = run.env("FAILPOINTS", format!("{failpoint}=return"));
+        }
+        members.push(run.spawn());
+        // The next member goes once this one serves again (an operator's
+        // rollout, node by node).
+        let started = Instant::now();
+        while block_on(peers.version(&nodes[i].peer_url)).is_err() {
+            assert!(
+                started.elapsed() < ROLL_DEADLINE,
+                "{name} did not serve again: {}",
+                members[i].stderr()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let mut pending: Vec<usize> = (0..names.len())
+        .filter(|i| failpoints[*i].is_some())
+        .collect();
+    // What the runs that died said (the lock taken, their restart).
+    let mut history = String::new();
+    let deadline = Instant::now() + ROLL_DEADLINE;
+    while !pending.is_empty() {
+        for i in pending.clone() {
+            let Some(status) = members[i].try_status() else {
+                continue;
+            };
+            // The failpoint's `return` is a SIGKILL of the entrypoint.
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(9),
+                "{} ended with {status}, not at its failpoint: {}",
+                names[i],
+                members[i].stderr()
+            );
+            say(&format!(
+                "{} died at {}; starting it again",
+                names[i],
+                failpoints[i].unwrap_or_default()
+            ));
+            history.push_str(&members[i].stderr());
+            let data = tmp.path().join(names[i]);
+            let again = entrypoint(
+                &nodes[i],
+                names[i],
+                &data,
+                (target, storage),
+                bundled,
+                bin_dir,
+            );
+            again.wait_for_ports_free(Duration::from_secs(30));
+            members[i] = again.spawn();
+            pending.retain(|p| *p != i);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "members {pending:?} never reached their failpoints: {}",
+            pending
+                .iter()
+                .map(|i| members[*i].stderr())
+                .collect::<Vec<_>>()
+                .join("\n----\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let target_version: Version = target.parse().expect("version");
+    let all_recorded = || {
+        names.iter().all(|name| {
+            std::fs::read_to_string(tmp.path().join(name).join("version.txt"))
+                .is_ok_and(|text| text.trim() == format!("{target}/{storage}"))
+        })
+    };
+    wait_rolled(&peers, &nodes, target_version, &all_recorded, &mut members);
+    let after = observe(&peers, &nodes, Duration::ZERO);
+    for name in names {
+        let data = tmp.path().join(name);
+        assert_eq!(
+            read_version_txt(&data),
+            format!("{target}/{storage}"),
+            "{name}"
+        );
+        assert!(
+            !data.join(".etcd-migrate.restart").exists(),
+            "{name} keeps a restart mark"
+        );
+    }
+    let urls = |v: &etcd_migrate::cluster::View| {
+        let mut m: Vec<_> = v
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.id,
+                    m.name.clone(),
+                    m.peer_urls.clone(),
+                    m.client_urls.clone(),
+                )
+            })
+            .collect();
+        m.sort();
+        m
+    };
+    assert_eq!(urls(&before), urls(&after), "the membership changed");
+    let logs: String = history + &members.iter().map(|m| m.stderr()).collect::<String>();
+    assert!(
+        logs.contains("upgrade lock taken") && logs.contains("member proven"),
+        "the second wave went through the lock:\n{logs}"
+    );
+    // A stop request reaches the member's etcd through its entrypoint (or
+    // is etcd's own, where the entrypoint exec'd it): it ends as etcd ends
+    // on SIGTERM, 0 or 128 + 15 or the signal itself.
+    for mut member in members {
+        member.signal(nix::sys::signal::Signal::SIGTERM);
+        let outcome = member.wait(Duration::from_secs(60));
+        let status = outcome.status;
+        assert!(
+            matches!(status.code(), Some(0) | Some(143))
+                || std::os::unix::process::ExitStatusExt::signal(&status) == Some(15),
+            "an entrypoint told to stop ended with {status}: {}",
+            outcome.explain()
+        );
+    }
+}
+
+/// Four of the five members of the 3.4 → 3.5 wave (under the lock) die
+/// once, each at another failpoint: right after taking the lock, after
+/// stopping its etcd, after starting the next release, after recording it
+/// but before releasing the lock (the others then wait out the lock's TTL:
+/// its next start takes the exec path).
+#[test]
+fn five_members_roll_3_3_to_3_5_through_holders_killed_at_each_failpoint() {
+    roll(
+        &crate::harness::bin_dir(),
+        "3.3.25",
+        "etcd3",
+        "3.5.16",
+        "3.3.25,3.4.23,3.5.16",
+        &[
+            Some("cluster-after-lock"),
+            Some("cluster-after-stop"),
+            Some("cluster-after-start"),
+            Some("cluster-after-record"),
+            None,
+        ],
+    );
+}
+
+/// The releases no registry has, from `$ETCD_EXTRA_BIN_DIR` (NOT RUN
+/// without them).
+fn extra(test: &str, binaries: &[&str]) -> Option<std::path::PathBuf> {
+    let dir = crate::harness::extra_bin_dir()
+        .filter(|dir| binaries.iter().all(|b| dir.join(b).is_file()));
+    if dir.is_none() {
+        say(&format!(
+            "NOT RUN: {test} needs {} in $ETCD_EXTRA_BIN_DIR",
+            binaries.join(", ")
+        ));
+    }
+    dir
+}
+
+/// 3.0 → 3.1 over the v2 API (3.0's gRPC over TLS is not spoken), then
+/// 3.1 → 3.2 over v3, the lock crossing from one store to the other.
+#[test]
+fn three_members_roll_3_0_to_3_2_over_the_v2_then_the_v3_lock() {
+    let Some(dir) = extra(
+        "the 3.0 → 3.2 roll",
+        &["etcd-3.0.17", "etcd-3.1.20", "etcd-3.2.32"],
+    ) else {
+        return;
+    };
+    roll(
+        &dir,
+        "3.0.17",
+        "etcd3",
+        "3.2.32",
+        "3.0.17,3.1.20,3.2.32",
+        &[Some("cluster-after-lock"), None, None],
+    );
+}
+
+#[test]
+fn three_2x_members_roll_2_2_to_3_0_over_the_v2_lock() {
+    let Some(dir) = extra("the 2.x roll", &["etcd-2.2.1", "etcd-2.3.7", "etcd-3.0.17"]) else {
+        return;
+    };
+    roll(
+        &dir,
+        "2.2.1",
+        "etcd2",
+        "3.0.17",
+        "2.2.1,2.3.7,3.0.17",
+        &[None, Some("cluster-after-start"), None],
+    );
+}
