@@ -8,12 +8,16 @@
 //!
 //! - `harness`: containers, network, certificates, writer, monitor, checks.
 //! - `refusals`: the safety floor on a live cluster: a member restarted
-//!   with a target two minors ahead is refused (exit 2) and the cluster
-//!   keeps quorum, its writes and its membership; the member then rejoins;
-//!   the same for a rollback target on a 3.5 cluster. One scenario is
-//!   `#[ignore]`d because today's floor fails it: a new member joining a
-//!   3.3 cluster with TARGET_VERSION=3.5.16 on an empty data dir is exec'd
-//!   at 3.5.16 and serves two minors ahead (`--ignored` runs it).
+//!   with a new target through `migrate-if-needed.sh` (`--no-exec`, which
+//!   cannot coordinate a roll) is refused (exit 2) and the cluster keeps
+//!   quorum, its writes and its membership; the member then rejoins; the
+//!   same for a rollback target on a 3.5 cluster; a new member joining a
+//!   3.3 cluster with TARGET_VERSION=3.5.16 on an empty data dir is refused.
+//! - `upgrades`: the rolling upgrades the members' entrypoints coordinate
+//!   (3.3 → 3.4 → 3.5 with 3 and 5 members, the `examples/ha/` sets as
+//!   written, all restarted at once, a member offline through a wave, lock
+//!   holders SIGKILLed at each point of their restart, a holder cut off, a
+//!   target lowered mid-wave).
 //! - `restarts`: restarts, kills and cuts at one version (no version
 //!   change) keep quorum and every write; the monitor proven to catch a
 //!   member run by hand two minors ahead.
@@ -22,3 +26,4 @@ mod harness;
 
 mod refusals;
 mod restarts;
+mod upgrades;

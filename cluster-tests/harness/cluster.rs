@@ -36,6 +36,68 @@ pub enum Style {
     /// etcd-${TARGET_VERSION} ...` with INITIAL_CLUSTER, ETCD_NAME,
     /// LISTEN_PEER_URLS, INITIAL_ADVERTISE_PEER_URLS and ETCD_CREDS.
     Gce,
+    /// examples/gce-etcd-ha.manifest: the same settings, but `exec
+    /// etcd-migrate -- <etcd flags>`, so that the entrypoint can roll a
+    /// multi-member cluster (it supervises the member's etcd).
+    GceHa,
+    /// examples/ha/kubeadm-etcd-{a,b,c}.yaml as written, but for the
+    /// addresses (the test network's instead of 198.51.100.x) and the
+    /// target (the one the scenario asks for), run as the kubelet would
+    /// (image-tests/pod2docker.py).
+    KubeadmExample,
+    /// examples/ha/gce-etcd-{a,b,c}.manifest, likewise.
+    GceExample,
+}
+
+/// The documentation addresses the example sets use, in member order.
+const EXAMPLE_IPS: [&str; 3] = ["198.51.100.11", "198.51.100.12", "198.51.100.13"];
+/// The target the example sets are written with.
+const EXAMPLE_TARGET: &str = "3.5.16";
+
+/// Where a member of an example set comes from and puts its files.
+struct Example {
+    /// The manifest, relative to the repo.
+    file: String,
+    /// The certificates' dir in the member's root.
+    pki_at: &'static str,
+    /// `(file in the test's pki dir, name the manifest uses)`.
+    certs: Vec<(&'static str, &'static str)>,
+    /// The data dir in the member's root.
+    data: &'static str,
+}
+
+impl Style {
+    /// The example of member `name`, for the example styles.
+    fn example(self, name: &str) -> Option<Example> {
+        match self {
+            Style::KubeadmExample => Some(Example {
+                file: format!("examples/ha/kubeadm-{name}.yaml"),
+                pki_at: "etc/kubernetes/pki/etcd",
+                certs: vec![
+                    (pki::CA, "ca.crt"),
+                    (pki::SERVER_CERT, "server.crt"),
+                    (pki::SERVER_KEY, "server.key"),
+                    (pki::PEER_CERT, "peer.crt"),
+                    (pki::PEER_KEY, "peer.key"),
+                ],
+                data: "var/lib/etcd",
+            }),
+            Style::GceExample => Some(Example {
+                file: format!("examples/ha/gce-{name}.manifest"),
+                pki_at: "etc/srv/kubernetes",
+                certs: vec![
+                    (pki::CA, "etcd-ca.crt"),
+                    (pki::PEER_CERT, "etcd-peer.crt"),
+                    (pki::PEER_KEY, "etcd-peer.key"),
+                    (pki::CA, "pki/etcd-apiserver-ca.crt"),
+                    (pki::SERVER_CERT, "pki/etcd-apiserver-server.crt"),
+                    (pki::SERVER_KEY, "pki/etcd-apiserver-server.key"),
+                ],
+                data: "mnt/master-pd/var/etcd/data",
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// One member: its name, address and container (None while removed).
@@ -211,8 +273,88 @@ impl Cluster {
             .join(",")
     }
 
+    /// The root a member's example manifest maps its hostPath volumes
+    /// under.
+    fn example_root(&self, i: usize) -> std::path::PathBuf {
+        self.members[i].pki_dir.with_extension("root")
+    }
+
+    /// `docker run` arguments of member `i` from its example manifest,
+    /// rendered for this network and `version` (pod2docker.py).
+    fn example_args(&self, i: usize, version: &str) -> Option<Vec<String>> {
+        let m = &self.members[i];
+        let Example {
+            file,
+            pki_at,
+            certs,
+            ..
+        } = self.style.example(&m.name)?;
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut text = std::fs::read_to_string(repo.join(&file))
+            .unwrap_or_else(|e| panic!("read {file}: {e}"));
+        for (j, doc_ip) in EXAMPLE_IPS.iter().enumerate().take(self.members.len()) {
+            text = text.replace(doc_ip, &self.members[j].ip);
+        }
+        text = text.replace(EXAMPLE_TARGET, version);
+        let root = self.example_root(i);
+        let pki_dir = root.join(pki_at);
+        for (from, to) in certs {
+            let to = pki_dir.join(to);
+            std::fs::create_dir_all(to.parent().expect("a parent dir")).expect("pki dir");
+            std::fs::copy(m.pki_dir.join(from), &to)
+                .unwrap_or_else(|e| panic!("copy {from} to {}: {e}", to.display()));
+        }
+        let rendered = root.join(
+            std::path::Path::new(&file)
+                .file_name()
+                .expect("a file name"),
+        );
+        std::fs::write(&rendered, text).expect("write the rendered manifest");
+        let container = if self.style == Style::GceExample {
+            "etcd-container"
+        } else {
+            "etcd"
+        };
+        let out = std::process::Command::new("python3")
+            .arg(repo.join("image-tests/pod2docker.py"))
+            .arg(&rendered)
+            .args(["--container", container, "--image", &self.image, "--root"])
+            .arg(&root)
+            .output()
+            .expect("run pod2docker.py");
+        assert!(
+            out.status.success(),
+            "pod2docker.py {}: {}",
+            rendered.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut args: Vec<String> = [
+            "--label",
+            &self.label,
+            "--network",
+            &self.network.name,
+            "--ip",
+            &m.ip,
+            "--hostname",
+            &m.name,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .split('\0')
+                .filter(|a| !a.is_empty())
+                .map(str::to_string),
+        );
+        Some(args)
+    }
+
     /// `docker run` arguments of member `i` with TARGET_VERSION `version`.
     fn run_args(&self, i: usize, version: &str) -> Vec<String> {
+        if let Some(args) = self.example_args(i, version) {
+            return args;
+        }
         let m = &self.members[i];
         let mut args: Vec<String> = [
             "--label",
@@ -265,7 +407,8 @@ impl Cluster {
                     format!("--trusted-ca-file={pki}/{}", pki::CA),
                 ]);
             }
-            Style::Gce => {
+            Style::KubeadmExample | Style::GceExample => unreachable!("example_args"),
+            Style::Gce | Style::GceHa => {
                 let pki = "/etc/srv/kubernetes";
                 let creds = format!(
                     "--peer-trusted-ca-file {pki}/{ca} --peer-cert-file {pki}/{pc} --peer-key-file {pki}/{pk} -peer-client-cert-auth",
@@ -281,8 +424,13 @@ impl Cluster {
                 );
                 // The manifest's command, with the member's own client URL
                 // (the test's clients are not on the member's loopback).
+                let start = if self.style == Style::GceHa {
+                    format!("exec /usr/local/bin/etcd-migrate -- --name {}", m.name)
+                } else {
+                    "/usr/local/bin/migrate-if-needed.sh || exit; exec /usr/local/bin/etcd-${TARGET_VERSION}".to_string()
+                };
                 let command = format!(
-                    "/usr/local/bin/migrate-if-needed.sh || exit; exec /usr/local/bin/etcd-${{TARGET_VERSION}} --listen-peer-urls ${{LISTEN_PEER_URLS}} --initial-advertise-peer-urls ${{INITIAL_ADVERTISE_PEER_URLS}} --advertise-client-urls {client_urls} --listen-client-urls https://127.0.0.1:2379,{client_urls} --quota-backend-bytes=4294967296 --data-dir /var/etcd/data --initial-cluster-state {state} --initial-cluster ${{INITIAL_CLUSTER}} --initial-cluster-token {token} ${{ETCD_CREDS}} {apiserver_creds}",
+                    "{start} --listen-peer-urls ${{LISTEN_PEER_URLS}} --initial-advertise-peer-urls ${{INITIAL_ADVERTISE_PEER_URLS}} --advertise-client-urls {client_urls} --listen-client-urls https://127.0.0.1:2379,{client_urls} --quota-backend-bytes=4294967296 --data-dir /var/etcd/data --initial-cluster-state {state} --initial-cluster ${{INITIAL_CLUSTER}} --initial-cluster-token {token} ${{ETCD_CREDS}} {apiserver_creds}",
                     token = self.token
                 );
                 for (k, v) in [
@@ -508,9 +656,17 @@ impl Cluster {
     /// container of the image (labelled, removed when it ends).
     pub fn version_txt(&self, i: usize) -> String {
         let m = &self.members[i];
+        if let Some(example) = self.style.example(&m.name) {
+            let path = self.example_root(i).join(example.data).join("version.txt");
+            return std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+                .trim()
+                .to_string();
+        }
         let (mount, file) = match self.style {
             Style::Kubeadm => ("/var/lib/etcd", "/var/lib/etcd/version.txt"),
-            Style::Gce => ("/var/etcd", "/var/etcd/data/version.txt"),
+            Style::Gce | Style::GceHa => ("/var/etcd", "/var/etcd/data/version.txt"),
+            Style::KubeadmExample | Style::GceExample => unreachable!("read from the host"),
         };
         docker(&[
             "run",

@@ -209,6 +209,12 @@ impl Container {
         )
     }
 
+    /// How many times `needle` occurs in the container's log (across its
+    /// restarts: `docker logs` keeps every run's output).
+    pub fn count_in_log(&self, needle: &str) -> usize {
+        self.logs().matches(needle).count()
+    }
+
     /// SIGKILL to the container's PID 1 (`docker kill -s KILL`).
     pub fn kill(&self) {
         docker(&["kill", "-s", "KILL", &self.name]);

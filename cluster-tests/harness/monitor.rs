@@ -93,11 +93,15 @@ pub fn healthy(pki: &ClientPki, ip: &str) -> Result<(), String> {
 pub struct Round {
     pub at: Duration,
     pub answers: Vec<Option<VersionAnswer>>,
+    /// The scenario itself took members down together during this round
+    /// (all restarted at once): "two down" is not a violation then.
+    pub down_excused: bool,
 }
 
 /// Polls every member's `/version` until stopped.
 pub struct Monitor {
     stop: Arc<AtomicBool>,
+    excuse: Arc<AtomicBool>,
     rounds: Arc<Mutex<Vec<Round>>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -106,14 +110,17 @@ impl Monitor {
     /// Starts polling `ips` (in member order).
     pub fn start(pki: ClientPki, ips: Vec<String>) -> Monitor {
         let stop = Arc::new(AtomicBool::new(false));
+        let excuse = Arc::new(AtomicBool::new(false));
         let rounds = Arc::new(Mutex::new(Vec::new()));
         let thread = {
             let stop = stop.clone();
+            let excuse = excuse.clone();
             let rounds = rounds.clone();
             thread::spawn(move || {
                 let started = Instant::now();
                 while !stop.load(Ordering::SeqCst) {
                     let round_start = Instant::now();
+                    let excused_at_start = excuse.load(Ordering::SeqCst);
                     let probes: Vec<_> = ips
                         .iter()
                         .map(|ip| {
@@ -125,9 +132,11 @@ impl Monitor {
                         .into_iter()
                         .map(|p| p.join().unwrap_or(None))
                         .collect();
+                    let down_excused = excused_at_start || excuse.load(Ordering::SeqCst);
                     rounds.lock().expect("rounds").push(Round {
                         at: round_start - started,
                         answers,
+                        down_excused,
                     });
                     // The steady rate: the next round starts one period
                     // after this one started (or at once if it overran).
@@ -140,9 +149,17 @@ impl Monitor {
         };
         Monitor {
             stop,
+            excuse,
             rounds,
             thread: Some(thread),
         }
+    }
+
+    /// While `on`, rounds with several members down are the scenario's own
+    /// doing (it stopped them together), not a violation; every other
+    /// check still holds in those rounds.
+    pub fn excuse_down(&self, on: bool) {
+        self.excuse.store(on, Ordering::SeqCst);
     }
 
     /// Waits (with `deadline`) until a round matching `pred` was recorded.
@@ -205,7 +222,7 @@ pub fn violations(names: &[String], rounds: &[Round]) -> Vec<String> {
             .filter(|(a, _)| a.is_none())
             .map(|(_, n)| n.as_str())
             .collect();
-        if down.len() >= 2 {
+        if down.len() >= 2 && !round.down_excused {
             out.push(format!(
                 "at {:.1}s {} members down at once: {}",
                 round.at.as_secs_f64(),
@@ -257,16 +274,24 @@ mod tests {
         let names: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
         let ok = Round {
             at: Duration::ZERO,
+            down_excused: false,
             answers: vec![answer("3.3.25", "3.3.0"), None, answer("3.4.23", "3.3.0")],
         };
         assert!(violations(&names, std::slice::from_ref(&ok)).is_empty());
         let two_down = Round {
             at: Duration::ZERO,
             answers: vec![answer("3.3.25", "3.3.0"), None, None],
+            down_excused: false,
         };
-        assert_eq!(violations(&names, &[two_down]).len(), 1);
+        assert_eq!(violations(&names, std::slice::from_ref(&two_down)).len(), 1);
+        let excused = Round {
+            down_excused: true,
+            ..two_down
+        };
+        assert!(violations(&names, &[excused]).is_empty());
         let ahead = Round {
             at: Duration::ZERO,
+            down_excused: false,
             answers: vec![
                 answer("3.3.25", "3.3.0"),
                 answer("3.5.16", "not_decided"),
@@ -279,6 +304,7 @@ mod tests {
         // 2.3 → 3.0 is one step, 2.2 → 3.0 two.
         let boundary = |cluster: &str| Round {
             at: Duration::ZERO,
+            down_excused: false,
             answers: vec![
                 answer("3.0.17", cluster),
                 answer("2.3.7", cluster),
