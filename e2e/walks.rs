@@ -76,6 +76,18 @@ fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
     for line in &done {
         assert_eq!(digest(line), digest(baseline[0]), "{line}");
     }
+    // In-place steps only: the baseline is etcd's own hash (no whole
+    // read), and each step proves itself by its etcd's hash against the
+    // read before it (issue 12).
+    assert_eq!(
+        (
+            run.lines_with("keyspace fingerprinted by etcd's hash").len(),
+            run.lines_with("keyspace proven by etcd's hash").len()
+        ),
+        (1, 2),
+        "{}",
+        run.explain()
+    );
     assert_eq!(run.lines_with("migrated").len(), 1, "{}", run.explain());
     run.assert_stderr_has("[etcd-3.4.23] ")
         .assert_stderr_has("[etcd-3.5.16] ");

@@ -126,9 +126,10 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         // hand on the same. The rebuilding steps read their source first,
         // so without a baseline reader the first of them sets it.
         let mut before = match (plan.baseline, plan.steps.first()) {
-            (Some(version), Some(first)) => {
-                Some(self.baseline(version, first, plan.current).await?)
-            }
+            (Some(version), Some(first)) => Some(
+                self.baseline(version, first, plan.current, plan.baseline_by_hash())
+                    .await?,
+            ),
             _ => None,
         };
         for (i, step) in plan.steps.iter().enumerate() {
@@ -272,8 +273,9 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         version: Version,
         first: &Step,
         recorded: VersionPair,
+        by_hash: bool,
     ) -> Result<Fingerprint, ExecuteError> {
-        let first_try = self.read_baseline(version, recorded).await;
+        let first_try = self.read_baseline(version, recorded, by_hash).await;
         let source = match &first_try {
             Err(ExecuteError::Baseline { source, .. })
                 if matches!(**source, StepError::ExitedEarly { .. }) && first.runs() != version =>
@@ -292,7 +294,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
                 ("baseline_by", first.runs().to_string().into()),
             ],
         );
-        match self.read_baseline(first.runs(), recorded).await {
+        match self.read_baseline(first.runs(), recorded, by_hash).await {
             Err(ExecuteError::Baseline { source, .. }) => {
                 // Neither can: the recorded release's own failure is what
                 // the operator must fix; the second one is logged.
@@ -311,11 +313,13 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         }
     }
 
-    /// One baseline read: `version` serves the data as recorded.
+    /// One baseline read: `version` serves the data as recorded (read by
+    /// etcd's hash alone when `by_hash` and the release has one).
     async fn read_baseline(
         &self,
         version: Version,
         recorded: VersionPair,
+        by_hash: bool,
     ) -> Result<Fingerprint, ExecuteError> {
         if let Some(signal) = *self.termination.borrow() {
             return Err(ExecuteError::Interrupted {
@@ -326,7 +330,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         }
         match self
             .context()
-            .read_baseline(version, recorded.storage)
+            .read_baseline(version, recorded.storage, by_hash)
             .instrument(log::step_span("baseline"))
             .await
         {

@@ -309,6 +309,21 @@ impl EtcdApi for EtcdHealth {
         }
     }
 
+    fn fingerprint_by_hash(
+        &self,
+        endpoint: &str,
+        hidden: &[String],
+    ) -> impl Future<Output = Result<Option<Fingerprint>, ApiError>> {
+        let endpoint = endpoint.to_string();
+        let ours = self.ours.borrow().clone();
+        let hidden = hidden.to_vec();
+        async move {
+            keyspace::read_fingerprint_by_hash(&endpoint, &ours, &hidden)
+                .await
+                .map_err(ApiError::from)
+        }
+    }
+
     fn fingerprint_since(
         &self,
         endpoint: &str,

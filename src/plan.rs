@@ -513,6 +513,28 @@ impl fmt::Display for Step {
 }
 
 impl Plan {
+    /// Whether the baseline may be fingerprinted by etcd's own hash alone,
+    /// without a whole read: etcd3 data and only in-place steps, each of
+    /// which proves itself by its etcd's hash at the last read's revision
+    /// (a rebuilding step compares whole reads, and an etcd2 store has no
+    /// hash). The release still decides: one without `HashKV` (before 3.3)
+    /// is read whole.
+    pub fn baseline_by_hash(&self) -> bool {
+        self.current.storage == Storage::Etcd3
+            && self.steps.iter().all(|step| {
+                matches!(
+                    step,
+                    Step::PatchUpgrade {
+                        storage: Storage::Etcd3,
+                        ..
+                    } | Step::MinorUpgrade {
+                        storage: Storage::Etcd3,
+                        ..
+                    }
+                )
+            })
+    }
+
     /// True when nothing needs to change.
     pub fn is_noop(&self) -> bool {
         self.current == self.target
@@ -802,9 +824,14 @@ impl Plan {
             }
         }
         if let Some(version) = self.baseline {
+            let how = if self.baseline_by_hash() {
+                "by etcd's own hash where it has one, else by reading it whole"
+            } else {
+                "by reading it whole"
+            };
             writeln!(
                 f,
-                "baseline: {} serves the data as recorded once before step 1, to fingerprint it",
+                "baseline: {} serves the data as recorded once before step 1, to fingerprint it {how}",
                 self.binary_path(Binary::etcd(version))
             )?;
         }
@@ -1614,6 +1641,25 @@ mod tests {
     }
 
     #[test]
+    fn the_baseline_is_read_by_hash_only_before_in_place_etcd3_steps() {
+        let full = bundle(CI);
+        let cases = [
+            // (current, target, by hash)
+            ("3.3.25/etcd3", "3.5.16/etcd3", true),
+            ("3.4.23/etcd3", "3.4.23/etcd3", true),
+            // A rebuilding step anywhere compares whole reads.
+            ("3.3.25/etcd3", "3.4.23/etcd2", false),
+            ("3.5.16/etcd3", "3.3.25/etcd3", false),
+            // An etcd2 store has no hash.
+            ("3.3.25/etcd2", "3.5.16/etcd3", false),
+        ];
+        for (current, target, want) in cases {
+            let plan = plan(pair(current), pair(target), &full).expect("plans");
+            assert_eq!(plan.baseline_by_hash(), want, "{current} -> {target}");
+        }
+    }
+
+    #[test]
     fn counts_initial_cluster_members() {
         assert_eq!(initial_cluster_members("etcd-a=http://localhost:2380"), 1);
         assert_eq!(
@@ -1816,7 +1862,7 @@ mod tests {
                 "an interrupted step left a scratch dir; a real run first finishes its swap (if it happened) or discards it",
                 "step 1/2: minor-upgrade 3.3.25/etcd3 -> 3.4.23/etcd3; runs /bin/etcd-3.4.23; client http://127.0.0.1:18629; peer http://localhost:2380",
                 "step 2/2: rollback-to-etcd2 3.4.23/etcd3 -> 3.4.23/etcd2; runs /bin/etcd-3.4.23 + /bin/etcd-3.4.23; client http://127.0.0.1:18629; peer http://localhost:2380",
-                "baseline: /bin/etcd-3.3.25 serves the data as recorded once before step 1, to fingerprint it",
+                "baseline: /bin/etcd-3.3.25 serves the data as recorded once before step 1, to fingerprint it by reading it whole",
                 "backup: before rollback-to-etcd2 3.4.23/etcd3 -> 3.4.23/etcd2, into /var/etcd/data.backup/<time>-3.4.23-etcd3 (keeping 3)",
                 "then: exec /bin/etcd-3.4.23 (or exit 0 with --no-exec)",
             ]

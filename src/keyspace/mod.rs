@@ -344,6 +344,13 @@ pub struct Fingerprint {
     /// v3: what this etcd said of the revision the earlier read was made
     /// at, where both had a hash.
     since: Option<SinceCheck>,
+    /// True when `digest`, `content`, `expiring` and `sample` cover every
+    /// entry (a whole read, or one derived from it); false for a baseline
+    /// fingerprinted by etcd's hash alone
+    /// ([`read_fingerprint_by_hash`]): then only `keys`, `leases`, `hash`
+    /// and the v2 side store hold, and a later read is proven against it
+    /// by etcd's hash at its revision or not at all.
+    whole: bool,
 }
 
 /// What a later etcd says of the revision an earlier read was made at.
@@ -400,13 +407,19 @@ impl fmt::Display for Fingerprint {
         if let Some(leases) = &self.leases {
             write!(f, " {} leases", leases.len())?;
         }
-        write!(
-            f,
-            " {} expiring digest:{} content:{}",
-            self.expiring.len(),
-            self.digest.short(),
-            self.content.short()
-        )?;
+        // By hash alone: the revisions and hashes go in their own lines
+        // (`keyspace fingerprinted by etcd's hash`, `keyspace proven by
+        // etcd's hash`); every fingerprint derived from it reads the same.
+        match self.whole {
+            false => write!(f, " by etcd's hash")?,
+            true => write!(
+                f,
+                " {} expiring digest:{} content:{}",
+                self.expiring.len(),
+                self.digest.short(),
+                self.content.short()
+            )?,
+        }
         if let Some(side) = &self.v2_side {
             write!(f, " + v2 store: {side}")?;
         }
@@ -453,6 +466,7 @@ impl Fingerprint {
             v2_side: None,
             hash: None,
             since: None,
+            whole: true,
         }
     }
 
@@ -584,6 +598,11 @@ impl Fingerprint {
         if let Some(since) = &later.since {
             differs.extend(self.hash_differences(since, later));
         }
+        if !self.whole {
+            if let Some(unproven) = self.unproven_by_hash(later) {
+                return Err(unproven);
+            }
+        }
         if self.storage == later.storage {
             differs.extend(self.store_differences(later));
             if let Some(before) = &self.v2_side {
@@ -618,6 +637,27 @@ impl Fingerprint {
                 differs.join("; ")
             ))
         }
+    }
+
+    /// Why `later` cannot be proven against `self`, a fingerprint by
+    /// etcd's hash alone: only a read checked by etcd's hash at `self`'s
+    /// revision can be (no digest exists to compare a whole read with).
+    /// No plan asks for it (a baseline is read by hash only before in-place
+    /// etcd3 steps on releases with a hash); this keeps a mistake from
+    /// passing unproven.
+    fn unproven_by_hash(&self, later: &Fingerprint) -> Option<String> {
+        let revision = self.hash.map_or(0, |h| h.revision);
+        if self.storage != later.storage {
+            return Some(format!(
+                "before: {self}; after: {later}; the earlier read was made by etcd's hash at revision {revision} only, which cannot be compared with a read through another storage"
+            ));
+        }
+        if later.since.is_none() {
+            return Some(format!(
+                "before: {self}; after: {later}; the earlier read was made by etcd's hash at revision {revision} only, and this etcd did not hash that revision: nothing proves the keyspace kept"
+            ));
+        }
+        None
     }
 
     /// What etcd's hashes and history say differs since `self` was read.
@@ -680,7 +720,12 @@ impl Fingerprint {
         let keys = self.keys - gone.len();
         let content = gone.iter().fold(self.content, |sum, e| sum.sub(e.content));
         let mut differs = Vec::new();
-        if later.keys != keys {
+        // A fingerprint by hash alone has no digest: etcd's hash at its
+        // revision, the history since and etcd's count (see
+        // `hash_differences`) prove the keys and values; the leases are
+        // still compared below.
+        let whole = self.whole;
+        if whole && later.keys != keys {
             differs.push(format!(
                 "{} keys expected ({} before, {} expired since), {} found",
                 keys,
@@ -691,7 +736,7 @@ impl Fingerprint {
         }
         if later.storage == self.storage {
             let digest = gone.iter().fold(self.digest, |sum, e| sum.sub(e.digest));
-            if later.digest != digest {
+            if whole && later.digest != digest {
                 differs.push("keys, values or lease bindings differ".to_string());
             }
             if let (Some(before), Some(after)) = (&self.leases, &later.leases) {
@@ -809,6 +854,49 @@ pub async fn read_all_since(
             })
         }
     }
+}
+
+/// The baseline's fingerprint of an etcd3 keyspace by etcd's own hash,
+/// without reading it (issue 12: a whole read of 200k keys costs as much
+/// as the etcd start it follows): `HashKV` at the current revision, etcd's
+/// key count there, the leases, and the v2 side store (read whole: the v2
+/// API has no hash). The next in-place step proves itself against it the
+/// way every in-place step proves itself against the last: its etcd hashes
+/// the same revision, and the history since holds only our writes and
+/// expiries. `None` where the release has no `HashKV` (before 3.3): read
+/// the keyspace whole instead.
+pub async fn read_fingerprint_by_hash(
+    endpoint: &str,
+    ours: &Ours,
+    hidden: &[String],
+) -> Result<Option<Fingerprint>, KeyspaceError> {
+    let started = Instant::now();
+    let client = v3::v3_client(endpoint).await?;
+    let Some(hash) = v3::hash_kv(&client, endpoint, 0).await? else {
+        return Ok(None);
+    };
+    let keys = v3::count_keys(&client, endpoint, hash.revision, ours).await?;
+    let leases = v3::read_leases(&client, endpoint, &BTreeMap::new(), ours).await?;
+    let side = v2::read_v2(endpoint, ours, hidden)
+        .await?
+        .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
+    let mut fingerprint = Fingerprint::empty(Storage::Etcd3);
+    fingerprint.keys = keys;
+    fingerprint.hash = Some(hash);
+    fingerprint.whole = false;
+    crate::log::info(
+        "keyspace fingerprinted by etcd's hash",
+        &[
+            ("revision", hash.revision.into()),
+            ("hash", format!("{:08x}", hash.hash).into()),
+            ("keys", keys.into()),
+        ],
+    );
+    Ok(Some(
+        fingerprint
+            .finish(leases.as_ref(), started)
+            .with_v2_side(side),
+    ))
 }
 
 /// The fingerprint of the data a step's etcd serves, from a whole read. A
@@ -1357,6 +1445,98 @@ mod tests {
             .check_kept_by(&before.derived(kv_hash(14, 1), since(0xabcd), &[], None, 3, now))
             .expect_err("a count that differs");
         assert!(err.contains("etcd counts 3"), "{err}");
+    }
+
+    /// A baseline fingerprinted by etcd's hash alone (2 keys at revision
+    /// 10, lease 7 alive), as `read_fingerprint_by_hash` makes it.
+    fn by_hash(leases: &[(i64, i64)], read: Instant) -> Fingerprint {
+        let mut fingerprint = Fingerprint::empty(Storage::Etcd3);
+        fingerprint.keys = 2;
+        fingerprint.hash = Some(kv_hash(10, 0xabcd));
+        fingerprint.whole = false;
+        fingerprint.finish(Some(&leases.iter().copied().collect()), read)
+    }
+
+    #[test]
+    fn a_baseline_by_hash_alone_proves_only_what_etcds_hash_checks() {
+        let now = Instant::now();
+        let before = by_hash(&[(7, 60)], now - Duration::from_secs(1));
+        let since = |found: u32| SinceCheck {
+            expected: kv_hash(10, 0xabcd),
+            found: kv_hash(10, found),
+            strays: Vec::new(),
+            counted: None,
+        };
+        assert_eq!(before.to_string(), "v3 2 keys 1 leases by etcd's hash");
+        // The same hash, nothing since, etcd counts the same: kept, and the
+        // next step can be proven against what it derives.
+        let kept = before.derived(
+            kv_hash(14, 1),
+            since(0xabcd),
+            &[],
+            Some(&[(7, 59)].into()),
+            2,
+            now,
+        );
+        before.check_kept_by(&kept).expect("proven by hash");
+        let next = kept.derived(
+            kv_hash(16, 2),
+            SinceCheck {
+                expected: kv_hash(14, 1),
+                found: kv_hash(14, 1),
+                strays: Vec::new(),
+                counted: None,
+            },
+            &[],
+            Some(&[(7, 58)].into()),
+            2,
+            now,
+        );
+        kept.check_kept_by(&next).expect("the chain goes on");
+        // A key gone (etcd counts 1), another hash, a lease lost before its
+        // TTL: each fails.
+        let err = before
+            .check_kept_by(&before.derived(
+                kv_hash(14, 1),
+                since(0xabcd),
+                &[],
+                Some(&[(7, 59)].into()),
+                1,
+                now,
+            ))
+            .expect_err("a lost key");
+        assert!(err.contains("etcd counts 1"), "{err}");
+        let err = before
+            .check_kept_by(&before.derived(
+                kv_hash(14, 1),
+                since(0xbeef),
+                &[],
+                Some(&[(7, 59)].into()),
+                2,
+                now,
+            ))
+            .expect_err("another hash");
+        assert!(err.contains("differs"), "{err}");
+        let err = before
+            .check_kept_by(&before.derived(
+                kv_hash(14, 1),
+                since(0xabcd),
+                &[],
+                Some(&BTreeMap::new()),
+                2,
+                now,
+            ))
+            .expect_err("a lease lost");
+        assert!(err.contains("leases differ"), "{err}");
+        // A whole read not checked by hash at revision 10 proves nothing
+        // against it, even one that looks the same; nor does a read through
+        // another storage.
+        let whole = v3(&[entry("a", "1"), leased("b", "2", 7, 59)], &[(7, 59)], now);
+        let err = before.check_kept_by(&whole).expect_err("unproven");
+        assert!(err.contains("did not hash that revision"), "{err}");
+        let v2 = Fingerprint::new(Storage::Etcd2, &[entry("a", "1")], None, now);
+        let err = before.check_kept_by(&v2).expect_err("another storage");
+        assert!(err.contains("another storage"), "{err}");
     }
 
     #[test]

@@ -286,11 +286,20 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         &self,
         version: Version,
         storage: Storage,
+        by_hash: bool,
     ) -> Result<Fingerprint, Failure> {
         let started = Instant::now();
         let serve = run(version, storage, self.settings.data_dir);
         let mut serving = self.start_serving(serve).await?;
-        let fingerprint = self.read_fingerprint(&mut serving, storage).await?;
+        let by_hash = if by_hash && storage == Storage::Etcd3 {
+            self.read_fingerprint_by_hash(&mut serving).await?
+        } else {
+            None
+        };
+        let fingerprint = match by_hash {
+            Some(fingerprint) => fingerprint,
+            None => self.read_fingerprint(&mut serving, storage).await?,
+        };
         crate::failpoint!("baseline-read");
         self.stop_serving(serving).await?;
         log::info(
@@ -346,6 +355,22 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
             serving,
             "fingerprint the keyspace",
             self.api.fingerprint(&endpoint, storage, &hidden, &known),
+        )
+        .await
+    }
+
+    /// The fingerprint of what `serving` serves by etcd's own hash, without
+    /// reading the keyspace (`None`: the release has no hash).
+    pub(crate) async fn read_fingerprint_by_hash(
+        &self,
+        serving: &mut Serving<L::Etcd>,
+    ) -> Result<Option<Fingerprint>, Failure> {
+        let endpoint = serving.endpoint.clone();
+        let hidden = serving.hidden_v2.clone();
+        self.while_serving(
+            serving,
+            "fingerprint the keyspace by etcd's hash",
+            self.api.fingerprint_by_hash(&endpoint, &hidden),
         )
         .await
     }
