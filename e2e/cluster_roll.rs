@@ -104,6 +104,7 @@ fn roll(
     target: &str,
     bundled: &str,
     failpoints: &[Option<&str>],
+    backs_up: Option<usize>,
 ) {
     // One member per entry of `failpoints`.
     let names = &ALL_NAMES[..failpoints.len()];
@@ -128,6 +129,9 @@ fn roll(
         let mut run = entrypoint(&nodes[i], name, &data, (target, storage), bundled, bin_dir);
         if let Some(failpoint) = failpoints[i] {
             run = run.env("FAILPOINTS", format!("{failpoint}=return"));
+        }
+        if backs_up == Some(i) {
+            run = run.arg("--backup").arg("always");
         }
         members.push(run.spawn());
         // The next member goes once this one serves again (an operator's
@@ -230,6 +234,14 @@ fn roll(
         m
     };
     assert_eq!(urls(&before), urls(&after), "the membership changed");
+    if let Some(i) = backs_up {
+        assert_backed_up_once(
+            &tmp.path().join(format!("{}.backup", names[i])),
+            from,
+            storage,
+            &members[i].stderr(),
+        );
+    }
     let logs: String = history + &members.iter().map(|m| m.stderr()).collect::<String>();
     assert!(
         logs.contains("upgrade lock taken") && logs.contains("member proven"),
@@ -249,6 +261,32 @@ fn roll(
             outcome.explain()
         );
     }
+}
+
+/// `--backup=always` on a member that rolls: one backup of its data as
+/// recorded (taken before its etcd first started), complete with its
+/// manifest, named for the release it holds.
+fn assert_backed_up_once(root: &Path, from: &str, storage: &str, log: &str) {
+    let backups: Vec<String> = std::fs::read_dir(root)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{log}", root.display()))
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(backups.len(), 1, "{backups:?}\n{log}");
+    assert!(
+        backups[0].contains(&format!("-{from}-{storage}")),
+        "{backups:?}"
+    );
+    assert!(
+        root.join(&backups[0]).join("MANIFEST.sha256").is_file(),
+        "{backups:?} has no manifest"
+    );
+    assert!(log.contains("backup taken"), "{log}");
 }
 
 /// Four of the five members of the 3.4 → 3.5 wave (under the lock) die
@@ -271,6 +309,8 @@ fn five_members_roll_3_3_to_3_5_through_holders_killed_at_each_failpoint() {
             Some("cluster-after-record"),
             None,
         ],
+        // The fifth also asks for a backup before its first start.
+        Some(4),
     );
 }
 
@@ -305,6 +345,7 @@ fn three_members_roll_3_0_to_3_2_over_the_v2_then_the_v3_lock() {
         "3.2.32",
         "3.0.17,3.1.20,3.2.32",
         &[Some("cluster-after-lock"), None, None],
+        None,
     );
 }
 
@@ -320,5 +361,6 @@ fn three_2x_members_roll_2_2_to_3_0_over_the_v2_lock() {
         "3.0.17",
         "2.2.1,2.3.7,3.0.17",
         &[None, Some("cluster-after-start"), None],
+        None,
     );
 }

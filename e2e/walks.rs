@@ -81,7 +81,8 @@ fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
     // read before it (issue 12).
     assert_eq!(
         (
-            run.lines_with("keyspace fingerprinted by etcd's hash").len(),
+            run.lines_with("keyspace fingerprinted by etcd's hash")
+                .len(),
             run.lines_with("keyspace proven by etcd's hash").len()
         ),
         (1, 2),

@@ -659,6 +659,9 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
         // (preconditions::check_alone) before anything runs.
         if changes && plan.steps.iter().all(Step::is_upgrade) {
             plan.cluster = Some(data_members);
+            // Upgrades are not destructive: only --backup=always asks for
+            // one (taken while the member is down, before its etcd starts).
+            plan.backup = backup_before(&plan.steps, backup);
             return Ok(plan);
         }
     } else {
@@ -791,6 +794,7 @@ impl Plan {
                 self.binary_path(Binary::etcd(step.runs()))
             )?;
         }
+        self.fmt_backup(f)?;
         writeln!(
             f,
             "then: keep serving {} as a supervised child (a later start with nothing to change execs it)",
@@ -1812,6 +1816,17 @@ mod tests {
                     assert_eq!(plan.cluster, cluster, "{row}");
                     if cluster.is_some() {
                         assert_eq!(plan.backup, None, "{row}: a roll takes no backup");
+                        // Unless --backup=always asks for one.
+                        let always = decide(&Situation {
+                            backup: BackupMode::Always,
+                            ..situation
+                        })
+                        .expect("plans");
+                        assert_eq!(
+                            always.backup,
+                            (!always.steps.is_empty()).then_some(0),
+                            "{row}: --backup=always"
+                        );
                     }
                 }
                 (Err(err), Err(prefix)) => {

@@ -3,11 +3,12 @@
 //! it builds the rolling loop's real seams (the live cluster over the
 //! member's own TLS, the supervised member etcd with the user's arguments,
 //! the data dir's records), checks the cluster before anything starts,
-//! runs the loop, and turns how it ended into the exit code.
+//! takes the backup `--backup=always` asks for, runs the loop, and turns how it ended into the exit code.
 
 use std::path::Path;
 use std::time::Duration;
 
+use crate::backup::{self, BackupError};
 use crate::cluster::lock::Holder;
 use crate::cluster::member::{self, DataLedger, LiveCluster, SupervisedEtcd};
 use crate::cluster::peer::PeerError;
@@ -18,7 +19,7 @@ use crate::log;
 use crate::ondisk::OnDisk;
 use crate::plan::{Bundle, Plan};
 use crate::supervisor::{ExitStatus, Supervisor};
-use crate::version::Version;
+use crate::version::{Version, VersionPair};
 
 /// The pause between two observations of the cluster.
 const ROUND: Duration = Duration::from_secs(2);
@@ -66,6 +67,10 @@ pub enum EntryError {
     /// The loop.
     #[error(transparent)]
     Roll(#[from] RollError),
+    /// The backup `--backup=always` asks for, before the member's etcd
+    /// first starts (nothing started: the data is as it was).
+    #[error("{0}; nothing was started and the data dir is as it was")]
+    Backup(#[from] BackupError),
 }
 
 impl EntryError {
@@ -80,8 +85,11 @@ impl EntryError {
             | EntryError::Roll(RollError::Refused(_) | RollError::NothingToStart { .. }) => {
                 crate::EXIT_PRECONDITION
             }
-            EntryError::Roll(RollError::Interrupted(signal)) => crate::signal_exit_code(*signal),
-            EntryError::Roll(_) => crate::EXIT_FAILURE,
+            EntryError::Roll(RollError::Interrupted(signal))
+            | EntryError::Backup(BackupError::Interrupted { signal, .. }) => {
+                crate::signal_exit_code(*signal)
+            }
+            EntryError::Roll(_) | EntryError::Backup(_) => crate::EXIT_FAILURE,
         }
     }
 }
@@ -193,8 +201,11 @@ pub fn run(
         dir: config.data_dir.clone(),
         storage: plan.current.storage,
     };
+    let start = runtime.block_on(roll::choose_start(&rolling, first, &mut live))?;
+    if plan.backup.is_some() && marked.is_none() {
+        back_up(config, plan.current, &supervisor)?;
+    }
     let ended = runtime.block_on(async {
-        let start = roll::choose_start(&rolling, first, &mut live).await?;
         roll::run(
             &rolling,
             start,
@@ -206,6 +217,37 @@ pub fn run(
         .await
     })?;
     Ok(exit_code(ended, &config.data_dir))
+}
+
+/// The backup `--backup=always` asks for: the member's data dir as
+/// `recorded`, copied while its etcd is down (its container just started,
+/// and nothing of ours runs on the data yet), so that no other member
+/// waits on it. A run that finds a restart mark takes none: the run that
+/// wrote the mark took it before its own first start.
+fn back_up(
+    config: &Config,
+    recorded: VersionPair,
+    supervisor: &Supervisor,
+) -> Result<(), EntryError> {
+    let termination = supervisor.termination();
+    let stop = || *termination.borrow();
+    let started = std::time::Instant::now();
+    let path = backup::create(
+        &config.data_dir,
+        &config.backup,
+        recorded,
+        std::time::SystemTime::now(),
+        &stop,
+    )?;
+    log::info(
+        "backup taken",
+        &[
+            ("path", path.display().to_string().into()),
+            ("holds", recorded.to_string().into()),
+            ("ms", log::ms(started.elapsed())),
+        ],
+    );
+    Ok(())
 }
 
 /// The exit code of the member's etcd, as if it had been exec'd: its own
