@@ -364,3 +364,84 @@ fn three_2x_members_roll_2_2_to_3_0_over_the_v2_lock() {
         None,
     );
 }
+
+/// A member restarted with a version change and a peer TLS no other member
+/// accepts (a TLS change rolled out together with the version): refused
+/// with exit 2 before its etcd starts, the data dir untouched; whether
+/// our side rejects theirs (a stranger's CA) or theirs rejects ours (a
+/// certificate from a stranger's CA, the cluster's CA still trusted).
+#[test]
+fn a_peer_tls_no_other_member_accepts_is_refused_untouched() {
+    let names = &ALL_NAMES[..3];
+    let tmp = temp_dir("cluster-tls");
+    let pki = Pki::new(tmp.path(), names);
+    let bin_dir = crate::harness::bin_dir();
+    let mut nodes = start_cluster_of(&bin_dir.join("etcd-3.3.25"), tmp.path(), &pki, names);
+    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    wait_for_cluster_version_of(&peers, &nodes, Version::new(3, 3, 0).minor_line());
+    let data = tmp.path().join("etcd-a");
+    std::fs::write(data.join("version.txt"), "3.3.25/etcd3").expect("version.txt");
+    if let Some(mut child) = nodes[0].child.take() {
+        kill_and_reap(&mut child);
+    }
+    let stranger_dir = tmp.path().join("stranger");
+    std::fs::create_dir(&stranger_dir).expect("stranger dir");
+    let stranger = Pki::new(&stranger_dir, &["etcd-a"]).tls("etcd-a");
+    let ours = pki.tls("etcd-a");
+    let cases = [
+        (
+            "a stranger's CA",
+            stranger.trusted_ca.clone(),
+            stranger.cert.clone(),
+            stranger.key.clone(),
+        ),
+        (
+            "a stranger's certificate",
+            ours.trusted_ca.clone(),
+            stranger.cert.clone(),
+            stranger.key.clone(),
+        ),
+    ];
+    for (case, ca, cert, key) in cases {
+        let args: Vec<String> = nodes[0]
+            .args
+            .iter()
+            .map(|arg| {
+                let (flag, _) = arg.split_once('=').unwrap_or((arg, ""));
+                match flag {
+                    "--peer-trusted-ca-file" => format!("{flag}={}", ca.display()),
+                    "--peer-cert-file" => format!("{flag}={}", cert.display()),
+                    "--peer-key-file" => format!("{flag}={}", key.display()),
+                    _ => arg.clone(),
+                }
+            })
+            .collect();
+        let node = Node {
+            peer_url: nodes[0].peer_url.clone(),
+            client_url: nodes[0].client_url.clone(),
+            args,
+            child: None,
+        };
+        let before = crate::harness::tree::fingerprint(&data);
+        let run = entrypoint(
+            &node,
+            "etcd-a",
+            &data,
+            ("3.4.23", "etcd3"),
+            "3.3.25,3.4.23",
+            &bin_dir,
+        )
+        .run();
+        say(&format!("{case}: {}", run.last_line()));
+        run.assert_refused_untouched(
+            &data,
+            &before,
+            &[
+                "fails its handshake with every other member",
+                "etcd-b",
+                "etcd-c",
+                "TARGET_VERSION=3.3.25",
+            ],
+        );
+    }
+}

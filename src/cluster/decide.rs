@@ -18,6 +18,7 @@
 //!   upgrade lock, taken only while every other member is up, a voter, and
 //!   the cluster has no alarm; the leader hands leadership away first.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -61,6 +62,10 @@ pub struct View {
     pub alarms: Vec<String>,
     /// The leader's member id, when there is one.
     pub leader: Option<u64>,
+    /// The members whose peer endpoint listens but whose TLS handshake with
+    /// us failed in this round, with why (one side does not accept the
+    /// other's certificate).
+    pub tls_refused: BTreeMap<u64, String>,
     /// The member id holding the upgrade lock, if any. The lock belongs to
     /// the member, not to one run of its entrypoint: a holder SIGKILLed and
     /// restarted finds the lock still its own.
@@ -214,6 +219,16 @@ pub enum Refusal {
         configured: String,
         /// What the membership records.
         recorded: String,
+    },
+    /// No other member accepts the peer TLS this member is configured
+    /// with (or this member does not accept theirs), before a version
+    /// change.
+    #[error("the peer TLS this member is configured with (--peer-trusted-ca-file, --peer-cert-file, --peer-key-file) fails its handshake with every other member that listens ({refused}), and no member answered: a TLS change cannot be combined with a version change; roll the TLS change out first with TARGET_VERSION={recorded} (the release version.txt records), then the version")]
+    PeerTlsRefused {
+        /// The members that refused, each with its peer URL and why.
+        refused: String,
+        /// The release the data records.
+        recorded: Version,
     },
 }
 
@@ -510,6 +525,7 @@ mod tests {
             members: vec![member(A, up(running)), member(B, b), member(C, c)],
             alarms: vec![],
             leader: Some(B),
+            tls_refused: BTreeMap::new(),
             lock: None,
         }
     }

@@ -6,7 +6,7 @@
 //! supervised child started with the user's own arguments
 //! ([`SupervisedEtcd`]), and the data dir's records ([`DataLedger`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -93,6 +93,8 @@ pub struct LiveCluster {
     members: Vec<Member>,
     /// Since when each silent member has not answered.
     silent_since: HashMap<u64, Instant>,
+    /// The members whose TLS handshake failed in the last round, with why.
+    tls_refused: BTreeMap<u64, String>,
     /// The lowest cluster version last told.
     cluster_version: Option<Minor>,
     api_client: Option<V3Cluster>,
@@ -132,6 +134,7 @@ impl LiveCluster {
             timeout,
             members,
             silent_since: HashMap::new(),
+            tls_refused: BTreeMap::new(),
             cluster_version: None,
             api_client: None,
             v2_lock: None,
@@ -215,13 +218,17 @@ impl LiveCluster {
         .await;
         let now = Instant::now();
         let mut answers = Answers::new();
+        self.tls_refused.clear();
         for (id, answer) in asked {
             match answer {
                 Ok(info) => {
                     self.silent_since.remove(&id);
                     answers.insert(id, Ok(info));
                 }
-                Err(_) => {
+                Err(err) => {
+                    if let Some(why) = err.tls_refusal() {
+                        self.tls_refused.insert(id, why.to_string());
+                    }
                     let since = *self.silent_since.entry(id).or_insert(now);
                     answers.insert(id, Err(now.duration_since(since)));
                 }
@@ -233,7 +240,8 @@ impl LiveCluster {
     async fn peer_view(&mut self) -> View {
         self.refresh_members().await;
         let answers = self.ask_versions().await;
-        let view = observe::assemble(self.members.clone(), &answers, Vec::new(), None, None);
+        let mut view = observe::assemble(self.members.clone(), &answers, Vec::new(), None, None);
+        view.tls_refused = self.tls_refused.clone();
         if view.cluster_version.is_some() {
             self.cluster_version = view.cluster_version;
         }

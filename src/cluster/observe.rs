@@ -134,6 +134,7 @@ pub fn assemble(
         members,
         alarms,
         leader,
+        tls_refused: BTreeMap::new(),
         lock,
     }
 }

@@ -62,6 +62,9 @@ pub enum PeerError {
         timeout: Duration,
         /// What failed (connect, TLS, timeout).
         reason: String,
+        /// The TLS handshake failed: the member listens, but one side does
+        /// not accept the other's certificate ([`tls_failure`]).
+        tls_refused: bool,
     },
     /// An answer that is not a success.
     #[error("{endpoint} answered HTTP {status}: {body}")]
@@ -157,6 +160,7 @@ impl PeerClient {
             endpoint: endpoint.to_string(),
             timeout: self.timeout,
             reason: error_text(&e),
+            tls_refused: tls_failure(&e),
         };
         let response = self.http.get(endpoint).send().await.map_err(unreachable)?;
         let status = response.status();
@@ -170,6 +174,46 @@ impl PeerClient {
         }
         Ok(body)
     }
+}
+
+impl PeerError {
+    /// Why the member's TLS handshake failed, when that is why it did not
+    /// answer.
+    pub fn tls_refusal(&self) -> Option<&str> {
+        match self {
+            PeerError::Unreachable {
+                reason,
+                tls_refused: true,
+                ..
+            } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// True when `err` (or one of its causes) is a TLS error: the connection
+/// was made and the handshake failed (a certificate one side does not
+/// trust, an alert from the other side), as opposed to nobody listening
+/// or a timeout. An `io::Error` hides the error it wraps from `source()`
+/// (it returns that error's own source), so its inner error is looked at
+/// too.
+pub(crate) fn tls_failure(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            if tls_failure(inner) {
+                return true;
+            }
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// An error with its causes, which hold the useful part (refused, TLS
@@ -224,6 +268,17 @@ mod tests {
             text.contains("ca.crt") && text.contains("peer.crt") && text.contains("peer.key"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_tls_error_is_found_behind_the_io_error_that_carries_it() {
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, alert);
+        assert!(tls_failure(&io));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!tls_failure(&refused));
+        let plain = std::io::Error::other("connection reset");
+        assert!(!tls_failure(&plain));
     }
 
     #[test]

@@ -330,6 +330,34 @@ pub async fn choose_start<C: Coordination>(
         .filter(|m| m.id != rolling.own_id)
         .filter(|m| matches!(m.reach, crate::cluster::Reach::Up(_)))
         .count();
+    if answered == 0 && !view.tls_refused.is_empty() {
+        // They listen, but not to our TLS: our etcd would not reach them
+        // either. Nothing has started; the operator rolls the TLS change
+        // out on its own first.
+        let refused = view
+            .members
+            .iter()
+            .filter_map(|m| {
+                view.tls_refused.get(&m.id).map(|why| {
+                    format!(
+                        "{} {}: {why}",
+                        if m.name.is_empty() {
+                            "(unstarted)"
+                        } else {
+                            &m.name
+                        },
+                        m.peer_urls.join(",")
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(Refusal::PeerTlsRefused {
+            refused,
+            recorded: rolling.recorded.version,
+        }
+        .into());
+    }
     if answered == 0 {
         // All down (restarted at once, or a cluster being recovered): the
         // data's own cluster version bounds what ours may run, and etcd

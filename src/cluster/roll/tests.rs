@@ -7,6 +7,7 @@
 //! our etcd is proven (or stopped, on failure).
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use super::*;
@@ -45,6 +46,8 @@ struct World {
     etcd_exits_on_start_of: Option<Version>,
     /// Bring member `.0` up at release `.1` once this many rounds passed.
     comes_up: Option<(usize, usize, Version)>,
+    /// Members whose peer TLS handshake with us fails, with why.
+    tls_refused: BTreeMap<u64, String>,
     /// Raise a stop request at this round.
     stop_at_round: Option<usize>,
     stop: Option<watch::Sender<Option<Signal>>>,
@@ -92,6 +95,7 @@ impl World {
             members,
             alarms: vec![],
             leader: self.leader,
+            tls_refused: self.tls_refused.clone(),
             lock: self.lock,
         }
     }
@@ -517,6 +521,52 @@ fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
         "{err}"
     );
     assert!(shared.borrow().log.is_empty());
+}
+
+#[test]
+fn a_peer_tls_no_other_member_accepts_is_refused_before_anything_starts() {
+    // Both others listen but fail the handshake (a TLS change rolled out
+    // with the version change): nothing starts, exit 2.
+    let refusing = World {
+        others: vec![None, None],
+        tls_refused: [
+            (2, "invalid peer certificate: UnknownIssuer".to_string()),
+            (3, "invalid peer certificate: UnknownIssuer".to_string()),
+        ]
+        .into(),
+        ..World::default()
+    };
+    let (result, log) = run_in(refusing, &rolling("3.3.25", "3.4.23"));
+    let err = result.expect_err("refused");
+    assert!(matches!(err, RollError::Refused(_)), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("TARGET_VERSION=3.3.25")
+            && text.contains("m2")
+            && text.contains("UnknownIssuer"),
+        "{text}"
+    );
+    assert!(log.is_empty(), "{log:?}");
+    // One member accepts it: the TLS is the cluster's; the start goes on
+    // (one hop further: the cluster version is our minor).
+    let one_accepts = World {
+        others: vec![Some(v("3.3.25")), None],
+        tls_refused: [(3, "invalid peer certificate: UnknownIssuer".to_string())].into(),
+        cv: Some(Minor::new(3, 3)),
+        ..World::default()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let start = runtime
+        .block_on(choose_start(
+            &rolling("3.3.25", "3.4.23"),
+            v("3.3.25"),
+            &mut FakeCluster(Rc::new(RefCell::new(one_accepts))),
+        ))
+        .expect("starts");
+    assert_eq!(start, v("3.4.23"));
 }
 
 #[test]
