@@ -277,6 +277,48 @@ impl Scenario {
         })
     }
 
+    /// Takes the upgrade lock as the operator at once, from whoever holds
+    /// it (a holder just SIGKILLed: its run is gone), so that nobody else
+    /// restarts until [`Scenario::release_lock`]; returns the lease.
+    fn seize_lock(&self) -> i64 {
+        // Through every member in turn: the one just killed answers nothing.
+        let ips = self.cluster.ips();
+        let pki = self.cluster.client.clone();
+        runtime().block_on(async move {
+            let holder =
+                serde_json::json!({"member": "0", "name": "the operator (test)", "run": "test"})
+                    .to_string();
+            let started = Instant::now();
+            for ip in ips.iter().cycle() {
+                let attempt = async {
+                    let mut c = connect(&pki, ip).await?;
+                    let lease = c
+                        .lease_grant(600, None)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .id();
+                    c.put(
+                        LOCK_KEY,
+                        holder.as_str(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    Ok::<_, String>(lease)
+                };
+                match attempt.await {
+                    Ok(lease) => return lease,
+                    Err(err) => assert!(
+                        started.elapsed() < ACK_DEADLINE,
+                        "could not seize the upgrade lock: {err}"
+                    ),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            unreachable!("a cycle over the members ends only by returning or panicking")
+        })
+    }
+
     /// Lets the operator's hold go.
     fn release_lock(&self, lease: i64) {
         let ip = self.cluster.members[0].ip.clone();
@@ -420,8 +462,11 @@ fn a_member_offline_holds_the_wave_until_it_is_back() {
 #[test]
 fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
     // The 3.4 → 3.5 wave has three restarts under the lock, one for each
-    // point below (a holder killed at one may start 3.5 at once when it
-    // comes back, using up its restart). The point after the record (a
+    // point below (a holder killed at one starts 3.5 at once when it comes
+    // back, using up its restart; the operator's hold keeps the others
+    // from racing past the next point meanwhile: CI once saw the last
+    // member restart while the test was still bringing the second victim
+    // back, and then waited for a point nobody would reach). The point after the record (a
     // holder killed before its release: the others wait out the lock's
     // TTL) is e2e/cluster_roll.rs's, with the failpoint.
     let Some((mut s, _ready)) = Scenario::start(
@@ -433,6 +478,11 @@ fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
     ) else {
         return;
     };
+    // The operator holds the lock while the test is not watching for the
+    // next point, so that no member passes it unseen: through the first
+    // wave (no restart there needs the lock) and while a killed holder
+    // comes back.
+    let mut hold = Some(s.hold_lock());
     s.retarget_one_by_one("3.5.16");
     // Each point of a holder's restart, in the order they come; the member
     // that reaches it next is SIGKILLed there (container and all: the
@@ -443,13 +493,22 @@ fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
         "member restarting into the next release",
     ] {
         let before = s.counts(point);
+        if let Some(lease) = hold.take() {
+            s.release_lock(lease);
+        }
         let victim = s.wait_for_line(point, &before, ROLL_DEADLINE);
         let name = s.cluster.members[victim].name.clone();
         s.cluster.container(victim).kill();
         eprintln!("{}: {name} SIGKILLed after {point:?}", s.test);
+        // The dead holder's lock becomes the operator's: the others wait
+        // until the victim serves again and the test watches again.
+        hold = Some(s.seize_lock());
         s.cluster.container(victim).start();
         s.cluster.wait_healthy(victim, START_DEADLINE);
         s.writes(&format!("writes after {name} was killed after {point:?}"));
+    }
+    if let Some(lease) = hold.take() {
+        s.release_lock(lease);
     }
     s.finish("3.5.16");
 }
