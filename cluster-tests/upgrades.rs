@@ -524,9 +524,14 @@ fn a_holder_cut_off_while_it_restarts_resumes_once_reconnected() {
     ) else {
         return;
     };
+    // The 3.5 wave waits on the operator's hold until the test watches,
+    // so its first restart (two more to come) is the one cut off.
+    let hold = s.hold_lock();
     s.retarget_one_by_one("3.5.16");
     let point = "member restarting into the next release";
-    let victim = s.wait_for_line(point, &[0, 0, 0], ROLL_DEADLINE);
+    let before = s.counts(point);
+    s.release_lock(hold);
+    let victim = s.wait_for_line(point, &before, ROLL_DEADLINE);
     let name = s.cluster.members[victim].name.clone();
     let network = s.cluster.network.name.clone();
     s.cluster.container(victim).disconnect(&network);
@@ -551,12 +556,14 @@ fn a_target_lowered_during_a_wave_ends_the_roll_at_the_lower_target() {
     ) else {
         return;
     };
-    s.retarget_one_by_one("3.5.16");
-    // The first member of the 3.4 wave is through. The operator pauses the
-    // roll by holding the upgrade lock (nobody restarts while another holds
-    // it), lowers every member's target to 3.4.23, and lets go.
-    s.wait_for_line("member proven release=3.4.23", &[0, 0, 0], ROLL_DEADLINE);
+    // The operator pauses the roll by holding the upgrade lock (nobody
+    // restarts while another holds it), from before the first wave (which
+    // needs no lock: each member starts 3.4 as it is restarted) so that no
+    // 3.5 restart can begin; once a member has proven 3.4.23, every
+    // member's target is lowered to 3.4.23, and the lock let go.
     let lease = s.hold_lock();
+    s.retarget_one_by_one("3.5.16");
+    s.wait_for_line("member proven release=3.4.23", &[0, 0, 0], ROLL_DEADLINE);
     eprintln!(
         "{}: the test holds the upgrade lock; lowering the target",
         s.test
