@@ -237,53 +237,23 @@ impl Scenario {
     /// roll (a holder that is no member; under a lease of its own), once
     /// whoever holds it now has let it go; returns the lease to revoke.
     fn hold_lock(&self) -> i64 {
-        let ip = self.cluster.members[0].ip.clone();
-        let pki = self.cluster.client.clone();
-        let started = Instant::now();
-        runtime().block_on(async move {
-            let holder =
-                serde_json::json!({"member": "0", "name": "the operator (test)", "run": "test"})
-                    .to_string();
-            loop {
-                let attempt = async {
-                    let mut c = connect(&pki, &ip).await?;
-                    let lease = c
-                        .lease_grant(600, None)
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .id();
-                    let txn = Txn::new()
-                        .when([Compare::create_revision(LOCK_KEY, CompareOp::Equal, 0)])
-                        .and_then([TxnOp::put(
-                            LOCK_KEY,
-                            holder.as_str(),
-                            Some(PutOptions::new().with_lease(lease)),
-                        )]);
-                    let taken = c.txn(txn).await.map_err(|e| e.to_string())?.succeeded();
-                    if !taken {
-                        let _ = c.lease_revoke(lease).await;
-                    }
-                    Ok::<_, String>(taken.then_some(lease))
-                };
-                if let Ok(Some(lease)) = attempt.await {
-                    return lease;
-                }
-                assert!(
-                    started.elapsed() < ROLL_DEADLINE,
-                    "the upgrade lock was never free within {ROLL_DEADLINE:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
+        self.operator_lock(false)
     }
 
     /// Takes the upgrade lock as the operator at once, from whoever holds
     /// it (a holder just SIGKILLed: its run is gone), so that nobody else
     /// restarts until [`Scenario::release_lock`]; returns the lease.
     fn seize_lock(&self) -> i64 {
-        // Through every member in turn: the one just killed answers nothing.
+        self.operator_lock(true)
+    }
+
+    /// The operator's lock: put under a lease of its own once the key is
+    /// free, or (`seize`) over whatever holds it. Through every member in
+    /// turn: one just killed answers nothing.
+    fn operator_lock(&self, seize: bool) -> i64 {
         let ips = self.cluster.ips();
         let pki = self.cluster.client.clone();
+        let deadline = if seize { ACK_DEADLINE } else { ROLL_DEADLINE };
         runtime().block_on(async move {
             let holder =
                 serde_json::json!({"member": "0", "name": "the operator (test)", "run": "test"})
@@ -297,22 +267,29 @@ impl Scenario {
                         .await
                         .map_err(|e| e.to_string())?
                         .id();
-                    c.put(
-                        LOCK_KEY,
-                        holder.as_str(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?;
-                    Ok::<_, String>(lease)
+                    let free = [Compare::create_revision(LOCK_KEY, CompareOp::Equal, 0)];
+                    let txn = Txn::new()
+                        .when(if seize { &[][..] } else { &free[..] }.to_vec())
+                        .and_then([TxnOp::put(
+                            LOCK_KEY,
+                            holder.as_str(),
+                            Some(PutOptions::new().with_lease(lease)),
+                        )]);
+                    let taken = c.txn(txn).await.map_err(|e| e.to_string())?.succeeded();
+                    if !taken {
+                        let _ = c.lease_revoke(lease).await;
+                    }
+                    Ok::<_, String>(taken.then_some(lease))
                 };
-                match attempt.await {
-                    Ok(lease) => return lease,
-                    Err(err) => assert!(
-                        started.elapsed() < ACK_DEADLINE,
-                        "could not seize the upgrade lock: {err}"
-                    ),
-                }
+                let last = match attempt.await {
+                    Ok(Some(lease)) => return lease,
+                    Ok(None) => "held by another".to_string(),
+                    Err(err) => err,
+                };
+                assert!(
+                    started.elapsed() < deadline,
+                    "the operator could not take the upgrade lock within {deadline:?}: {last}"
+                );
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             unreachable!("a cycle over the members ends only by returning or panicking")
