@@ -567,3 +567,53 @@ fn a_hold_on_the_v2_lock_keeps_the_wave_after_the_crossing_waiting() {
     };
     assert_eq!(ids(&before), ids(&after), "the membership changed");
 }
+
+/// `--backup always` in cluster mode, where the backup cannot be taken (no
+/// room on the backup dir's filesystem): refused with exit 2 before the
+/// member's etcd starts, naming the fix; the data dir byte-identical and
+/// nothing written to the backup's filesystem.
+#[test]
+fn a_member_whose_backup_cannot_fit_is_refused_before_its_etcd_starts() {
+    let names = &ALL_NAMES[..3];
+    let tmp = temp_dir("cluster-backup-nospace");
+    let pki = Pki::new(tmp.path(), names);
+    let bin_dir = crate::harness::bin_dir();
+    let mut nodes = start_cluster_of(&bin_dir.join("etcd-3.3.25"), tmp.path(), &pki, names);
+    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    wait_for_cluster_version_of(&peers, &nodes, Version::new(3, 3, 0).minor_line());
+    let data = tmp.path().join("etcd-a");
+    std::fs::write(data.join("version.txt"), "3.3.25/etcd3").expect("version.txt");
+    if let Some(mut child) = nodes[0].child.take() {
+        kill_and_reap(&mut child);
+    }
+    let small = crate::harness::mount::Mount::tmpfs(&tmp.path().join("small"), "size=1m");
+    let before = crate::harness::tree::fingerprint(&data);
+    let run = entrypoint(
+        &nodes[0],
+        "etcd-a",
+        &data,
+        ("3.4.23", "etcd3"),
+        "3.3.25,3.4.23",
+        &bin_dir,
+    )
+    .arg("--backup")
+    .arg("always")
+    .arg("--backup-dir")
+    .arg(small.path.join("b"))
+    .run();
+    say(&format!("a backup that cannot fit: {}", run.last_line()));
+    run.assert_refused_untouched(
+        &data,
+        &before,
+        &[
+            "not enough free space",
+            "--backup never",
+            "nothing was started and the data dir is as it was",
+        ],
+    );
+    let written = std::fs::read_dir(&small.path)
+        .expect("the small filesystem")
+        .count();
+    assert_eq!(written, 0, "nothing is written to the backup's filesystem");
+    drop(small);
+}

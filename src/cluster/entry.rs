@@ -75,7 +75,9 @@ pub enum EntryError {
 
 impl EntryError {
     /// The documented exit code: 2 for what refuses the run before
-    /// anything started, 128 + signal when stopped, else 1.
+    /// anything started (a backup the settings or the data dir make
+    /// impossible among it), 128 + signal when stopped, else 1 (a backup
+    /// that failed while copying among it).
     pub fn exit_code(&self) -> u8 {
         match self {
             EntryError::NoExec { .. }
@@ -85,6 +87,19 @@ impl EntryError {
             | EntryError::Roll(RollError::Refused(_) | RollError::NothingToStart { .. }) => {
                 crate::EXIT_PRECONDITION
             }
+            // What the data dir or the backup settings make impossible, found
+            // before a byte is copied: the single-member path's
+            // preconditions refuse the same with 2.
+            EntryError::Backup(
+                BackupError::NoSpace { .. }
+                | BackupError::Inside { .. }
+                | BackupError::LeadsToCopy { .. }
+                | BackupError::Loop { .. }
+                | BackupError::Dangling { .. }
+                | BackupError::Special { .. }
+                | BackupError::Reserved { .. }
+                | BackupError::NotWritable { .. },
+            ) => crate::EXIT_PRECONDITION,
             EntryError::Roll(RollError::Interrupted(signal))
             | EntryError::Backup(BackupError::Interrupted { signal, .. }) => {
                 crate::signal_exit_code(*signal)
@@ -275,5 +290,36 @@ fn exit_code(ended: Ended, data_dir: &Path) -> u8 {
     match status {
         ExitStatus::Exited(code) => u8::try_from(code).unwrap_or(crate::EXIT_FAILURE),
         ExitStatus::Signaled(signal) => crate::signal_exit_code(signal),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backup the settings or the data make impossible is a refusal (2,
+    /// as the single-member path's preconditions say it); one that failed
+    /// while copying is a failure (1); a stop is 128 + the signal.
+    #[test]
+    fn backup_errors_exit_as_the_single_member_path_does() {
+        let no_space = EntryError::Backup(BackupError::NoSpace {
+            root: "/backups".into(),
+            what: "a backup".to_string(),
+            size: 100,
+            need: 130,
+            have: 1,
+        });
+        assert_eq!(no_space.exit_code(), crate::EXIT_PRECONDITION);
+        let full = EntryError::Backup(BackupError::Full {
+            op: "write",
+            path: "/backups/b/member/snap/db".into(),
+            source: std::io::Error::from_raw_os_error(28),
+        });
+        assert_eq!(full.exit_code(), crate::EXIT_FAILURE);
+        let stopped = EntryError::Backup(BackupError::Interrupted {
+            signal: nix::sys::signal::Signal::SIGTERM,
+            path: "/backups/b".into(),
+        });
+        assert_eq!(stopped.exit_code(), 128 + 15);
     }
 }
