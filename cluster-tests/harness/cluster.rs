@@ -18,6 +18,7 @@ use super::docker::{docker, Container, Network, Volume, LABEL_KEY, POLL};
 use super::monitor::{self, minor, Monitor, Round};
 use super::pki::{self, Authority, ClientPki};
 use super::writer::{self, connect, runtime, Writer, WriterLog};
+use super::Api;
 
 /// What a member may take to serve after its container starts.
 pub const START_DEADLINE: Duration = Duration::from_secs(90);
@@ -136,11 +137,21 @@ pub struct Cluster {
     pub style: Style,
     pub client: ClientPki,
     pub run: String,
+    /// How the test reads and writes it (from its first release).
+    pub api: Api,
+    /// The storage its data keeps (from its first release).
+    pub storage: &'static str,
+    /// The release it began at: the flags every member gets are the ones
+    /// that release (and every later one) accepts.
+    first: (u32, u32),
     label: String,
     token: String,
     authority: Authority,
     pki_root: tempfile::TempDir,
 }
+
+/// A v2 key as read back: its key, value and modified index.
+type V2Leaf = (String, String, u64);
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -181,6 +192,9 @@ impl Cluster {
             client,
             token: format!("cluster-test-{run}"),
             run,
+            api: Api::of(version),
+            storage: super::storage_of(version),
+            first: minor(version).expect("a X.Y.Z version"),
             label,
             authority,
             pki_root,
@@ -367,6 +381,8 @@ impl Cluster {
             &m.name,
             "-e",
             &format!("TARGET_VERSION={version}"),
+            "-e",
+            &format!("TARGET_STORAGE={}", self.storage),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -396,7 +412,6 @@ impl Cluster {
                     format!("--initial-cluster-state={}", state),
                     format!("--key-file={pki}/{}", pki::SERVER_KEY),
                     format!("--listen-client-urls=https://127.0.0.1:2379,{client_urls}"),
-                    "--listen-metrics-urls=http://127.0.0.1:2381".to_string(),
                     format!("--listen-peer-urls={peer}"),
                     format!("--name={}", m.name),
                     format!("--peer-cert-file={pki}/{}", pki::PEER_CERT),
@@ -406,6 +421,11 @@ impl Cluster {
                     "--snapshot-count=10000".to_string(),
                     format!("--trusted-ca-file={pki}/{}", pki::CA),
                 ]);
+                // A flag of 3.3 and later: not for a cluster that began
+                // earlier (its first release would refuse it).
+                if self.first >= (3, 3) {
+                    args.push("--listen-metrics-urls=http://127.0.0.1:2381".to_string());
+                }
             }
             Style::KubeadmExample | Style::GceExample => unreachable!("example_args"),
             Style::Gce | Style::GceHa => {
@@ -429,12 +449,17 @@ impl Cluster {
                 } else {
                     "/usr/local/bin/migrate-if-needed.sh || exit; exec /usr/local/bin/etcd-${TARGET_VERSION}".to_string()
                 };
+                // The space quota is a flag of 3.0 and later.
+                let quota = if self.first >= (3, 0) {
+                    " --quota-backend-bytes=4294967296"
+                } else {
+                    ""
+                };
                 let command = format!(
-                    "{start} --listen-peer-urls ${{LISTEN_PEER_URLS}} --initial-advertise-peer-urls ${{INITIAL_ADVERTISE_PEER_URLS}} --advertise-client-urls {client_urls} --listen-client-urls https://127.0.0.1:2379,{client_urls} --quota-backend-bytes=4294967296 --data-dir /var/etcd/data --initial-cluster-state {state} --initial-cluster ${{INITIAL_CLUSTER}} --initial-cluster-token {token} ${{ETCD_CREDS}} {apiserver_creds}",
+                    "{start} --listen-peer-urls ${{LISTEN_PEER_URLS}} --initial-advertise-peer-urls ${{INITIAL_ADVERTISE_PEER_URLS}} --advertise-client-urls {client_urls} --listen-client-urls https://127.0.0.1:2379,{client_urls}{quota} --data-dir /var/etcd/data --initial-cluster-state {state} --initial-cluster ${{INITIAL_CLUSTER}} --initial-cluster-token {token} ${{ETCD_CREDS}} {apiserver_creds}",
                     token = self.token
                 );
                 for (k, v) in [
-                    ("TARGET_STORAGE", "etcd3".to_string()),
                     ("DO_NOT_MOVE_BINARIES", "true".to_string()),
                     ("DATA_DIRECTORY", "/var/etcd/data".to_string()),
                     ("ETCD_NAME", m.name.clone()),
@@ -577,6 +602,9 @@ impl Cluster {
 
     /// Membership as member `i` reports it, and that member's own id.
     pub fn membership(&self, i: usize) -> (Membership, u64) {
+        if self.api == Api::V2 {
+            return self.membership_v2(i);
+        }
         let ip = self.members[i].ip.clone();
         let pki = self.client.clone();
         runtime().block_on(async move {
@@ -604,6 +632,74 @@ impl Cluster {
                     .collect(),
             };
             (membership, header.member_id())
+        })
+    }
+
+    /// [`Cluster::membership`] over v2: `/v2/members` (the cluster id in
+    /// its `X-Etcd-Cluster-ID` header) and `/v2/stats/self` (the member's
+    /// own id).
+    fn membership_v2(&self, i: usize) -> (Membership, u64) {
+        let ip = self.members[i].ip.clone();
+        let http = writer::v2_http(&self.client);
+        let hex = |v: &serde_json::Value, what: &str| -> u64 {
+            v.as_str()
+                .and_then(|s| u64::from_str_radix(s, 16).ok())
+                .unwrap_or_else(|| panic!("{ip}: {what} {v} is not a hex id"))
+        };
+        runtime().block_on(async {
+            let get = |path: &str| {
+                let url = format!("https://{ip}:2379{path}");
+                let request = http.get(&url).send();
+                async move {
+                    let response = request.await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+                    let cluster_id = response
+                        .headers()
+                        .get("X-Etcd-Cluster-ID")
+                        .and_then(|h| h.to_str().ok())
+                        .map(str::to_string);
+                    let body = response
+                        .text()
+                        .await
+                        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+                    let json: serde_json::Value = serde_json::from_str(&body)
+                        .unwrap_or_else(|e| panic!("GET {url}: {body:?}: {e}"));
+                    (json, cluster_id)
+                }
+            };
+            let (members, cluster_id) = get("/v2/members").await;
+            let (own, _) = get("/v2/stats/self").await;
+            let urls = |v: &serde_json::Value| -> Vec<String> {
+                v.as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|u| u.as_str())
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let membership = Membership {
+                cluster_id: hex(
+                    &serde_json::Value::String(cluster_id.unwrap_or_default()),
+                    "X-Etcd-Cluster-ID",
+                ),
+                members: members["members"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{ip}/v2/members: {members}"))
+                    .iter()
+                    .map(|m| {
+                        (
+                            hex(&m["id"], "member id"),
+                            (
+                                m["name"].as_str().unwrap_or_default().to_string(),
+                                urls(&m["peerURLs"]),
+                                urls(&m["clientURLs"]),
+                            ),
+                        )
+                    })
+                    .collect(),
+            };
+            (membership, hex(&own["id"], "own id"))
         })
     }
 
@@ -635,7 +731,7 @@ impl Cluster {
 
     /// The continuous writer, to every member.
     pub fn start_writer(&self) -> Writer {
-        Writer::start(self.client.clone(), self.ips())
+        Writer::start(self.client.clone(), self.ips(), self.api)
     }
 
     /// The /version monitor of every member.
@@ -719,22 +815,15 @@ impl Cluster {
         ));
     }
 
-    /// The end-of-scenario invariants: every acknowledged write present on
-    /// every member, membership, cluster and member ids unchanged, equal
-    /// keyspace hashes at one revision on every member, and the monitor's
-    /// rounds clean. Panics with every violation found.
-    pub fn check_invariants(&self, baseline: &Baseline, log: &WriterLog, rounds: &[Round]) {
-        let mut problems = monitor::violations(&self.names(), rounds);
-        assert!(!rounds.is_empty(), "the monitor made no round");
-        assert!(
-            !log.acked.is_empty(),
-            "the writer got no write acknowledged"
-        );
+    /// Every acknowledged write on every member (a linearizable read of the
+    /// writer's prefix), and equal `HashKV`s at one revision; the problems
+    /// found.
+    fn keyspaces_v3(&self, acked: &[u64]) -> Vec<String> {
         let ips = self.ips();
         let names = self.names();
         let pki = self.client.clone();
-        let acked = log.acked.clone();
-        let found = runtime().block_on(async move {
+        let acked = acked.to_vec();
+        runtime().block_on(async move {
             let mut problems = Vec::new();
             let mut revision = None;
             let mut hashes = Vec::new();
@@ -804,8 +893,100 @@ impl Cluster {
                 ));
             }
             problems
+        })
+    }
+
+    /// [`Cluster::keyspaces_v3`] over v2 (clusters that began before 3.3;
+    /// 3.2 and earlier have no `HashKV`): a quorum read of the writer's
+    /// prefix from each member, every acknowledged write in it, and the
+    /// same keys, values and modified indexes on every member.
+    fn keyspaces_v2(&self, acked: &[u64]) -> Vec<String> {
+        let http = writer::v2_http(&self.client);
+        let mut problems = Vec::new();
+        let mut first: Option<(String, Vec<V2Leaf>)> = None;
+        for m in &self.members {
+            let dir = writer::PREFIX.trim_end_matches('/');
+            let url = format!(
+                "{}?recursive=true&quorum=true&sorted=true",
+                writer::v2_url(&m.ip, dir)
+            );
+            let read = runtime().block_on(async {
+                let response = http.get(&url).send().await.map_err(|e| e.to_string())?;
+                let body = response.text().await.map_err(|e| e.to_string())?;
+                serde_json::from_str::<serde_json::Value>(&body)
+                    .map_err(|e| format!("{body:?}: {e}"))
+            });
+            let json = match read {
+                Ok(json) => json,
+                Err(e) => {
+                    problems.push(format!("{}: read {url}: {e}", m.name));
+                    continue;
+                }
+            };
+            let nodes: Vec<V2Leaf> = json["node"]["nodes"]
+                .as_array()
+                .map(|nodes| {
+                    nodes
+                        .iter()
+                        .map(|n| {
+                            (
+                                n["key"].as_str().unwrap_or_default().to_string(),
+                                n["value"].as_str().unwrap_or_default().to_string(),
+                                n["modifiedIndex"].as_u64().unwrap_or(0),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let kvs: BTreeMap<&str, &str> = nodes
+                .iter()
+                .map(|(k, v, _)| (k.as_str(), v.as_str()))
+                .collect();
+            let missing: Vec<u64> = acked
+                .iter()
+                .copied()
+                .filter(|seq| {
+                    kvs.get(writer::key(*seq).as_str()) != Some(&seq.to_string().as_str())
+                })
+                .collect();
+            if !missing.is_empty() {
+                problems.push(format!(
+                    "{}: {} of {} acknowledged writes missing or wrong, e.g. {:?}",
+                    m.name,
+                    missing.len(),
+                    acked.len(),
+                    &missing[..missing.len().min(5)]
+                ));
+            }
+            match &first {
+                None => first = Some((m.name.clone(), nodes)),
+                Some((name, theirs)) if *theirs != nodes => problems.push(format!(
+                    "the v2 keyspaces of {name} and {} differ ({} and {} keys)",
+                    m.name,
+                    theirs.len(),
+                    nodes.len()
+                )),
+                Some(_) => {}
+            }
+        }
+        problems
+    }
+
+    /// The end-of-scenario invariants: every acknowledged write present on
+    /// every member, membership, cluster and member ids unchanged, equal
+    /// keyspace hashes at one revision on every member, and the monitor's
+    /// rounds clean. Panics with every violation found.
+    pub fn check_invariants(&self, baseline: &Baseline, log: &WriterLog, rounds: &[Round]) {
+        let mut problems = monitor::violations(&self.names(), rounds);
+        assert!(!rounds.is_empty(), "the monitor made no round");
+        assert!(
+            !log.acked.is_empty(),
+            "the writer got no write acknowledged"
+        );
+        problems.extend(match self.api {
+            Api::V3 => self.keyspaces_v3(&log.acked),
+            Api::V2 => self.keyspaces_v2(&log.acked),
         });
-        problems.extend(found);
         for i in 0..self.members.len() {
             let (membership, id) = self.membership(i);
             if membership != baseline.membership {
@@ -828,12 +1009,16 @@ impl Cluster {
             self.all_logs()
         );
         eprintln!(
-            "cluster {}: invariants hold: {} acknowledged writes ({} failed attempts) on all {} members, {} monitor rounds, ids and membership unchanged, hashes equal",
+            "cluster {}: invariants hold: {} acknowledged writes ({} failed attempts) on all {} members, {} monitor rounds, ids and membership unchanged, {}",
             self.run,
             log.acked.len(),
             log.failed,
             self.members.len(),
-            rounds.len()
+            rounds.len(),
+            match self.api {
+                Api::V3 => "keyspace hashes equal",
+                Api::V2 => "v2 keyspaces equal (keys, values, modified indexes)",
+            }
         );
     }
 }

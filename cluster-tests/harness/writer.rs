@@ -1,6 +1,7 @@
 //! This module owns the test's etcd clients over TLS (one member each, a
-//! deadline on every request) and the continuous writer: a thread that
-//! puts `/cluster-test/w/<seq>` = `<seq>` at a steady rate, member after
+//! deadline on every request; v3, or v2 over HTTPS for clusters that began
+//! before 3.3) and the continuous writer: a thread that puts
+//! `/cluster-test/w/<seq>` = `<seq>` at a steady rate, member after
 //! member, and records every write a member acknowledged.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +13,7 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 use super::docker::POLL;
 use super::pki::ClientPki;
+use super::Api;
 
 /// Prefix of every key the writer puts.
 pub const PREFIX: &str = "/cluster-test/w/";
@@ -51,6 +53,32 @@ pub async fn connect(pki: &ClientPki, ip: &str) -> Result<Client, String> {
     .map_err(|e| format!("{endpoint}: {e}"))
 }
 
+/// An HTTPS client for the members' v2 API, with the test's client
+/// certificate; every request bounded by [`REQUEST_DEADLINE`].
+pub fn v2_http(pki: &ClientPki) -> reqwest::Client {
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+    };
+    let ca = reqwest::Certificate::from_pem(&read(&pki.ca)).expect("the test CA");
+    let mut pem = read(&pki.cert);
+    pem.push(b'\n');
+    pem.extend(read(&pki.key));
+    let identity = reqwest::Identity::from_pem(&pem).expect("the test's client identity");
+    etcd_migrate::tls::client_builder()
+        .no_proxy()
+        .tls_certs_only([ca])
+        .identity(identity)
+        .connect_timeout(REQUEST_DEADLINE)
+        .timeout(REQUEST_DEADLINE)
+        .build()
+        .expect("an HTTPS client")
+}
+
+/// The v2 keys URL of `key` on the member at `ip`.
+pub fn v2_url(ip: &str, key: &str) -> String {
+    format!("https://{ip}:2379/v2/keys{key}")
+}
+
 /// A current-thread runtime for the test's own async calls.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -78,13 +106,13 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts writing to the members at `ips`.
-    pub fn start(pki: ClientPki, ips: Vec<String>) -> Writer {
+    /// Starts writing to the members at `ips` over `api`.
+    pub fn start(pki: ClientPki, ips: Vec<String>, api: Api) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(WriterLog::default()));
         let thread = {
             let (stop, log) = (stop.clone(), log.clone());
-            thread::spawn(move || runtime().block_on(write_loop(pki, ips, stop, log)))
+            thread::spawn(move || runtime().block_on(write_loop(pki, ips, api, stop, log)))
         };
         Writer {
             stop,
@@ -142,10 +170,12 @@ impl Drop for Writer {
 async fn write_loop(
     pki: ClientPki,
     ips: Vec<String>,
+    api: Api,
     stop: Arc<AtomicBool>,
     log: Arc<Mutex<WriterLog>>,
 ) {
     let mut clients: Vec<Option<Client>> = ips.iter().map(|_| None).collect();
+    let http = (api == Api::V2).then(|| v2_http(&pki));
     // A member that just failed is skipped for a while (unless every one
     // is), so a member that is down or cut off does not slow the writer
     // by a request deadline on every turn.
@@ -171,7 +201,11 @@ async fn write_loop(
             .collect();
         let tries = if awake.is_empty() { order } else { awake };
         for m in tries {
-            let result = put(&pki, &ips[m], &mut clients[m], &key, &seq.to_string()).await;
+            let value = seq.to_string();
+            let result = match &http {
+                Some(http) => put_v2(http, &ips[m], &key, &value).await,
+                None => put(&pki, &ips[m], &mut clients[m], &key, &value).await,
+            };
             let mut log = log.lock().expect("writer log");
             match result {
                 Ok(()) => {
@@ -208,5 +242,27 @@ async fn put(
         Err(_) => Err(format!(
             "put {key} to {ip}: no answer within {REQUEST_DEADLINE:?}"
         )),
+    }
+}
+
+/// A v2 PUT of `key` = `value`; Ok once the member answered with the node
+/// it wrote (etcd answers a v2 write only once raft committed it).
+async fn put_v2(http: &reqwest::Client, ip: &str, key: &str, value: &str) -> Result<(), String> {
+    let url = v2_url(ip, key);
+    let response = http
+        .put(&url)
+        .form(&[("value", value)])
+        .send()
+        .await
+        .map_err(|e| format!("put {url}: {e}"))?;
+    let status = response.status();
+    let body = response
+        .text()
+        .await
+        .map_err(|e| format!("put {url}: {e}"))?;
+    if status.is_success() && body.contains("\"node\"") {
+        Ok(())
+    } else {
+        Err(format!("put {url}: HTTP {status}: {}", body.trim()))
     }
 }
