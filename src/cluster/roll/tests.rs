@@ -259,15 +259,20 @@ fn rolling(recorded: &str, target: &str) -> Rolling {
     }
 }
 
+/// The entrypoint's kind of runtime (current-thread), for one test.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// Runs the whole member run in the world; returns the result and the log.
 fn run_in(world: World, rolling: &Rolling) -> (Result<Ended, RollError>, Vec<String>) {
     let shared = Rc::new(RefCell::new(world));
     let (stop, termination) = watch::channel(None);
     shared.borrow_mut().stop = Some(stop);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let result = runtime.block_on(async {
         let mut cluster = FakeCluster(shared.clone());
         let first = first_release(rolling)?;
@@ -432,10 +437,7 @@ fn a_release_never_proven_under_the_lock_is_stopped_then_the_lock_released() {
         }
     }
     let (_stop, termination) = watch::channel(None);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let result = runtime.block_on(run(
         &rolling,
         v("3.3.25"),
@@ -505,10 +507,7 @@ fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
     }
     let shared = Rc::new(RefCell::new(world));
     let rolling = rolling("3.3.25", "3.5.16");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let err = runtime
         .block_on(choose_start(
             &rolling,
@@ -555,10 +554,7 @@ fn a_peer_tls_no_other_member_accepts_is_refused_before_anything_starts() {
         cv: Some(Minor::new(3, 3)),
         ..World::default()
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let start = runtime
         .block_on(choose_start(
             &rolling("3.3.25", "3.4.23"),
