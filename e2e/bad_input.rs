@@ -1718,3 +1718,37 @@ fn a_wal_outside_the_data_dir_refuses_steps_and_passes_through_a_no_op() {
     let after = crate::harness::etcd::read_back("3.5.16", &member, &data, tmp.path());
     after.assert_kept(&keyspace, 0);
 }
+
+/// The target the run execs refuses the user's etcd flags (`--ca-file`,
+/// which 3.3 accepts and 3.4 removed): found by the target's version check
+/// with those flags, before any step. Refused with exit 2 naming the
+/// release and etcd's own words; the data dir byte-identical, no etcd
+/// started.
+#[test]
+fn a_target_that_refuses_the_etcd_flags_is_refused_before_any_step() {
+    let tmp = temp_dir("flags-refused");
+    let fixture = fixture_at(tmp.path(), "3.3.25", "flags-refused");
+    let data = fixture.data_dir.clone();
+    let member = Member::new("flags-refused");
+    let before = fingerprint(&data);
+    let mut args = member.exec_args("http://127.0.0.1:1");
+    args.push(format!("--ca-file={}", data.join("ca.crt").display()));
+    let run = Migration::new("3.4.23", &data, &member)
+        .bundled(BUNDLE)
+        .mode(crate::harness::migrator::Mode::Exec(args))
+        .run();
+    run.assert_refused_untouched(
+        &data,
+        &before,
+        &[
+            "etcd-3.4.23 (etcd 3.4.23) refuses the etcd flags it is to run with",
+            "flag provided but not defined: -ca-file",
+            "--trusted-ca-file",
+        ],
+    );
+    assert!(
+        run.lines_with("step start").is_empty(),
+        "no step ran\n{}",
+        run.explain()
+    );
+}

@@ -617,3 +617,53 @@ fn a_member_whose_backup_cannot_fit_is_refused_before_its_etcd_starts() {
     assert_eq!(written, 0, "nothing is written to the backup's filesystem");
     drop(small);
 }
+
+/// A member's etcd flags go to every release it rolls through: a flag the
+/// next one removed (`--ca-file`: 3.3 accepts it, 3.4 does not) is refused
+/// with exit 2 before anything starts, naming the release and etcd's own
+/// words, instead of a restart under the lock that could not start.
+#[test]
+fn a_flag_a_release_on_the_way_refuses_is_refused_before_anything_starts() {
+    let names = &ALL_NAMES[..3];
+    let tmp = temp_dir("cluster-flags");
+    let pki = Pki::new(tmp.path(), names);
+    let bin_dir = crate::harness::bin_dir();
+    let mut nodes = start_cluster_of(&bin_dir.join("etcd-3.3.25"), tmp.path(), &pki, names);
+    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+    wait_for_cluster_version_of(&peers, &nodes, Version::new(3, 3, 0).minor_line());
+    let data = tmp.path().join("etcd-a");
+    std::fs::write(data.join("version.txt"), "3.3.25/etcd3").expect("version.txt");
+    if let Some(mut child) = nodes[0].child.take() {
+        kill_and_reap(&mut child);
+    }
+    let mut node = Node {
+        peer_url: nodes[0].peer_url.clone(),
+        client_url: nodes[0].client_url.clone(),
+        args: nodes[0].args.clone(),
+        child: None,
+    };
+    node.args.push(format!(
+        "--ca-file={}",
+        pki.tls("etcd-a").trusted_ca.display()
+    ));
+    let before = crate::harness::tree::fingerprint(&data);
+    let run = entrypoint(
+        &node,
+        "etcd-a",
+        &data,
+        ("3.5.16", "etcd3"),
+        "3.3.25,3.4.23,3.5.16",
+        &bin_dir,
+    )
+    .run();
+    say(&format!("--ca-file on the way to 3.5: {}", run.last_line()));
+    run.assert_refused_untouched(
+        &data,
+        &before,
+        &[
+            "(etcd 3.4.23) refuses the etcd flags it is to run with",
+            "flag provided but not defined: -ca-file",
+            "3.3.25, 3.4.23, 3.5.16",
+        ],
+    );
+}

@@ -80,6 +80,20 @@ pub enum BinError {
         /// What it says.
         reported: String,
     },
+    /// The release refuses the etcd flags it is to run with (the user's,
+    /// after `--`): found by its `--version` with those flags, which etcd
+    /// parses in full before it answers and touches nothing.
+    #[error("{path} (etcd {version}) refuses the etcd flags it is to run with: {refusal}; the flags after `--` go to every release that serves this member ({releases}), so each must accept them: drop or replace the flag (e.g. --trusted-ca-file for --ca-file, which etcd 3.4 removed) and rerun; nothing was started and the data dir is as it was")]
+    RefusesFlags {
+        /// The file.
+        path: PathBuf,
+        /// Its release.
+        version: Version,
+        /// etcd's own words.
+        refusal: String,
+        /// The releases that run with the flags.
+        releases: String,
+    },
     /// The check process could not be run.
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
@@ -160,14 +174,58 @@ pub fn check_present(bin_dir: &Path, binaries: &[Binary]) -> Result<(), BinError
     Ok(())
 }
 
-/// The command that makes a binary print its version, and the prefix of
-/// the line that carries it.
-fn version_command(bin_dir: &Path, binary: Binary) -> (Command, &'static str) {
+/// The etcd flags some releases will run with (the user's, after `--`):
+/// each of those releases gets them in its version check, so one that
+/// refuses a flag is found before anything starts.
+#[derive(Debug, Clone, Copy)]
+pub struct RunFlags<'a> {
+    /// The flags.
+    pub args: &'a [String],
+    /// The releases that run with them.
+    pub releases: &'a [Version],
+}
+
+impl<'a> RunFlags<'a> {
+    /// The flags `binary` is checked with: these, for an etcd server of
+    /// one of these releases; none otherwise.
+    fn for_binary(&self, binary: Binary) -> &'a [String] {
+        if binary.tool == Tool::Etcd && self.releases.contains(&binary.version) {
+            self.args
+        } else {
+            &[]
+        }
+    }
+
+    fn releases_text(&self) -> String {
+        self.releases
+            .iter()
+            .map(Version::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// What Go's flag package and etcd say of a command line they refuse
+/// (before any other output: the parse is etcd's first act).
+const FLAG_REFUSALS: [&str; 6] = [
+    "flag provided but not defined",
+    "invalid value",
+    "invalid boolean value",
+    "flag needs an argument",
+    "bad flag syntax",
+    "is not a valid flag",
+];
+
+/// The command that makes a binary print its version (an etcd server
+/// parsing `flags` first), and the prefix of the line that carries it.
+fn version_command(bin_dir: &Path, binary: Binary, flags: &[String]) -> (Command, &'static str) {
     let mut command = Command::new(path(bin_dir, binary));
     command.env_remove("ETCDCTL_API");
     let prefix = match binary.tool {
         Tool::Etcd => {
-            command.arg("--version");
+            // etcd parses every flag before it looks at --version (2.2 …
+            // 3.5), and exits on the version without touching anything.
+            command.args(flags).arg("--version");
             "etcd Version"
         }
         // etcdctl 3.4+ defaults to the v3 API, whose version command is a
@@ -192,6 +250,8 @@ fn version_command(bin_dir: &Path, binary: Binary) -> (Command, &'static str) {
 /// given so far, and how many of the two pipes have closed.
 struct Check {
     binary: Binary,
+    /// Checked with the flags it will run with.
+    flagged: bool,
     prefix: &'static str,
     child: Child,
     output: Arc<Mutex<Vec<u8>>>,
@@ -240,12 +300,14 @@ pub async fn verify_reported_versions(
     supervisor: &Supervisor,
     bin_dir: &Path,
     binaries: &[Binary],
+    run_flags: Option<RunFlags<'_>>,
     termination: watch::Receiver<Option<Signal>>,
 ) -> Result<(), BinError> {
     let deadline = tokio::time::Instant::now() + VERSION_CHECK_TIMEOUT;
     let mut checks = Vec::new();
     for &binary in binaries {
-        let (mut command, prefix) = version_command(bin_dir, binary);
+        let flags = run_flags.map_or(&[][..], |f| f.for_binary(binary));
+        let (mut command, prefix) = version_command(bin_dir, binary, flags);
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -267,12 +329,14 @@ pub async fn verify_reported_versions(
         }
         checks.push(Check {
             binary,
+            flagged: !flags.is_empty(),
             prefix,
             child,
             output,
             closed,
         });
     }
+    let releases = run_flags.map(|f| f.releases_text()).unwrap_or_default();
     let mut first_error = None;
     for i in 0..checks.len() {
         let result = {
@@ -283,9 +347,9 @@ pub async fn verify_reported_versions(
                 signal = termination.wait_for(Option::is_some) => match signal.ok().and_then(|s| *s) {
                     Some(signal) => Err(signal),
                     // No sender, no signal can come: just finish the check.
-                    None => Ok(finish(check, bin_dir, deadline).await),
+                    None => Ok(finish(check, bin_dir, deadline, &releases).await),
                 },
-                outcome = finish(check, bin_dir, deadline) => Ok(outcome),
+                outcome = finish(check, bin_dir, deadline, &releases) => Ok(outcome),
             }
         };
         match result {
@@ -319,6 +383,7 @@ async fn finish(
     check: &mut Check,
     bin_dir: &Path,
     deadline: tokio::time::Instant,
+    releases: &str,
 ) -> Result<(), BinError> {
     let path = path(bin_dir, check.binary);
     let status = match tokio::time::timeout_at(deadline, check.child.wait()).await {
@@ -354,7 +419,34 @@ async fn finish(
         // group keeps them, and its output is not waited for.
         let _ = tokio::time::timeout(OUTPUT_GRACE, check.closed.wait_for(closed)).await;
     }
-    check_reported(&path, check.binary, check.prefix, status, &check.output())
+    let output = check.output();
+    if check.flagged {
+        refused_flags(&path, check.binary, &output, releases)?;
+    }
+    check_reported(&path, check.binary, check.prefix, status, &output)
+}
+
+/// The refusal of the flags a release was checked with, if its output
+/// opens with one (etcd parses them before it prints anything else).
+fn refused_flags(
+    path: &Path,
+    binary: Binary,
+    output: &str,
+    releases: &str,
+) -> Result<(), BinError> {
+    let refusal = output.lines().find(|line| {
+        let line = line.trim();
+        FLAG_REFUSALS.iter().any(|r| line.contains(r)) && !line.starts_with("etcd Version")
+    });
+    match refusal {
+        Some(line) => Err(BinError::RefusesFlags {
+            path: path.to_path_buf(),
+            version: binary.version,
+            refusal: line.trim().to_string(),
+            releases: releases.to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn check_reported(
@@ -417,6 +509,58 @@ mod tests {
         assert_eq!(bundle.to_string(), "3.4.23, 3.5.16");
         let err = scan(&tmp.path().join("nope")).expect_err("missing dir");
         assert!(err.to_string().starts_with("cannot list bin dir"), "{err}");
+    }
+
+    /// etcd's own words for a refused flag (3.4.23 on `--ca-file`, Go's
+    /// flag package on a bad value, etcd on a stray argument) are a
+    /// refusal naming the release and the flag; a version answer is not.
+    #[test]
+    fn a_release_refusing_the_flags_is_named_with_its_words() {
+        let path = Path::new("/usr/local/bin/etcd-3.4.23");
+        let refused = "flag provided but not defined: -ca-file\nUsage:\n\n  etcd [flags]\n";
+        let err = refused_flags(path, binary("3.4.23"), refused, "3.3.25, 3.4.23, 3.5.16")
+            .expect_err("refused");
+        let text = err.to_string();
+        for part in [
+            "/usr/local/bin/etcd-3.4.23 (etcd 3.4.23) refuses",
+            "flag provided but not defined: -ca-file",
+            "(3.3.25, 3.4.23, 3.5.16)",
+            "nothing was started",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+        for words in [
+            "invalid value \"x\" for flag -snapshot-count: parse error",
+            "flag needs an argument: -name",
+            "'stray' is not a valid flag",
+        ] {
+            assert!(
+                refused_flags(path, binary("3.4.23"), words, "").is_err(),
+                "{words}"
+            );
+        }
+        let answered = "etcd Version: 3.4.23\nGit SHA: Not provided\nGo Version: go1.19\n";
+        refused_flags(path, binary("3.4.23"), answered, "").expect("a version answer");
+        // Only the etcd servers of the releases that run with the flags get
+        // them; tools and other releases are checked bare.
+        let args = vec!["--ca-file=/ca.crt".to_string()];
+        let releases = [v("3.4.23")];
+        let flags = RunFlags {
+            args: &args,
+            releases: &releases,
+        };
+        assert_eq!(flags.for_binary(binary("3.4.23")), &args[..]);
+        assert!(flags.for_binary(binary("3.3.25")).is_empty());
+        assert!(flags
+            .for_binary(Binary {
+                tool: Tool::Etcdctl,
+                version: v("3.4.23")
+            })
+            .is_empty());
+    }
+
+    fn v(s: &str) -> Version {
+        s.parse().expect("version")
     }
 
     #[test]

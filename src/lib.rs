@@ -393,7 +393,7 @@ fn roll_as_member(
         .build()
         .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
     let supervisor = Supervisor::start(original_mask)?;
-    verify_binaries(config, plan, &runtime, &supervisor)?;
+    verify_binaries(config, plan, true, &runtime, &supervisor)?;
     let lock = match lock {
         Some(lock) => lock,
         None => datadir::lock(&config.data_dir)?,
@@ -483,7 +483,7 @@ fn carry_out(
         .build()
         .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
     let supervisor = Supervisor::start(original_mask)?;
-    verify_binaries(config, plan, &runtime, &supervisor)?;
+    verify_binaries(config, plan, false, &runtime, &supervisor)?;
     let lock = make_ready(config, plan, lock)?;
     match plan.work() {
         // Reached only after finishing an interrupted step: already recorded.
@@ -519,19 +519,43 @@ fn carry_out(
 }
 
 /// Each binary proves it is the release its name claims before the first
-/// one touches the data.
+/// one touches the data; each etcd that will run with the user's flags
+/// (after `--`) parses them in that check: the target the run execs, or,
+/// when the member rolls with its cluster (`rolls`), every release it
+/// passes through (each runs as the member, with those flags).
 fn verify_binaries(
     config: &Config,
     plan: &Plan,
+    rolls: bool,
     runtime: &tokio::runtime::Runtime,
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
     let needed = plan.needed_binaries();
+    let flagged: Vec<Version> = if rolls {
+        let mut releases: Vec<Version> = needed
+            .iter()
+            .filter(|b| b.tool == plan::Tool::Etcd)
+            .map(|b| b.version)
+            .collect();
+        releases.sort();
+        releases.dedup();
+        releases
+    } else {
+        vec![plan.target.version]
+    };
+    let run_flags = match &config.mode {
+        Mode::Exec { etcd_args } if !etcd_args.is_empty() => Some(binaries::RunFlags {
+            args: etcd_args,
+            releases: &flagged,
+        }),
+        _ => None,
+    };
     let verifying = Instant::now();
     let verified = runtime.block_on(binaries::verify_reported_versions(
         supervisor,
         &config.bin_dir,
         &needed,
+        run_flags,
         supervisor.termination(),
     ));
     match verified {
