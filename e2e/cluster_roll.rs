@@ -34,6 +34,97 @@ fn say(line: &str) {
     let _ = writeln!(stderr, "cluster_roll: {line}");
 }
 
+/// A real TLS cluster of `size` members of the etcd at `program` on
+/// loopback, settled at its release's cluster version.
+struct TestCluster {
+    tmp: tempfile::TempDir,
+    pki: Pki,
+    names: &'static [&'static str],
+    nodes: Vec<Node>,
+    peers: PeerClient,
+    /// The cluster as first seen settled.
+    before: etcd_migrate::cluster::View,
+}
+
+impl TestCluster {
+    fn start(tag: &str, program: &Path, release: Version, size: usize) -> TestCluster {
+        let names = &ALL_NAMES[..size];
+        let tmp = temp_dir(tag);
+        let pki = Pki::new(tmp.path(), names);
+        let nodes = start_cluster_of(program, tmp.path(), &pki, names);
+        let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
+        let before = wait_for_cluster_version_of(&peers, &nodes, release.minor_line());
+        TestCluster {
+            tmp,
+            pki,
+            names,
+            nodes,
+            peers,
+            before,
+        }
+    }
+
+    /// Member `i`'s data dir.
+    fn data(&self, i: usize) -> std::path::PathBuf {
+        self.tmp.path().join(self.names[i])
+    }
+
+    /// Member `i`'s etcd stopped (SIGKILL) with `recorded` in its
+    /// version.txt, as the image's first run finds it; its data dir.
+    fn take_down(&mut self, i: usize, recorded: &str) -> std::path::PathBuf {
+        let data = self.data(i);
+        std::fs::write(data.join("version.txt"), recorded).expect("version.txt");
+        if let Some(mut child) = self.nodes[i].child.take() {
+            kill_and_reap(&mut child);
+        }
+        data
+    }
+
+    /// `run` (member `i`'s entrypoint) started, once it serves again on
+    /// its peer URL (an operator's rollout goes node by node).
+    fn spawn_serving(&self, i: usize, run: &Migration) -> Running {
+        let running = run.spawn();
+        let started = Instant::now();
+        while block_on(self.peers.version(&self.nodes[i].peer_url)).is_err() {
+            assert!(
+                started.elapsed() < ROLL_DEADLINE,
+                "{} did not serve again: {}",
+                self.names[i],
+                running.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        running
+    }
+
+    /// Member `i` as it would run with `args` instead of its own flags.
+    fn node_with(&self, i: usize, args: Vec<String>) -> Node {
+        Node {
+            peer_url: self.nodes[i].peer_url.clone(),
+            client_url: self.nodes[i].client_url.clone(),
+            args,
+            child: None,
+        }
+    }
+
+    /// Whether every member's version.txt records `want`.
+    fn all_recorded(&self, want: &str) -> bool {
+        (0..self.names.len()).all(|i| {
+            std::fs::read_to_string(self.data(i).join("version.txt"))
+                .is_ok_and(|text| text.trim() == want)
+        })
+    }
+}
+
+/// The entrypoints' stderr, one after the other (for a failure message).
+fn all_stderr(members: &[Running]) -> String {
+    members
+        .iter()
+        .map(|m| m.stderr())
+        .collect::<Vec<_>>()
+        .join("\n----\n")
+}
+
 /// The entrypoint of member `i`, in exec mode with the node's own flags.
 fn entrypoint(
     node: &Node,
@@ -83,10 +174,9 @@ fn wait_rolled(
             return;
         }
         if started.elapsed() > ROLL_DEADLINE {
-            let logs: Vec<String> = members.iter().map(|m| m.stderr()).collect();
             panic!(
                 "the cluster did not reach {release} within {ROLL_DEADLINE:?}: {view:?}\n{}",
-                logs.join("\n----\n")
+                all_stderr(members)
             );
         }
         std::thread::sleep(Duration::from_millis(300));
@@ -107,44 +197,31 @@ fn roll(
     backs_up: Option<usize>,
 ) {
     // One member per entry of `failpoints`.
-    let names = &ALL_NAMES[..failpoints.len()];
-    let tmp = temp_dir("cluster-roll");
-    let pki = Pki::new(tmp.path(), names);
-    let mut nodes = start_cluster_of(
+    let mut cluster = TestCluster::start(
+        "cluster-roll",
         &bin_dir.join(format!("etcd-{from}")),
-        tmp.path(),
-        &pki,
-        names,
+        from.parse().expect("version"),
+        failpoints.len(),
     );
-    let from_version: Version = from.parse().expect("version");
-    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
-    let before = wait_for_cluster_version_of(&peers, &nodes, from_version.minor_line());
+    let names = cluster.names;
     let mut members: Vec<Running> = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let data = tmp.path().join(name);
-        std::fs::write(data.join("version.txt"), format!("{from}/{storage}")).expect("version.txt");
-        if let Some(mut child) = nodes[i].child.take() {
-            kill_and_reap(&mut child);
-        }
-        let mut run = entrypoint(&nodes[i], name, &data, (target, storage), bundled, bin_dir);
+        let data = cluster.take_down(i, &format!("{from}/{storage}"));
+        let mut run = entrypoint(
+            &cluster.nodes[i],
+            name,
+            &data,
+            (target, storage),
+            bundled,
+            bin_dir,
+        );
         if let Some(failpoint) = failpoints[i] {
             run = run.env("FAILPOINTS", format!("{failpoint}=return"));
         }
         if backs_up == Some(i) {
             run = run.arg("--backup").arg("always");
         }
-        members.push(run.spawn());
-        // The next member goes once this one serves again (an operator's
-        // rollout, node by node).
-        let started = Instant::now();
-        while block_on(peers.version(&nodes[i].peer_url)).is_err() {
-            assert!(
-                started.elapsed() < ROLL_DEADLINE,
-                "{name} did not serve again: {}",
-                members[i].stderr()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        members.push(cluster.spawn_serving(i, &run));
     }
     let mut pending: Vec<usize> = (0..names.len())
         .filter(|i| failpoints[*i].is_some())
@@ -171,9 +248,9 @@ fn roll(
                 failpoints[i].unwrap_or_default()
             ));
             history.push_str(&members[i].stderr());
-            let data = tmp.path().join(names[i]);
+            let data = cluster.data(i);
             let again = entrypoint(
-                &nodes[i],
+                &cluster.nodes[i],
                 names[i],
                 &data,
                 (target, storage),
@@ -187,26 +264,23 @@ fn roll(
         assert!(
             Instant::now() < deadline,
             "members {pending:?} never reached their failpoints: {}",
-            pending
-                .iter()
-                .map(|i| members[*i].stderr())
-                .collect::<Vec<_>>()
-                .join("\n----\n")
+            all_stderr(&members)
         );
         std::thread::sleep(Duration::from_millis(200));
     }
 
     let target_version: Version = target.parse().expect("version");
-    let all_recorded = || {
-        names.iter().all(|name| {
-            std::fs::read_to_string(tmp.path().join(name).join("version.txt"))
-                .is_ok_and(|text| text.trim() == format!("{target}/{storage}"))
-        })
-    };
-    wait_rolled(&peers, &nodes, target_version, &all_recorded, &mut members);
-    let after = observe(&peers, &nodes, Duration::ZERO);
-    for name in names {
-        let data = tmp.path().join(name);
+    let all_recorded = || cluster.all_recorded(&format!("{target}/{storage}"));
+    wait_rolled(
+        &cluster.peers,
+        &cluster.nodes,
+        target_version,
+        &all_recorded,
+        &mut members,
+    );
+    let after = observe(&cluster.peers, &cluster.nodes, Duration::ZERO);
+    for (i, name) in names.iter().enumerate() {
+        let data = cluster.data(i);
         assert_eq!(
             read_version_txt(&data),
             format!("{target}/{storage}"),
@@ -233,10 +307,14 @@ fn roll(
         m.sort();
         m
     };
-    assert_eq!(urls(&before), urls(&after), "the membership changed");
+    assert_eq!(
+        urls(&cluster.before),
+        urls(&after),
+        "the membership changed"
+    );
     if let Some(i) = backs_up {
         assert_backed_up_once(
-            &tmp.path().join(format!("{}.backup", names[i])),
+            &cluster.tmp.path().join(format!("{}.backup", names[i])),
             from,
             storage,
             &members[i].stderr(),
@@ -372,22 +450,18 @@ fn three_2x_members_roll_2_2_to_3_0_over_the_v2_lock() {
 /// certificate from a stranger's CA, the cluster's CA still trusted).
 #[test]
 fn a_peer_tls_no_other_member_accepts_is_refused_untouched() {
-    let names = &ALL_NAMES[..3];
-    let tmp = temp_dir("cluster-tls");
-    let pki = Pki::new(tmp.path(), names);
     let bin_dir = crate::harness::bin_dir();
-    let mut nodes = start_cluster_of(&bin_dir.join("etcd-3.3.25"), tmp.path(), &pki, names);
-    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
-    wait_for_cluster_version_of(&peers, &nodes, Version::new(3, 3, 0).minor_line());
-    let data = tmp.path().join("etcd-a");
-    std::fs::write(data.join("version.txt"), "3.3.25/etcd3").expect("version.txt");
-    if let Some(mut child) = nodes[0].child.take() {
-        kill_and_reap(&mut child);
-    }
-    let stranger_dir = tmp.path().join("stranger");
+    let mut cluster = TestCluster::start(
+        "cluster-tls",
+        &bin_dir.join("etcd-3.3.25"),
+        Version::new(3, 3, 25),
+        3,
+    );
+    let data = cluster.take_down(0, "3.3.25/etcd3");
+    let stranger_dir = cluster.tmp.path().join("stranger");
     std::fs::create_dir(&stranger_dir).expect("stranger dir");
     let stranger = Pki::new(&stranger_dir, &["etcd-a"]).tls("etcd-a");
-    let ours = pki.tls("etcd-a");
+    let ours = cluster.pki.tls("etcd-a");
     let cases = [
         (
             "a stranger's CA",
@@ -403,7 +477,7 @@ fn a_peer_tls_no_other_member_accepts_is_refused_untouched() {
         ),
     ];
     for (case, ca, cert, key) in cases {
-        let args: Vec<String> = nodes[0]
+        let args: Vec<String> = cluster.nodes[0]
             .args
             .iter()
             .map(|arg| {
@@ -416,12 +490,7 @@ fn a_peer_tls_no_other_member_accepts_is_refused_untouched() {
                 }
             })
             .collect();
-        let node = Node {
-            peer_url: nodes[0].peer_url.clone(),
-            client_url: nodes[0].client_url.clone(),
-            args,
-            child: None,
-        };
+        let node = cluster.node_with(0, args);
         let before = crate::harness::tree::fingerprint(&data);
         let run = entrypoint(
             &node,
@@ -462,13 +531,13 @@ fn a_hold_on_the_v2_lock_keeps_the_wave_after_the_crossing_waiting() {
     ) else {
         return;
     };
-    let names = &ALL_NAMES[..3];
-    let tmp = temp_dir("cluster-crossing");
-    let pki = Pki::new(tmp.path(), names);
-    let mut nodes = start_cluster_of(&bin_dir.join("etcd-3.0.17"), tmp.path(), &pki, names);
-    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
-    let before = wait_for_cluster_version_of(&peers, &nodes, Version::new(3, 0, 0).minor_line());
-    let endpoints: Vec<String> = nodes.iter().map(|n| n.client_url.clone()).collect();
+    let mut cluster = TestCluster::start(
+        "cluster-crossing",
+        &bin_dir.join("etcd-3.0.17"),
+        Version::new(3, 0, 17),
+        3,
+    );
+    let endpoints: Vec<String> = cluster.nodes.iter().map(|n| n.client_url.clone()).collect();
     let operator = Holder {
         member: "0".to_string(),
         name: "the operator (test)".to_string(),
@@ -476,7 +545,7 @@ fn a_hold_on_the_v2_lock_keeps_the_wave_after_the_crossing_waiting() {
     };
     let mut lock = V2Lock::new(
         &endpoints,
-        Some(&pki.tls("etcd-a")),
+        Some(&cluster.pki.tls("etcd-a")),
         operator,
         PROBE_TIMEOUT,
     )
@@ -484,23 +553,17 @@ fn a_hold_on_the_v2_lock_keeps_the_wave_after_the_crossing_waiting() {
     assert_eq!(block_on(lock.try_take()).expect("take"), Taken::Ours);
     let (target, bundled) = ("3.2.32", "3.0.17,3.1.20,3.2.32");
     let mut members: Vec<Running> = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let data = tmp.path().join(name);
-        std::fs::write(data.join("version.txt"), "3.0.17/etcd3").expect("version.txt");
-        if let Some(mut child) = nodes[i].child.take() {
-            kill_and_reap(&mut child);
-        }
-        let run = entrypoint(&nodes[i], name, &data, (target, "etcd3"), bundled, &bin_dir);
-        members.push(run.spawn());
-        let started = Instant::now();
-        while block_on(peers.version(&nodes[i].peer_url)).is_err() {
-            assert!(
-                started.elapsed() < ROLL_DEADLINE,
-                "{name} did not serve again: {}",
-                members[i].stderr()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+    for (i, name) in cluster.names.iter().enumerate() {
+        let data = cluster.take_down(i, "3.0.17/etcd3");
+        let run = entrypoint(
+            &cluster.nodes[i],
+            name,
+            &data,
+            (target, "etcd3"),
+            bundled,
+            &bin_dir,
+        );
+        members.push(cluster.spawn_serving(i, &run));
     }
     // Every member waits on the v2 holder at 3.1 (twice each: not a
     // passing glance); the hold is kept alive meanwhile.
@@ -513,7 +576,7 @@ fn a_hold_on_the_v2_lock_keeps_the_wave_after_the_crossing_waiting() {
         .iter()
         .all(|m| m.stderr().matches(waiting).count() >= 2)
     {
-        let view = observe(&peers, &nodes, Duration::ZERO);
+        let view = observe(&cluster.peers, &cluster.nodes, Duration::ZERO);
         let ahead: Vec<String> = view
             .members
             .iter()
@@ -523,20 +586,12 @@ fn a_hold_on_the_v2_lock_keeps_the_wave_after_the_crossing_waiting() {
         assert!(
             ahead.is_empty(),
             "{ahead:?} went on past 3.1 while the v2 lock was held: {view:?}\n{}",
-            members
-                .iter()
-                .map(|m| m.stderr())
-                .collect::<Vec<_>>()
-                .join("\n----\n")
+            all_stderr(&members)
         );
         assert!(
             started.elapsed() < ROLL_DEADLINE,
             "not every member waited on the v2 holder within {ROLL_DEADLINE:?}: {view:?}\n{}",
-            members
-                .iter()
-                .map(|m| m.stderr())
-                .collect::<Vec<_>>()
-                .join("\n----\n")
+            all_stderr(&members)
         );
         if last_refresh.elapsed() > Duration::from_secs(10) {
             block_on(lock.refresh()).expect("the operator keeps the v2 hold");
@@ -546,26 +601,21 @@ fn a_hold_on_the_v2_lock_keeps_the_wave_after_the_crossing_waiting() {
     }
     say("every member waited at 3.1 on the hold in the v2 store; letting it go");
     block_on(lock.release()).expect("the operator lets the v2 lock go");
-    let all_recorded = || {
-        names.iter().all(|name| {
-            std::fs::read_to_string(tmp.path().join(name).join("version.txt"))
-                .is_ok_and(|text| text.trim() == format!("{target}/etcd3"))
-        })
-    };
+    let all_recorded = || cluster.all_recorded(&format!("{target}/etcd3"));
     wait_rolled(
-        &peers,
-        &nodes,
+        &cluster.peers,
+        &cluster.nodes,
         target.parse().expect("version"),
         &all_recorded,
         &mut members,
     );
-    let after = observe(&peers, &nodes, Duration::ZERO);
+    let after = observe(&cluster.peers, &cluster.nodes, Duration::ZERO);
     let ids = |v: &etcd_migrate::cluster::View| {
         let mut ids: Vec<u64> = v.members.iter().map(|m| m.id).collect();
         ids.sort();
         ids
     };
-    assert_eq!(ids(&before), ids(&after), "the membership changed");
+    assert_eq!(ids(&cluster.before), ids(&after), "the membership changed");
 }
 
 /// `--backup always` in cluster mode, where the backup cannot be taken (no
@@ -574,22 +624,18 @@ fn a_hold_on_the_v2_lock_keeps_the_wave_after_the_crossing_waiting() {
 /// nothing written to the backup's filesystem.
 #[test]
 fn a_member_whose_backup_cannot_fit_is_refused_before_its_etcd_starts() {
-    let names = &ALL_NAMES[..3];
-    let tmp = temp_dir("cluster-backup-nospace");
-    let pki = Pki::new(tmp.path(), names);
     let bin_dir = crate::harness::bin_dir();
-    let mut nodes = start_cluster_of(&bin_dir.join("etcd-3.3.25"), tmp.path(), &pki, names);
-    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
-    wait_for_cluster_version_of(&peers, &nodes, Version::new(3, 3, 0).minor_line());
-    let data = tmp.path().join("etcd-a");
-    std::fs::write(data.join("version.txt"), "3.3.25/etcd3").expect("version.txt");
-    if let Some(mut child) = nodes[0].child.take() {
-        kill_and_reap(&mut child);
-    }
-    let small = crate::harness::mount::Mount::tmpfs(&tmp.path().join("small"), "size=1m");
+    let mut cluster = TestCluster::start(
+        "cluster-backup-nospace",
+        &bin_dir.join("etcd-3.3.25"),
+        Version::new(3, 3, 25),
+        3,
+    );
+    let data = cluster.take_down(0, "3.3.25/etcd3");
+    let small = crate::harness::mount::Mount::tmpfs(&cluster.tmp.path().join("small"), "size=1m");
     let before = crate::harness::tree::fingerprint(&data);
     let run = entrypoint(
-        &nodes[0],
+        &cluster.nodes[0],
         "etcd-a",
         &data,
         ("3.4.23", "etcd3"),
@@ -624,28 +670,20 @@ fn a_member_whose_backup_cannot_fit_is_refused_before_its_etcd_starts() {
 /// words, instead of a restart under the lock that could not start.
 #[test]
 fn a_flag_a_release_on_the_way_refuses_is_refused_before_anything_starts() {
-    let names = &ALL_NAMES[..3];
-    let tmp = temp_dir("cluster-flags");
-    let pki = Pki::new(tmp.path(), names);
     let bin_dir = crate::harness::bin_dir();
-    let mut nodes = start_cluster_of(&bin_dir.join("etcd-3.3.25"), tmp.path(), &pki, names);
-    let peers = PeerClient::new(Some(&pki.tls("etcd-a")), PROBE_TIMEOUT).expect("peer client");
-    wait_for_cluster_version_of(&peers, &nodes, Version::new(3, 3, 0).minor_line());
-    let data = tmp.path().join("etcd-a");
-    std::fs::write(data.join("version.txt"), "3.3.25/etcd3").expect("version.txt");
-    if let Some(mut child) = nodes[0].child.take() {
-        kill_and_reap(&mut child);
-    }
-    let mut node = Node {
-        peer_url: nodes[0].peer_url.clone(),
-        client_url: nodes[0].client_url.clone(),
-        args: nodes[0].args.clone(),
-        child: None,
-    };
-    node.args.push(format!(
+    let mut cluster = TestCluster::start(
+        "cluster-flags",
+        &bin_dir.join("etcd-3.3.25"),
+        Version::new(3, 3, 25),
+        3,
+    );
+    let data = cluster.take_down(0, "3.3.25/etcd3");
+    let mut args = cluster.nodes[0].args.clone();
+    args.push(format!(
         "--ca-file={}",
-        pki.tls("etcd-a").trusted_ca.display()
+        cluster.pki.tls("etcd-a").trusted_ca.display()
     ));
+    let node = cluster.node_with(0, args);
     let before = crate::harness::tree::fingerprint(&data);
     let run = entrypoint(
         &node,

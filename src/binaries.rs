@@ -434,10 +434,9 @@ fn refused_flags(
     output: &str,
     releases: &str,
 ) -> Result<(), BinError> {
-    let refusal = output.lines().find(|line| {
-        let line = line.trim();
-        FLAG_REFUSALS.iter().any(|r| line.contains(r)) && !line.starts_with("etcd Version")
-    });
+    let refusal = output
+        .lines()
+        .find(|line| FLAG_REFUSALS.iter().any(|r| line.contains(r)));
     match refusal {
         Some(line) => Err(BinError::RefusesFlags {
             path: path.to_path_buf(),
