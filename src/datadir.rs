@@ -203,6 +203,16 @@ pub enum DataDirError {
         #[source]
         source: ParseError,
     },
+    /// What the data records could not be read (its WAL, snapshots or
+    /// db): etcd refuses such data too.
+    #[error("cannot read what the data in {dir} records")]
+    Unreadable {
+        /// The data dir.
+        dir: String,
+        /// What could not be read.
+        #[source]
+        source: crate::ondisk::OnDiskError,
+    },
     /// An I/O operation failed.
     #[error("{op} {path}: {source}")]
     Io {

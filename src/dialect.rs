@@ -1,6 +1,8 @@
 //! This module owns the flag dialect of each etcd release: the exact
-//! command line an intermediate etcd gets for a step. Pure, so every
-//! release's line is checked in a table test without running it.
+//! command line an intermediate etcd gets for a step, and the flags a
+//! release removed with what replaces them (for the message that refuses
+//! a user's flag). Pure, so every release's line is checked in a table
+//! test without running it.
 
 use crate::config::Member;
 use crate::version::{Minor, Storage, Version};
@@ -86,9 +88,181 @@ impl StepEtcd<'_> {
             // read, fingerprinted and carried like the v3 keys.
             args.push("--enable-v2=true".to_string());
         }
+        if self.version.reads_next_minor_schema() {
+            // A 3.4.31+ step may run on data a 3.5 downgrade left (3.5's
+            // schema), which it reads only with this; harmless on 3.4's
+            // own data (measured on 3.4.45).
+            args.push("--next-cluster-version-compatible".to_string());
+        }
         args.extend(member.extra_args.iter().cloned());
         args
     }
+}
+
+/// Flags a release removed, by the minor that removed them, with what
+/// replaces them (`None`: nothing, the feature is gone). From etcd's own
+/// sources: 3.4 dropped the v2-era TLS names; 3.5 the capnslog logging
+/// flags; 3.6 the v2 API; 3.7 every `--experimental-*` flag, whose
+/// replacements 3.6 already accepts (and names in its deprecation
+/// warnings: `server/etcdmain/config.go`, `server/embed/config.go` and
+/// `server/features` at v3.6.14).
+const REMOVED_FLAGS: &[(&str, Minor, Option<&str>)] = &[
+    ("ca-file", Minor::new(3, 4), Some("--trusted-ca-file")),
+    (
+        "peer-ca-file",
+        Minor::new(3, 4),
+        Some("--peer-trusted-ca-file"),
+    ),
+    ("debug", Minor::new(3, 5), Some("--log-level=debug")),
+    ("log-package-levels", Minor::new(3, 5), Some("--log-level")),
+    ("enable-v2", Minor::new(3, 6), None),
+    ("experimental-enable-v2v3", Minor::new(3, 6), None),
+    (
+        "experimental-bootstrap-defrag-threshold-megabytes",
+        Minor::new(3, 7),
+        Some("--bootstrap-defrag-threshold-megabytes"),
+    ),
+    (
+        "experimental-compact-hash-check-enabled",
+        Minor::new(3, 7),
+        Some("--feature-gates=CompactHashCheck=true"),
+    ),
+    (
+        "experimental-compact-hash-check-time",
+        Minor::new(3, 7),
+        Some("--compact-hash-check-time"),
+    ),
+    (
+        "experimental-compaction-batch-limit",
+        Minor::new(3, 7),
+        Some("--compaction-batch-limit"),
+    ),
+    (
+        "experimental-compaction-sleep-interval",
+        Minor::new(3, 7),
+        Some("--compaction-sleep-interval"),
+    ),
+    (
+        "experimental-corrupt-check-time",
+        Minor::new(3, 7),
+        Some("--corrupt-check-time"),
+    ),
+    (
+        "experimental-distributed-tracing-address",
+        Minor::new(3, 7),
+        Some("--distributed-tracing-address"),
+    ),
+    (
+        "experimental-distributed-tracing-instance-id",
+        Minor::new(3, 7),
+        Some("--distributed-tracing-instance-id"),
+    ),
+    (
+        "experimental-distributed-tracing-sampling-rate",
+        Minor::new(3, 7),
+        Some("--distributed-tracing-sampling-rate"),
+    ),
+    (
+        "experimental-distributed-tracing-service-name",
+        Minor::new(3, 7),
+        Some("--distributed-tracing-service-name"),
+    ),
+    (
+        "experimental-downgrade-check-time",
+        Minor::new(3, 7),
+        Some("--downgrade-check-time"),
+    ),
+    (
+        "experimental-enable-distributed-tracing",
+        Minor::new(3, 7),
+        Some("--enable-distributed-tracing"),
+    ),
+    (
+        "experimental-enable-lease-checkpoint",
+        Minor::new(3, 7),
+        Some("--feature-gates=LeaseCheckpoint=true"),
+    ),
+    (
+        "experimental-enable-lease-checkpoint-persist",
+        Minor::new(3, 7),
+        Some("--feature-gates=LeaseCheckpointPersist=true"),
+    ),
+    (
+        "experimental-initial-corrupt-check",
+        Minor::new(3, 7),
+        Some("--feature-gates=InitialCorruptCheck=true"),
+    ),
+    (
+        "experimental-memory-mlock",
+        Minor::new(3, 7),
+        Some("--memory-mlock"),
+    ),
+    (
+        "experimental-peer-skip-client-san-verification",
+        Minor::new(3, 7),
+        Some("--peer-skip-client-san-verification"),
+    ),
+    (
+        "experimental-snapshot-catchup-entries",
+        Minor::new(3, 7),
+        Some("--snapshot-catchup-entries"),
+    ),
+    (
+        "experimental-snapshot-catch-up-entries",
+        Minor::new(3, 7),
+        Some("--snapshot-catchup-entries"),
+    ),
+    (
+        "experimental-stop-grpc-service-on-defrag",
+        Minor::new(3, 7),
+        Some("--feature-gates=StopGRPCServiceOnDefrag=true"),
+    ),
+    (
+        "experimental-txn-mode-write-with-shared-buffer",
+        Minor::new(3, 7),
+        Some("--feature-gates=TxnModeWriteWithSharedBuffer=true"),
+    ),
+    (
+        "experimental-warning-apply-duration",
+        Minor::new(3, 7),
+        Some("--warning-apply-duration"),
+    ),
+    (
+        "experimental-warning-unary-request-duration",
+        Minor::new(3, 7),
+        Some("--warning-unary-request-duration"),
+    ),
+    (
+        "experimental-watch-progress-notify-interval",
+        Minor::new(3, 7),
+        Some("--watch-progress-notify-interval"),
+    ),
+];
+
+/// What to tell the operator of an etcd flag `release` refuses, from
+/// etcd's own refusal (`flag provided but not defined: -ca-file`): the
+/// minor that removed it and its replacement, when the table knows it.
+pub fn removed_flag_advice(refusal: &str, release: Version) -> Option<String> {
+    let name = refusal
+        .split("flag provided but not defined:")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .trim_start_matches('-');
+    let (_, removed_in, replacement) = REMOVED_FLAGS
+        .iter()
+        .find(|(flag, removed_in, _)| *flag == name && *removed_in <= release.minor_line())?;
+    Some(match replacement {
+        Some(replacement) => {
+            format!(
+            "etcd {removed_in} removed --{name}; use {replacement} instead (etcd {} accepts both)",
+            removed_in.previous().map_or(String::new(), |m| m.to_string())
+        )
+        }
+        None => {
+            format!("etcd {removed_in} removed --{name} and has no replacement for it: drop it")
+        }
+    })
 }
 
 #[cfg(test)]
@@ -153,6 +327,39 @@ mod tests {
             expected.push("--peer-client-cert-auth".into());
             assert_eq!(args, expected, "{version}/{storage}");
         }
+    }
+
+    #[test]
+    fn a_removed_flag_is_named_with_its_replacement() {
+        let advice = |refusal: &str, release: &str| {
+            removed_flag_advice(refusal, release.parse().expect("version"))
+        };
+        assert_eq!(
+            advice(
+                "flag provided but not defined: -experimental-initial-corrupt-check",
+                "3.7.1"
+            )
+            .as_deref(),
+            Some("etcd 3.7 removed --experimental-initial-corrupt-check; use --feature-gates=InitialCorruptCheck=true instead (etcd 3.6 accepts both)")
+        );
+        assert_eq!(
+            advice("flag provided but not defined: -ca-file\nUsage:", "3.4.23").as_deref(),
+            Some(
+                "etcd 3.4 removed --ca-file; use --trusted-ca-file instead (etcd 3.3 accepts both)"
+            )
+        );
+        assert!(
+            advice("flag provided but not defined: -enable-v2", "3.6.14")
+                .is_some_and(|a| a.contains("no replacement"))
+        );
+        assert_eq!(
+            advice("flag provided but not defined: -no-such-flag", "3.7.1"),
+            None
+        );
+        assert_eq!(
+            advice("invalid value \"x\" for flag -snapshot-count", "3.7.1"),
+            None
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::keyspace::{Entry, Fingerprint, KnownLeases, Ours, Read};
 use crate::plan::Binary;
 use crate::supervisor::{ExitStatus, SupervisorError};
 use crate::swap::SwapError;
-use crate::version::{Storage, Version, VersionPair};
+use crate::version::{Minor, Storage, Version, VersionPair};
 
 /// Starts a step's etcd.
 pub trait Launcher {
@@ -57,6 +57,28 @@ pub trait RunningEtcd {
     fn owns_listener(&self, port: u16) -> Result<(), String>;
 }
 
+/// What a step's etcd must report on `/version` once it has taken a
+/// write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    /// The release: the server must be it.
+    pub release: Version,
+    /// The lowest minor the data's cluster (and, 3.6+, storage) version may
+    /// show: the release's own, or, while the data is being walked down by
+    /// etcd's downgrade, the downgrade's target.
+    pub lowest: Minor,
+}
+
+impl Expected {
+    /// `release`, on data at its own minor.
+    pub fn release(release: Version) -> Self {
+        Expected {
+            release,
+            lowest: release.minor_line(),
+        }
+    }
+}
+
 /// Why one health attempt failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HealthError {
@@ -85,21 +107,46 @@ pub trait EtcdApi {
     type Error: std::error::Error + Into<String>;
 
     /// Checks the data's alarms (where the API has them) and writes the
-    /// health key once.
+    /// health key once; then `/version` must report what `expected` says.
     fn write(
         &self,
         endpoint: &str,
         storage: Storage,
-        value: &str,
+        expected: Expected,
     ) -> impl Future<Output = Result<(), HealthError>>;
 
-    /// Reads the whole keyspace through `storage`'s API (and the hidden v2
-    /// nodes named in `hidden`) and fingerprints it; `known` holds the
-    /// leases' TTLs where the release cannot tell them (3.0).
+    /// Has the cluster `endpoint` serves downgrade to `target`'s minor
+    /// (etcd's `downgrade validate`, then `downgrade enable`; one already
+    /// enabled to that minor counts as done).
+    fn enable_downgrade(
+        &self,
+        endpoint: &str,
+        target: Minor,
+    ) -> impl Future<Output = Result<(), Self::Error>>;
+
+    /// Whether the data `endpoint` serves is down at `target` (its cluster
+    /// version, and on 3.6+ its storage version too).
+    fn downgraded(
+        &self,
+        endpoint: &str,
+        target: Minor,
+    ) -> impl Future<Output = Result<bool, Self::Error>>;
+
+    /// Ends the downgrade job of the cluster `endpoint` serves once its
+    /// members run the target (etcd's `downgrade cancel`, which a leader
+    /// also does by itself after a while); a release without the job
+    /// (3.4) or without one under way is done already.
+    fn finish_downgrade(&self, endpoint: &str) -> impl Future<Output = Result<(), Self::Error>>;
+
+    /// Reads the whole keyspace of data `served` (the serving release and
+    /// the data's storage) through its storage's API, and its other store
+    /// where the release serves that API (and the hidden v2 nodes named in
+    /// `hidden`), and fingerprints it; `known` holds the leases' TTLs where
+    /// the release cannot tell them (3.0).
     fn fingerprint(
         &self,
         endpoint: &str,
-        storage: Storage,
+        served: VersionPair,
         hidden: &[String],
         known: &KnownLeases,
     ) -> impl Future<Output = Result<Fingerprint, Self::Error>>;
@@ -110,13 +157,13 @@ pub trait EtcdApi {
     fn fingerprint_since(
         &self,
         endpoint: &str,
-        storage: Storage,
+        served: VersionPair,
         hidden: &[String],
         known: &KnownLeases,
         before: Option<&Fingerprint>,
     ) -> impl Future<Output = Result<Fingerprint, Self::Error>> {
         let _ = before;
-        self.fingerprint(endpoint, storage, hidden, known)
+        self.fingerprint(endpoint, served, hidden, known)
     }
 
     /// etcd3 data: the fingerprint by etcd's own hash, without reading the
@@ -132,12 +179,13 @@ pub trait EtcdApi {
         std::future::ready(Ok(None))
     }
 
-    /// Reads every entry through `storage`'s API (etcd3 data: its v2 side
-    /// store too), this run's health keys left out, and fingerprints it.
+    /// Reads every entry of data `served` through its storage's API (and
+    /// the data's other store, see [`EtcdApi::fingerprint`]), this run's
+    /// health keys left out, and fingerprints it.
     fn read_all(
         &self,
         endpoint: &str,
-        storage: Storage,
+        served: VersionPair,
         hidden: &[String],
         known: &KnownLeases,
     ) -> impl Future<Output = Result<Read, Self::Error>>;
@@ -165,13 +213,15 @@ pub trait EtcdApi {
     ) -> impl Future<Output = Result<usize, Self::Error>>;
 
     /// Grants one lease per group of `plan` and re-puts its keys under it,
-    /// puts `hidden` (keys `etcdctl migrate` skipped), deletes the expired
-    /// keys and this run's health keys; returns the leases granted.
+    /// puts `put_back` as given (key, value, lease id: the hidden keys
+    /// `etcdctl migrate` skipped, the v3 keys it may have overwritten),
+    /// deletes the expired keys and this run's health keys; returns the
+    /// leases granted.
     fn apply_leases(
         &self,
         endpoint: &str,
         plan: &LeasePlan,
-        hidden: &[Entry],
+        put_back: &[Entry],
     ) -> impl Future<Output = Result<KnownLeases, Self::Error>>;
 
     /// What the health writes of this run put into the keyspace, for the

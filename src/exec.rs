@@ -11,6 +11,7 @@ use nix::sys::stat::{self, Mode};
 
 use crate::config::data_dir_in_args;
 use crate::supervisor;
+use crate::version::Version;
 
 /// Variables that configure etcd-migrate and mean nothing (or something
 /// else) to etcd.
@@ -99,6 +100,22 @@ impl ExecTarget {
             }
         }
         ExecTarget { program, args }
+    }
+
+    /// The same, with what `release` needs on data a migration may have
+    /// left: a 3.4.31+ target reads the 3.5 schema a downgrade from 3.5
+    /// leaves only with `--next-cluster-version-compatible` (refused
+    /// without it, measured on 3.4.45; harmless on 3.4's own data), so it
+    /// is added unless the arguments or the environment set it.
+    pub fn for_release(mut self, release: Version) -> Self {
+        let flag = "next-cluster-version-compatible";
+        let set = self.args.iter().any(|a| {
+            a.starts_with('-') && a.trim_start_matches('-').split('=').next() == Some(flag)
+        }) || std::env::var_os("ETCD_NEXT_CLUSTER_VERSION_COMPATIBLE").is_some();
+        if release.reads_next_minor_schema() && !set {
+            self.args.push(format!("--{flag}"));
+        }
+        self
     }
 
     /// Our environment minus the variables that configured etcd-migrate

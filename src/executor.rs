@@ -17,6 +17,7 @@ use crate::keyspace::Fingerprint;
 use crate::log;
 use crate::plan::{Plan, Step};
 use crate::steps::in_place::run_in_place;
+use crate::steps::minor_downgrade::minor_downgrade;
 use crate::steps::minor_rollback::minor_rollback;
 use crate::steps::storage_migration::storage_migration;
 use crate::steps::to_etcd2::rollback_to_etcd2;
@@ -223,7 +224,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
             .record(pair)
             .map_err(|source| at.failed(StepError::Record { pair, source }))?;
         crate::failpoint!("step-after-record");
-        if step.is_destructive() {
+        if step.builds_a_copy() {
             // Only now: until version.txt names the step, its scratch
             // dir (and swap journal) is what a restart recovers from.
             self.disk.finish(self.settings.data_dir);
@@ -254,6 +255,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
             }
             Step::StorageMigration { at } => storage_migration(&cx, at, before).await,
             Step::MinorRollback { serve, to, .. } => minor_rollback(&cx, serve, to, before).await,
+            Step::MinorDowngrade { serve, to, .. } => minor_downgrade(&cx, serve, to, before).await,
             Step::RollbackToEtcd2 { serve, to, .. } => {
                 rollback_to_etcd2(&cx, serve, to, before).await
             }
@@ -440,12 +442,12 @@ mod tests {
     use crate::backup::{BackupError, BackupPolicy, StopCheck};
     use crate::datadir::DataDirError;
     use crate::dialect::StepEtcd;
-    use crate::effects::LeasePlan;
+    use crate::effects::{Expected, LeasePlan};
     use crate::keyspace::{Entry, KnownLeases, Ours, Read};
     use crate::plan::{plan, Binary, Bundle};
     use crate::supervisor::{ExitStatus, SupervisorError};
     use crate::swap::SwapError;
-    use crate::version::Storage;
+    use crate::version::{Minor, Storage};
     use std::cell::RefCell;
     use std::collections::BTreeMap;
     use std::future::Future;
@@ -494,7 +496,7 @@ mod tests {
             ttl: None,
             lease: 0,
         };
-        fingerprint.with_v2_side(Some(Fingerprint::of(Storage::Etcd2, &[side])))
+        fingerprint.with_side(Some(Fingerprint::of(Storage::Etcd2, &[side])))
     }
 
     #[derive(Default)]
@@ -663,12 +665,9 @@ mod tests {
             &self,
             _endpoint: &str,
             _storage: Storage,
-            value: &str,
+            expected: Expected,
         ) -> impl Future<Output = Result<(), HealthError>> {
-            let behaviour = value
-                .parse()
-                .map(|v| behaviour_of(&self.behaviours, v))
-                .unwrap_or(Behaviour::Healthy);
+            let behaviour = behaviour_of(&self.behaviours, expected.release);
             *self.attempts.borrow_mut() += 1;
             let attempts = *self.attempts.borrow();
             async move {
@@ -689,7 +688,7 @@ mod tests {
         fn fingerprint(
             &self,
             _endpoint: &str,
-            _storage: Storage,
+            _served: VersionPair,
             _hidden: &[String],
             known: &KnownLeases,
         ) -> impl Future<Output = Result<Fingerprint, crate::effects::FakeError>> {
@@ -716,7 +715,7 @@ mod tests {
         async fn read_all(
             &self,
             _endpoint: &str,
-            _storage: Storage,
+            _served: VersionPair,
             _hidden: &[String],
             _known: &KnownLeases,
         ) -> Result<Read, crate::effects::FakeError> {
@@ -737,6 +736,26 @@ mod tests {
             _entries: &[Entry],
         ) -> Result<(), crate::effects::FakeError> {
             panic!("an upgrade wrote v2 keys")
+        }
+
+        async fn enable_downgrade(
+            &self,
+            _endpoint: &str,
+            _target: Minor,
+        ) -> Result<(), crate::effects::FakeError> {
+            panic!("an upgrade enabled a downgrade")
+        }
+
+        async fn downgraded(
+            &self,
+            _endpoint: &str,
+            _target: Minor,
+        ) -> Result<bool, crate::effects::FakeError> {
+            panic!("an upgrade waited for a downgrade")
+        }
+
+        async fn finish_downgrade(&self, _endpoint: &str) -> Result<(), crate::effects::FakeError> {
+            panic!("an upgrade ended a downgrade")
         }
 
         async fn delete_v2_tree(

@@ -24,13 +24,17 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use etcd_client::{AlarmAction, AlarmType, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    AlarmAction, AlarmType, Compare, CompareOp, DowngradeOptions, PutOptions, Txn, TxnOp,
+};
 
-use crate::effects::{EtcdApi, HealthError, LeasePlan};
+use crate::effects::{EtcdApi, Expected, HealthError, LeasePlan};
 use crate::keyspace::{self, Entry, Fingerprint, KeyspaceError, KnownLeases, Ours, Read};
 use crate::log::error_chain;
 use crate::swap::fresh_mark;
-use crate::version::Storage;
+#[cfg(test)]
+use crate::version::Version;
+use crate::version::{Minor, Storage, VersionPair};
 
 /// Seconds a health key lives if it is never removed (a crash between the
 /// write and the removal): long enough for the write to be read back,
@@ -41,6 +45,15 @@ pub const HEALTH_KEY_TTL_SECS: i64 = 60;
 /// single-member write is a few ms; 2.x holds writes up to 500 ms before it
 /// has elected itself.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Deadline for one downgrade call. etcd proposes it through raft: 3.6+
+/// answers within milliseconds; 3.5 applies it but never answers (its own
+/// timeout comes after 5 s, measured on 3.5.30), so a short deadline and
+/// a second call that finds the job in the state asked for are quicker.
+pub const DOWNGRADE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Downgrade cancels tried before their timeouts count as a failure.
+const DOWNGRADE_CALL_ATTEMPTS: u32 = 5;
 
 /// Why a call to a step's etcd failed (or could not be made); each names
 /// the URL or endpoint and the key.
@@ -117,6 +130,26 @@ pub enum ApiError {
         #[source]
         source: etcd_client::Error,
     },
+    /// A downgrade call (validate, enable, cancel) or the status read
+    /// after it failed.
+    #[error("{op} on {endpoint}: {source}")]
+    Downgrade {
+        /// What was asked, e.g. `downgrade enable 3.6`.
+        op: String,
+        /// The step's client URL.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// `/version` could not be read.
+    #[error("GET {url}: {detail}")]
+    Versions {
+        /// The URL.
+        url: String,
+        /// Why.
+        detail: String,
+    },
 }
 
 /// Writes through the real APIs.
@@ -130,6 +163,23 @@ pub struct EtcdHealth {
 }
 
 impl EtcdHealth {
+    /// A v3 maintenance client of the step's etcd at `endpoint`.
+    async fn maintenance(
+        &self,
+        endpoint: &str,
+    ) -> Result<etcd_client::MaintenanceClient, ApiError> {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(ATTEMPT_TIMEOUT)
+            .with_timeout(DOWNGRADE_CALL_TIMEOUT);
+        let client = etcd_client::Client::connect([endpoint], Some(options))
+            .await
+            .map_err(|err| ApiError::Connect {
+                endpoint: endpoint.to_string(),
+                detail: error_chain(&err),
+            })?;
+        Ok(client.maintenance_client())
+    }
+
     /// A prober with its own HTTP client (no proxy: steps are on loopback)
     /// and this run's health key prefix.
     pub fn new() -> Result<Self, ApiError> {
@@ -210,25 +260,47 @@ impl EtcdHealth {
     /// after it takes writes; recording the step before that would leave
     /// data whose cluster version says the release before, and the next
     /// run would (rightly) refuse version.txt as not matching the data.
-    async fn check_versions(&self, endpoint: &str, release: &str) -> Result<(), HealthError> {
+    async fn check_versions(&self, endpoint: &str, expected: Expected) -> Result<(), HealthError> {
+        let release = expected.release.to_string();
         let url = format!("{endpoint}/version");
         let text = self
-            .http
-            .get(&url)
-            .send()
+            .versions_text(&url)
             .await
-            .map_err(|err| HealthError::NotYet(format!("GET {url}: {}", error_chain(&err))))?
-            .text()
-            .await
-            .map_err(|err| HealthError::NotYet(format!("GET {url}: {}", error_chain(&err))))?;
-        match versions_state(&text, release) {
-            VersionsState::Reached => Ok(()),
+            .map_err(|err| HealthError::NotYet(err.to_string()))?;
+        match versions_state(&text, expected) {
+            VersionsState::Reached(None) => Ok(()),
+            VersionsState::Reached(Some(storage)) => {
+                crate::log::info(
+                    "storage version proven",
+                    &[
+                        ("release", release.as_str().into()),
+                        ("storage", storage.into()),
+                    ],
+                );
+                Ok(())
+            }
             VersionsState::NotYet(why) => Err(HealthError::NotYet(format!("GET {url}: {why}"))),
             VersionsState::OtherServer(server) => Err(HealthError::Refused {
                 reason: format!("the etcd on {endpoint} reports release {server}, not {release}, which etcd-migrate started"),
                 remedy: "check the bundled binaries (etcd-<version> must be that release) and what else runs on this host, then rerun".to_string(),
             }),
         }
+    }
+
+    /// The text `url` (a `/version`) answers.
+    async fn versions_text(&self, url: &str) -> Result<String, ApiError> {
+        let failed = |err: reqwest::Error| ApiError::Versions {
+            url: url.to_string(),
+            detail: error_chain(&err),
+        };
+        self.http
+            .get(url)
+            .send()
+            .await
+            .map_err(failed)?
+            .text()
+            .await
+            .map_err(failed)
     }
 
     /// v3: the alarms, then a lease, a create-only put under it, and the
@@ -294,7 +366,7 @@ impl EtcdApi for EtcdHealth {
     fn fingerprint(
         &self,
         endpoint: &str,
-        storage: Storage,
+        served: VersionPair,
         hidden: &[String],
         known: &KnownLeases,
     ) -> impl Future<Output = Result<Fingerprint, ApiError>> {
@@ -303,7 +375,7 @@ impl EtcdApi for EtcdHealth {
         let hidden = hidden.to_vec();
         let known = known.clone();
         async move {
-            keyspace::read_fingerprint(&endpoint, storage, &ours, &hidden, &known)
+            keyspace::read_fingerprint(&endpoint, served, &ours, &hidden, &known)
                 .await
                 .map_err(ApiError::from)
         }
@@ -327,7 +399,7 @@ impl EtcdApi for EtcdHealth {
     fn fingerprint_since(
         &self,
         endpoint: &str,
-        storage: Storage,
+        served: VersionPair,
         hidden: &[String],
         known: &KnownLeases,
         before: Option<&Fingerprint>,
@@ -340,7 +412,7 @@ impl EtcdApi for EtcdHealth {
         async move {
             keyspace::read_fingerprint_since(
                 &endpoint,
-                storage,
+                served,
                 &ours,
                 &hidden,
                 &known,
@@ -355,10 +427,10 @@ impl EtcdApi for EtcdHealth {
         &self,
         endpoint: &str,
         storage: Storage,
-        value: &str,
+        expected: Expected,
     ) -> impl Future<Output = Result<(), HealthError>> {
         let endpoint = endpoint.to_string();
-        let value = value.to_string();
+        let value = expected.release.to_string();
         async move {
             match storage {
                 Storage::Etcd2 => self.write_v2(&endpoint, &value).await.map_err(|err| {
@@ -367,14 +439,104 @@ impl EtcdApi for EtcdHealth {
                 })?,
                 Storage::Etcd3 => self.write_v3(&endpoint, &value).await?,
             }
-            self.check_versions(&endpoint, &value).await
+            self.check_versions(&endpoint, expected).await
+        }
+    }
+
+    async fn enable_downgrade(&self, endpoint: &str, target: Minor) -> Result<(), ApiError> {
+        let mut client = self.maintenance(endpoint).await?;
+        let version = target.to_string();
+        let failed = |op: &str, source| ApiError::Downgrade {
+            op: format!("{op} {version}"),
+            endpoint: endpoint.to_string(),
+            source,
+        };
+        match client
+            .downgrade(DowngradeOptions::Validate(version.clone()))
+            .await
+        {
+            Ok(_) => {}
+            // A run that died after its enable left the job on: the same
+            // one (the plan only ever walks one minor down).
+            Err(err) if is_in_progress(&err) => return Ok(()),
+            Err(source) => return Err(failed("downgrade validate", source)),
+        }
+        match client
+            .downgrade(DowngradeOptions::Enable(version.clone()))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(err) if is_in_progress(&err) => Ok(()),
+            // 3.5 does not answer although the enable applies (measured on
+            // 3.5.30): the wait that follows tells.
+            Err(err) if is_timeout(&err) => Ok(()),
+            Err(source) => Err(failed("downgrade enable", source)),
+        }
+    }
+
+    async fn downgraded(&self, endpoint: &str, target: Minor) -> Result<bool, ApiError> {
+        let url = format!("{endpoint}/version");
+        let text = self.versions_text(&url).await?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|err| ApiError::Versions {
+                url: url.clone(),
+                detail: format!("not JSON ({err}): {:.80}", text.trim()),
+            })?;
+        let at = |field: &str| json[field].as_str().and_then(minor_of);
+        if json.get("storage").is_some() {
+            // 3.6+: the leader lowers the cluster version at once, and the
+            // storage version follows once the state is snapshotted.
+            return Ok(at("etcdcluster") == Some(target) && at("storage") == Some(target));
+        }
+        // 3.5 keeps its cluster version while it runs (its members decide
+        // it); the downgrade is the job it records, which a 3.4.31+
+        // member then starts on. Its validate says whether one is on.
+        let mut client = self.maintenance(endpoint).await?;
+        match client
+            .downgrade(DowngradeOptions::Validate(target.to_string()))
+            .await
+        {
+            Ok(_) => Ok(false),
+            Err(err) if is_in_progress(&err) => Ok(true),
+            Err(source) => Err(ApiError::Downgrade {
+                op: format!("downgrade validate {target}"),
+                endpoint: endpoint.to_string(),
+                source,
+            }),
+        }
+    }
+
+    async fn finish_downgrade(&self, endpoint: &str) -> Result<(), ApiError> {
+        let mut client = self.maintenance(endpoint).await?;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match client.downgrade(DowngradeOptions::Cancel).await {
+                Ok(_) => return Ok(()),
+                Err(err)
+                    if err.to_string().contains("no inflight downgrade job")
+                        || err.to_string().contains("unknown method Downgrade") =>
+                {
+                    return Ok(())
+                }
+                // 3.5 does not answer although the cancel applies
+                // (measured on 3.5.30): the next one says none is left.
+                Err(err) if is_timeout(&err) && attempts < DOWNGRADE_CALL_ATTEMPTS => {}
+                Err(source) => {
+                    return Err(ApiError::Downgrade {
+                        op: "downgrade cancel".to_string(),
+                        endpoint: endpoint.to_string(),
+                        source,
+                    })
+                }
+            }
         }
     }
 
     fn read_all(
         &self,
         endpoint: &str,
-        storage: Storage,
+        served: VersionPair,
         hidden: &[String],
         known: &KnownLeases,
     ) -> impl Future<Output = Result<Read, ApiError>> {
@@ -383,7 +545,7 @@ impl EtcdApi for EtcdHealth {
         let hidden = hidden.to_vec();
         let known = known.clone();
         async move {
-            keyspace::read_all(&endpoint, storage, &ours, &hidden, &known)
+            keyspace::read_all(&endpoint, served, &ours, &hidden, &known)
                 .await
                 .map_err(ApiError::from)
         }
@@ -418,10 +580,10 @@ impl EtcdApi for EtcdHealth {
         &self,
         endpoint: &str,
         plan: &LeasePlan,
-        hidden: &[Entry],
+        put_back: &[Entry],
     ) -> impl Future<Output = Result<KnownLeases, ApiError>> {
         let ours = self.ours.borrow().clone();
-        async move { apply_leases(endpoint, plan, &ours, hidden).await }
+        async move { apply_leases(endpoint, plan, &ours, put_back).await }
     }
 
     fn ours(&self) -> Ours {
@@ -429,16 +591,16 @@ impl EtcdApi for EtcdHealth {
     }
 }
 
-/// Grants one lease per group and re-puts its keys under it; puts the
-/// hidden keys `etcdctl migrate` skipped (`hidden`, and those of the
-/// groups); deletes the expired keys that it copied without a TTL.
-/// Returns the leases granted, each TTL counted from just before its
-/// grant.
+/// Grants one lease per group and re-puts its keys under it; puts
+/// `put_back` as given (key, value, lease id: the hidden keys `etcdctl
+/// migrate` skipped, the v3 keys it may have overwritten); deletes the
+/// expired keys that it copied without a TTL. Returns the leases granted,
+/// each TTL counted from just before its grant.
 async fn apply_leases(
     endpoint: &str,
     plan: &LeasePlan,
     ours: &Ours,
-    hidden: &[Entry],
+    put_back: &[Entry],
 ) -> Result<KnownLeases, ApiError> {
     let mut granted = KnownLeases::new();
     let mut client = keyspace::v3_client(endpoint)
@@ -461,12 +623,13 @@ async fn apply_leases(
             key: format!("{}*", ours.key_prefix()),
             source,
         })?;
-    for entry in hidden {
+    for entry in put_back {
+        let options = (entry.lease != 0).then(|| PutOptions::new().with_lease(entry.lease));
         client
-            .put(entry.key.clone(), entry.value.clone(), None)
+            .put(entry.key.clone(), entry.value.clone(), options)
             .await
             .map_err(|source| ApiError::V3Key {
-                op: "put hidden",
+                op: "put back",
                 key: String::from_utf8_lossy(&entry.key).into_owned(),
                 source,
             })?;
@@ -535,34 +698,75 @@ async fn put_under_lease(
 /// What a step's `/version` says about the release and cluster version.
 #[derive(Debug, PartialEq, Eq)]
 enum VersionsState {
-    /// The server is `release` and the cluster version is its minor.
-    Reached,
+    /// The server is `release` and the cluster version is its minor (and,
+    /// on 3.6+, the storage version too: this one is then `Some`).
+    Reached(Option<String>),
     /// Not yet (the cluster version is not decided or still lower).
     NotYet(String),
     /// The server reports another release.
     OtherServer(String),
 }
 
-/// Reads `/version` (`{"etcdserver":"3.4.23","etcdcluster":"3.4.0"}`, the
-/// same on 2.2 … 3.6) against the release we started.
-fn versions_state(text: &str, release: &str) -> VersionsState {
+/// Whether etcd said a downgrade job is under way already.
+fn is_in_progress(err: &etcd_client::Error) -> bool {
+    error_chain(err).contains("downgrade job in progress")
+}
+
+/// Whether a call ended in a timeout (ours, or etcd's own "request timed
+/// out"), not an answer.
+fn is_timeout(err: &etcd_client::Error) -> bool {
+    let text = error_chain(err);
+    text.contains("request timed out")
+        || text.contains("Timeout expired")
+        || text.contains("deadline")
+        || text.contains("timed out")
+}
+
+/// The minor of a version as `/version` spells it (`3.6`, `3.6.0`).
+fn minor_of(text: &str) -> Option<Minor> {
+    let mut parts = text.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some(Minor::new(major, minor))
+}
+
+/// Reads `/version` (`{"etcdserver":"3.4.23","etcdcluster":"3.4.0"}` on
+/// 2.2 … 3.5; 3.6+ adds `"storage":"3.6.0"`, the version of the data's
+/// storage schema, which follows the cluster version up once every member
+/// runs the new minor) against what is expected of the release we
+/// started: its cluster version and, where reported, its storage version
+/// must be at its minor (or, while the data is walked down by etcd's
+/// downgrade, at any minor from the downgrade's target up to it) before
+/// the step goes on: a 3.6 whose storage still says 3.5 has not finished
+/// migrating the data's schema.
+fn versions_state(text: &str, expected: Expected) -> VersionsState {
     let json: serde_json::Value = match serde_json::from_str(text) {
         Ok(json) => json,
         Err(_) => return VersionsState::NotYet(format!("not JSON: {:.80}", text.trim())),
     };
     let server = json["etcdserver"].as_str().unwrap_or_default();
     let cluster = json["etcdcluster"].as_str().unwrap_or_default();
-    if server != release {
+    if server != expected.release.to_string() {
         return VersionsState::OtherServer(server.to_string());
     }
-    let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
-    if minor(cluster) == minor(server) {
-        VersionsState::Reached
+    let (lowest, own) = (expected.lowest, expected.release.minor_line());
+    let fits = |v: &str| minor_of(v).is_some_and(|m| m >= lowest && m <= own);
+    let wanted = if lowest == own {
+        own.to_string()
     } else {
-        VersionsState::NotYet(format!(
-            "the cluster version is {cluster:?}, not yet {}",
-            minor(server)
-        ))
+        format!("{lowest} … {own}")
+    };
+    if !fits(cluster) {
+        return VersionsState::NotYet(format!(
+            "the cluster version is {cluster:?}, not yet {wanted}"
+        ));
+    }
+    match json["storage"].as_str() {
+        None => VersionsState::Reached(None),
+        Some(storage) if fits(storage) => VersionsState::Reached(Some(storage.to_string())),
+        Some(storage) => VersionsState::NotYet(format!(
+            "the storage version is {storage:?}, not yet {wanted}"
+        )),
     }
 }
 
@@ -613,10 +817,10 @@ mod tests {
         let at = |server: &str, cluster: &str| {
             versions_state(
                 &format!(r#"{{"etcdserver":"{server}","etcdcluster":"{cluster}"}}"#),
-                "3.4.23",
+                Expected::release(Version::new(3, 4, 23)),
             )
         };
-        assert_eq!(at("3.4.23", "3.4.0"), VersionsState::Reached);
+        assert_eq!(at("3.4.23", "3.4.0"), VersionsState::Reached(None));
         assert!(matches!(at("3.4.23", "3.3.0"), VersionsState::NotYet(_)));
         assert!(matches!(
             at("3.4.23", "not_decided"),
@@ -627,9 +831,33 @@ mod tests {
             VersionsState::OtherServer("3.5.16".to_string())
         );
         assert!(matches!(
-            versions_state("404 page not found", "3.4.23"),
+            versions_state(
+                "404 page not found",
+                Expected::release(Version::new(3, 4, 23))
+            ),
             VersionsState::NotYet(_)
         ));
+    }
+
+    #[test]
+    fn a_step_to_3_6_or_later_waits_for_its_storage_version_too() {
+        let at = |cluster: &str, storage: &str| {
+            versions_state(
+                &format!(
+                    r#"{{"etcdserver":"3.6.14","etcdcluster":"{cluster}","storage":"{storage}"}}"#
+                ),
+                Expected::release(Version::new(3, 6, 14)),
+            )
+        };
+        assert_eq!(
+            at("3.6.0", "3.6.0"),
+            VersionsState::Reached(Some("3.6.0".to_string()))
+        );
+        let VersionsState::NotYet(why) = at("3.6.0", "3.5.0") else {
+            panic!("a storage version of 3.5 is not 3.6");
+        };
+        assert!(why.contains("storage version is \"3.5.0\""), "{why}");
+        assert!(matches!(at("3.5.0", "3.5.0"), VersionsState::NotYet(_)));
     }
 
     #[test]

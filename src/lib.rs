@@ -22,6 +22,8 @@ pub mod failpoint;
 pub mod health;
 pub mod keyspace;
 pub mod log;
+#[cfg(test)]
+mod named_paths;
 pub mod ondisk;
 pub mod paths;
 pub mod plan;
@@ -138,6 +140,14 @@ pub enum Error {
         /// How many members it lists.
         members: usize,
     },
+    /// The plan refuses the data as it stands.
+    #[error("cannot migrate {data_dir}: {refusal}")]
+    Refused {
+        /// The data dir.
+        data_dir: String,
+        /// Why.
+        refusal: Refusal,
+    },
     /// The plan stopped in a step or was interrupted.
     #[error(transparent)]
     Execute(#[from] ExecuteError),
@@ -173,6 +183,7 @@ impl Error {
             | Error::Plan { .. }
             | Error::FreshTarget { .. }
             | Error::FutureData { .. }
+            | Error::Refused { .. }
             | Error::Binary(_)
             | Error::MultiMember { .. } => EXIT_PRECONDITION,
             Error::Precondition(PreconditionError::Interrupted(signal)) => {
@@ -255,7 +266,14 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         _ => None,
     };
     let data_members = on_disk.as_ref().map_or(0, |d| d.members.len());
-    let plan = make_plan(config, state, &bundle, data_members, marked.is_some())?;
+    let v2_request = on_disk.as_ref().and_then(|d| d.v2_requests_past_snapshot);
+    let plan = make_plan(
+        config,
+        state,
+        &bundle,
+        (data_members, v2_request),
+        marked.is_some(),
+    )?;
     if plan.is_fresh() && config.mode != Mode::DryRun {
         check_join(config)?;
     }
@@ -408,7 +426,7 @@ fn make_plan(
     config: &Config,
     state: DirState,
     bundle: &Bundle,
-    data_members: usize,
+    (data_members, v2_request_past_snapshot): (usize, Option<u64>),
     restart_mark: bool,
 ) -> Result<Plan, Error> {
     let situation = Situation {
@@ -419,6 +437,7 @@ fn make_plan(
         initial_cluster: &config.member.initial_cluster,
         data_members,
         restart_mark,
+        v2_request_past_snapshot,
     };
     plan::decide(&situation).map_err(|refusal| match refusal {
         Refusal::FutureData { current, known } => Error::FutureData {
@@ -445,6 +464,10 @@ fn make_plan(
         Refusal::MultiMember { members } => Error::MultiMember {
             initial_cluster: config.member.initial_cluster.clone(),
             members,
+        },
+        refusal @ Refusal::ReplayBlocked { .. } => Error::Refused {
+            data_dir: config.data_dir.display().to_string(),
+            refusal,
         },
     })
 }
@@ -669,7 +692,7 @@ fn looked_in(config: &Config, err: &PlanError) -> String {
         PlanError::TargetNotBundled { .. }
             | PlanError::MissingMinor { .. }
             | PlanError::NoMigrateTool { .. }
-            | PlanError::Stale35Before36 { .. }
+            | PlanError::StalePatch { .. }
     );
     if !bundle_problem {
         return String::new();
@@ -721,13 +744,16 @@ fn hold_if_changed(data_dir: &Path, err: &ExecuteError) {
 fn finish(config: &Config) -> Result<Outcome, Error> {
     match &config.mode {
         Mode::NoExec | Mode::DryRun => Ok(Outcome::Exit),
-        Mode::Exec { etcd_args } => Ok(Outcome::Exec(ExecTarget::new(
-            exec_program(config)?,
-            etcd_args,
-            &config.data_dir.to_string_lossy(),
-            config.listen_client_urls.as_deref(),
-            std::env::var_os("ETCD_DATA_DIR").is_some_and(|v| !v.is_empty()),
-        ))),
+        Mode::Exec { etcd_args } => Ok(Outcome::Exec(
+            ExecTarget::new(
+                exec_program(config)?,
+                etcd_args,
+                &config.data_dir.to_string_lossy(),
+                config.listen_client_urls.as_deref(),
+                std::env::var_os("ETCD_DATA_DIR").is_some_and(|v| !v.is_empty()),
+            )
+            .for_release(config.target.version),
+        )),
     }
 }
 

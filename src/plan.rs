@@ -21,10 +21,33 @@ use crate::version::{Minor, Storage, Version, VersionPair};
 /// at 2.2.1).
 pub const OLDEST_MINOR: Minor = Minor::new(2, 2);
 
-/// The 3.5 patch upstream requires before 3.6: older 3.5 patches can leave
-/// "zombie members" that 3.6 trips over (etcd blog, "zombie members"; the
-/// fix syncs the v2 and v3 membership stores).
-pub const MIN_3_5_BEFORE_3_6: Version = Version::new(3, 5, 26);
+/// The patch of a minor upstream requires on every member before the next
+/// minor starts, by that next minor: 3.5.26 before 3.6 (older 3.5 patches
+/// can leave "zombie members" that 3.6 trips over: etcd blog, "zombie
+/// members"; 3.5.24 … 3.5.26 fix upgrade blockers, upstream's 3.5 → 3.6
+/// guide), 3.6.11 before 3.7 (upstream's 3.6 → 3.7 guide: earlier 3.6
+/// patches may not be compatible with a rolling upgrade to 3.7).
+pub const PATCH_FLOORS: [(Minor, Version, &str); 2] = [
+    (
+        Minor::new(3, 6),
+        Version::new(3, 5, 26),
+        "zombie-member and upgrade-blocker fixes",
+    ),
+    (
+        Minor::new(3, 7),
+        Version::new(3, 6, 11),
+        "upstream's 3.6 to 3.7 upgrade guide",
+    ),
+];
+
+/// The patch every member must run before `next` starts, with upstream's
+/// reason, where upstream sets one ([`PATCH_FLOORS`]).
+pub fn patch_floor(next: Minor) -> Option<(Version, &'static str)> {
+    PATCH_FLOORS
+        .iter()
+        .find(|(minor, _, _)| *minor == next)
+        .map(|(_, floor, why)| (*floor, *why))
+}
 
 /// The etcd releases available in the image.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -90,6 +113,20 @@ pub enum Step {
         /// (`from` itself, or the newest bundled patch of its minor).
         serve: Version,
         /// The older release that restores and then runs the data.
+        to: Version,
+    },
+    /// Walk v3 data down one minor through etcd's own downgrade: `serve`
+    /// runs on the data and its cluster is told to downgrade to `to`'s
+    /// minor (`downgrade enable`), which lowers the data's cluster and
+    /// storage versions; then `to` runs on the data in place.
+    MinorDowngrade {
+        /// Version the data was last run with.
+        from: Version,
+        /// The bundled release that serves the data and enables the
+        /// downgrade (`from` itself, or the newest bundled patch of its
+        /// minor).
+        serve: Version,
+        /// The older release that runs on the downgraded data.
         to: Version,
     },
     /// Rebuild the data as a v2 store: copy every v3 key into a fresh v2
@@ -187,6 +224,10 @@ pub struct Situation<'a> {
     /// The cluster mode's restart mark is on the data: a release started
     /// on it unrecorded, so the cluster mode must resume.
     pub restart_mark: bool,
+    /// The raft index of a v2 request (written by 3.5 or older) the data's
+    /// WAL holds past its newest snapshot record, which 3.7+ cannot replay
+    /// (`OnDisk::v2_requests_past_snapshot`; `None` when not read).
+    pub v2_request_past_snapshot: Option<u64>,
 }
 
 /// Why a run must not start, decided from its [`Situation`] alone.
@@ -217,6 +258,17 @@ pub enum Refusal {
     MultiMember {
         /// How many.
         members: usize,
+    },
+    /// The first etcd to start on the data would be one that cannot replay
+    /// its WAL, and no release starts before it to snapshot past that.
+    #[error("the data's WAL holds a v2 request (written by etcd 3.5 or older) at raft index {index}, past its newest snapshot, which etcd {first} cannot replay (it panics), and no bundled release of the data's own minor runs first to take a snapshot past it; bundle etcd {recorded} (the release version.txt records), or start the data once on it with --snapshot-count=1 and stop it, then rerun")]
+    ReplayBlocked {
+        /// The release the plan would start first.
+        first: Version,
+        /// What version.txt records.
+        recorded: Version,
+        /// The request's raft index.
+        index: u64,
     },
 }
 
@@ -290,13 +342,18 @@ pub enum PlanError {
         /// Where the user wants it.
         to: Version,
     },
-    /// 3.6 needs a recent 3.5 patch to have run first.
-    #[error("the path reaches 3.6 from {have}, but upstream requires {need} or later before 3.6 (zombie-member fix); bundle etcd {need} or newer")]
-    Stale35Before36 {
-        /// The 3.5 release the path would leave from.
+    /// The next minor needs a recent patch of the one before to have run
+    /// first ([`PATCH_FLOORS`]).
+    #[error("the path reaches {next} from {have}, but upstream requires {need} or later before {next} ({why}); bundle etcd {need} or a newer {} patch", .need.minor_line())]
+    StalePatch {
+        /// The release the path would leave from.
         have: Version,
-        /// [`MIN_3_5_BEFORE_3_6`].
+        /// The floor.
         need: Version,
+        /// The minor it would start.
+        next: Minor,
+        /// Upstream's reason.
+        why: &'static str,
     },
 }
 
@@ -314,6 +371,7 @@ pub fn baseline_reader(plan: &Plan, bundle: &Bundle) -> Option<Version> {
             .then_some(plan.current.version),
         Step::StorageMigration { .. }
         | Step::MinorRollback { .. }
+        | Step::MinorDowngrade { .. }
         | Step::RollbackToEtcd2 { .. } => None,
     }
 }
@@ -425,7 +483,7 @@ impl Step {
                 version: at,
                 storage: Storage::Etcd3,
             },
-            Step::MinorRollback { to, .. } => VersionPair {
+            Step::MinorRollback { to, .. } | Step::MinorDowngrade { to, .. } => VersionPair {
                 version: to,
                 storage: Storage::Etcd3,
             },
@@ -453,7 +511,9 @@ impl Step {
                 Binary::snapshot_restorer(to),
                 Binary::etcd(to),
             ],
-            Step::RollbackToEtcd2 { serve, to, .. } => vec![Binary::etcd(serve), Binary::etcd(to)],
+            Step::RollbackToEtcd2 { serve, to, .. } | Step::MinorDowngrade { serve, to, .. } => {
+                vec![Binary::etcd(serve), Binary::etcd(to)]
+            }
         }
     }
 
@@ -466,6 +526,12 @@ impl Step {
     /// True for steps that rewrite the data rather than run a newer etcd
     /// on it; a backup is taken before the first of them.
     pub fn is_destructive(&self) -> bool {
+        self.builds_a_copy() || matches!(self, Step::MinorDowngrade { .. })
+    }
+
+    /// True for the steps that build the data anew in a scratch dir and
+    /// swap it in (and so need the room for a copy inside the data dir).
+    pub fn builds_a_copy(&self) -> bool {
         matches!(
             self,
             Step::StorageMigration { .. }
@@ -481,6 +547,7 @@ impl Step {
             Step::MinorUpgrade { .. } => "minor-upgrade",
             Step::StorageMigration { .. } => "storage-migration",
             Step::MinorRollback { .. } => "minor-rollback",
+            Step::MinorDowngrade { .. } => "minor-downgrade",
             Step::RollbackToEtcd2 { .. } => "rollback-to-etcd2",
         }
     }
@@ -498,7 +565,9 @@ impl Step {
                 version: at,
                 storage: Storage::Etcd2,
             },
-            Step::MinorRollback { from, .. } | Step::RollbackToEtcd2 { from, .. } => VersionPair {
+            Step::MinorRollback { from, .. }
+            | Step::MinorDowngrade { from, .. }
+            | Step::RollbackToEtcd2 { from, .. } => VersionPair {
                 version: from,
                 storage: Storage::Etcd3,
             },
@@ -558,9 +627,10 @@ impl Plan {
         matches!(self.found, DirState::Missing | DirState::Empty)
     }
 
-    /// True when a step rewrites the data (and so needs scratch space).
-    pub fn is_destructive(&self) -> bool {
-        self.steps.iter().any(Step::is_destructive)
+    /// True when a step builds the data anew in a scratch dir (and so
+    /// needs room for a copy inside the data dir).
+    pub fn builds_a_copy(&self) -> bool {
+        self.steps.iter().any(Step::builds_a_copy)
     }
 
     /// What the run does with the data dir.
@@ -627,6 +697,7 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
         initial_cluster,
         data_members,
         restart_mark,
+        v2_request_past_snapshot,
     } = *situation;
     let mut plan = match *found {
         DirState::Recorded(current) => {
@@ -670,8 +741,35 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
             return Err(Refusal::MultiMember { members });
         }
     }
+    refuse_unreplayable(&plan, v2_request_past_snapshot)?;
     plan.backup = backup_before(&plan.steps, backup);
     Ok(plan)
+}
+
+/// Refuses a plan whose first etcd start is a release that cannot replay
+/// the data's WAL as it stands (3.7+ on a WAL holding a v2 request past its
+/// newest snapshot). Every step's etcd snapshots after each entry, so only
+/// the first start can meet such a WAL: a baseline read by the recorded
+/// release, or a step of the data's own minor, runs first and readies it.
+fn refuse_unreplayable(plan: &Plan, v2_request: Option<u64>) -> Result<(), Refusal> {
+    let (Some(index), Some(first)) = (v2_request, plan.steps.first()) else {
+        return Ok(());
+    };
+    let starts_first = match plan.baseline {
+        Some(baseline) => baseline,
+        None => match *first {
+            Step::MinorRollback { serve, .. } | Step::RollbackToEtcd2 { serve, .. } => serve,
+            _ => first.runs(),
+        },
+    };
+    if starts_first.replays_only_v3_requests() {
+        return Err(Refusal::ReplayBlocked {
+            first: starts_first,
+            recorded: plan.current.version,
+            index,
+        });
+    }
+    Ok(())
 }
 
 /// Refuses data last run by a release newer than anything the image has:
@@ -980,14 +1078,15 @@ impl Planner<'_> {
                         bundled: self.bundle.to_string(),
                     })?
             };
-            if prev.minor_line() == Minor::new(3, 5)
-                && next.minor_line() == Minor::new(3, 6)
-                && prev < MIN_3_5_BEFORE_3_6
-            {
-                return Err(PlanError::Stale35Before36 {
-                    have: prev,
-                    need: MIN_3_5_BEFORE_3_6,
-                });
+            if let Some((need, why)) = patch_floor(next.minor_line()) {
+                if prev < need {
+                    return Err(PlanError::StalePatch {
+                        have: prev,
+                        need,
+                        next: next.minor_line(),
+                        why,
+                    });
+                }
             }
             steps.push(Step::MinorUpgrade {
                 from: prev,
@@ -1001,7 +1100,9 @@ impl Planner<'_> {
     }
 
     /// Rolls v3 data back one minor at a time, through the newest bundled
-    /// patch of each minor in between.
+    /// patch of each minor in between: online by etcd's own downgrade
+    /// where the pair has one ([`Version::downgrades_online_to`]), else by
+    /// snapshot and restore.
     fn rollback_chain(&self, from: Version, to: Version) -> Result<Vec<Step>, PlanError> {
         let mut steps = Vec::new();
         let mut prev = from;
@@ -1020,10 +1121,18 @@ impl Planner<'_> {
                         bundled: self.bundle.to_string(),
                     })?
             };
-            steps.push(Step::MinorRollback {
-                from: prev,
-                serve,
-                to: next,
+            steps.push(if serve.downgrades_online_to(next) {
+                Step::MinorDowngrade {
+                    from: prev,
+                    serve,
+                    to: next,
+                }
+            } else {
+                Step::MinorRollback {
+                    from: prev,
+                    serve,
+                    to: next,
+                }
             });
             prev = next;
             serve = next;
@@ -1146,8 +1255,10 @@ mod tests {
         Bundle::new(list.split(',').map(|s| v(s.trim())))
     }
 
-    /// Every release Kubernetes' image ever bundled, plus 3.5.30 and 3.6.5.
-    const FULL: &str = "2.2.1,2.3.7,3.0.17,3.1.20,3.2.32,3.3.25,3.4.23,3.5.1,3.5.16,3.5.30,3.6.5";
+    /// Every release Kubernetes' image ever bundled, plus 3.5.30, 3.6.10,
+    /// 3.6.14 and 3.7.1.
+    const FULL: &str =
+        "2.2.1,2.3.7,3.0.17,3.1.20,3.2.32,3.3.25,3.4.23,3.5.1,3.5.16,3.5.30,3.6.10,3.6.14,3.7.1";
     /// What CI can fetch.
     const CI: &str = "3.3.25,3.4.23,3.5.1,3.5.16";
 
@@ -1173,6 +1284,14 @@ mod tests {
 
     fn down(from: &str, serve: &str, to: &str) -> Step {
         Step::MinorRollback {
+            from: v(from),
+            serve: v(serve),
+            to: v(to),
+        }
+    }
+
+    fn downgrade(from: &str, serve: &str, to: &str) -> Step {
+        Step::MinorDowngrade {
             from: v(from),
             serve: v(serve),
             to: v(to),
@@ -1260,24 +1379,80 @@ mod tests {
             // Through the newest 3.5 patch to 3.6.
             (
                 "3.4.23/etcd3",
-                "3.6.5/etcd3",
+                "3.6.14/etcd3",
                 FULL,
-                Ok(vec![up("3.4.23", "3.5.30", E3), up("3.5.30", "3.6.5", E3)]),
+                Ok(vec![up("3.4.23", "3.5.30", E3), up("3.5.30", "3.6.14", E3)]),
             ),
             (
                 "3.5.16/etcd3",
-                "3.6.5/etcd3",
+                "3.6.14/etcd3",
                 FULL,
                 Ok(vec![
                     patch("3.5.16", "3.5.30", E3),
-                    up("3.5.30", "3.6.5", E3),
+                    up("3.5.30", "3.6.14", E3),
                 ]),
             ),
             (
                 "3.5.16/etcd3",
-                "3.6.5/etcd3",
-                "3.5.16,3.6.5",
-                Err("the path reaches 3.6 from 3.5.16"),
+                "3.6.14/etcd3",
+                "3.5.16,3.6.14",
+                Err("the path reaches 3.6 from 3.5.16, but upstream requires 3.5.26 or later"),
+            ),
+            // Through the newest 3.6 patch (3.6.11 or later) to 3.7.
+            (
+                "3.6.10/etcd3",
+                "3.7.1/etcd3",
+                FULL,
+                Ok(vec![
+                    patch("3.6.10", "3.6.14", E3),
+                    up("3.6.14", "3.7.1", E3),
+                ]),
+            ),
+            (
+                "3.6.10/etcd3",
+                "3.7.1/etcd3",
+                "3.5.30,3.6.10,3.7.1",
+                Err("the path reaches 3.7 from 3.6.10, but upstream requires 3.6.11 or later"),
+            ),
+            (
+                "3.5.16/etcd3",
+                "3.7.1/etcd3",
+                FULL,
+                Ok(vec![
+                    patch("3.5.16", "3.5.30", E3),
+                    up("3.5.30", "3.6.14", E3),
+                    up("3.6.14", "3.7.1", E3),
+                ]),
+            ),
+            (
+                "3.5.30/etcd3",
+                "3.7.1/etcd3",
+                "3.5.30,3.7.1",
+                Err("no etcd 3.6.x is bundled"),
+            ),
+            // The whole walk, from the oldest etcd2 data to today's release.
+            (
+                "2.2.1/etcd2",
+                "3.7.1/etcd3",
+                FULL,
+                Ok(vec![
+                    up("2.2.1", "2.3.7", E2),
+                    up("2.3.7", "3.0.17", E2),
+                    migrate("3.0.17"),
+                    up("3.0.17", "3.1.20", E3),
+                    up("3.1.20", "3.2.32", E3),
+                    up("3.2.32", "3.3.25", E3),
+                    up("3.3.25", "3.4.23", E3),
+                    up("3.4.23", "3.5.30", E3),
+                    up("3.5.30", "3.6.14", E3),
+                    up("3.6.14", "3.7.1", E3),
+                ]),
+            ),
+            (
+                "3.7.1/etcd3",
+                "3.7.1/etcd2",
+                FULL,
+                Err("etcd 3.7.1 has no v2 API"),
             ),
             // etcd2 storage kept on the way up.
             (
@@ -1300,9 +1475,9 @@ mod tests {
             ),
             (
                 "3.5.16/etcd2",
-                "3.6.5/etcd2",
+                "3.6.14/etcd2",
                 FULL,
-                Err("etcd 3.6.5 has no v2 API"),
+                Err("etcd 3.6.14 has no v2 API"),
             ),
             // etcd2 -> etcd3 at the first release with `etcdctl migrate`.
             (
@@ -1377,6 +1552,39 @@ mod tests {
                     down("3.4.23", "3.4.23", "3.3.25"),
                 ]),
             ),
+            // The way back through etcd's own downgrade where the pair has one
+            // (3.7 -> 3.6 -> 3.5, 3.5 -> 3.4.31+), by snapshot and restore
+            // where it has none (3.5 -> 3.4.30 and older, 3.4 and below).
+            (
+                "3.7.1/etcd3",
+                "3.5.30/etcd3",
+                FULL,
+                Ok(vec![
+                    downgrade("3.7.1", "3.7.1", "3.6.14"),
+                    downgrade("3.6.14", "3.6.14", "3.5.30"),
+                ]),
+            ),
+            (
+                "3.5.30/etcd3",
+                "3.4.45/etcd3",
+                "3.4.45,3.5.30",
+                Ok(vec![downgrade("3.5.30", "3.5.30", "3.4.45")]),
+            ),
+            (
+                "3.5.30/etcd3",
+                "3.3.25/etcd3",
+                "3.3.25,3.4.23,3.4.45,3.5.30",
+                Ok(vec![
+                    downgrade("3.5.30", "3.5.30", "3.4.45"),
+                    down("3.4.45", "3.4.45", "3.3.25"),
+                ]),
+            ),
+            (
+                "3.5.30/etcd3",
+                "3.4.23/etcd3",
+                "3.4.23,3.4.45,3.5.30",
+                Ok(vec![down("3.5.30", "3.5.30", "3.4.23")]),
+            ),
             // Data at an unbundled patch is served by the newest bundled patch of its minor.
             (
                 "3.5.9/etcd3",
@@ -1385,11 +1593,11 @@ mod tests {
                 Ok(vec![down("3.5.9", "3.5.16", "3.4.23")]),
             ),
             (
-                "3.6.5/etcd3",
+                "3.6.14/etcd3",
                 "3.0.17/etcd3",
                 FULL,
                 Ok(vec![
-                    down("3.6.5", "3.6.5", "3.5.30"),
+                    downgrade("3.6.14", "3.6.14", "3.5.30"),
                     down("3.5.30", "3.5.30", "3.4.23"),
                     down("3.4.23", "3.4.23", "3.3.25"),
                     down("3.3.25", "3.3.25", "3.2.32"),
@@ -1457,10 +1665,10 @@ mod tests {
                 ]),
             ),
             (
-                "3.6.5/etcd3",
-                "3.6.5/etcd2",
+                "3.6.14/etcd3",
+                "3.6.14/etcd2",
                 FULL,
-                Err("etcd 3.6.5 has no v2 API"),
+                Err("etcd 3.6.14 has no v2 API"),
             ),
             (
                 "3.5.16/etcd3",
@@ -1561,7 +1769,7 @@ mod tests {
     }
 
     #[test]
-    fn every_supported_pair_from_2_2_1_to_3_6_plans_or_refuses_cleanly() {
+    fn every_supported_pair_from_2_2_1_to_3_7_plans_or_refuses_cleanly() {
         let full = bundle(FULL);
         let versions: Vec<Version> = full.versions().collect();
         for &from in &versions {
@@ -1729,7 +1937,7 @@ mod tests {
             (recorded("3.3.25/etcd3"), "3.4.23/etcd2", Always, ONE, ok(2, Some("3.3.25"), Some(0), Work::Steps)),
             (recorded("3.3.25/etcd3"), "3.4.23/etcd2", Never, ONE, ok(2, Some("3.3.25"), None, Work::Steps)),
             // Data from the future: no bundled etcd can serve it.
-            (recorded("3.6.5/etcd3"), "3.5.16/etcd3", Destructive, ONE, Err("the data was last run by etcd 3.6.5, newer than anything this image bundles (newest: 3.5.16)")),
+            (recorded("3.6.14/etcd3"), "3.5.16/etcd3", Destructive, ONE, Err("the data was last run by etcd 3.6.14, newer than anything this image bundles (newest: 3.5.16)")),
             (recorded("4.0.0/etcd3"), "3.5.16/etcd3", Destructive, ONE, Err("the data was last run by etcd 4.0.0, newer than any release etcd-migrate knows")),
             // No route.
             (recorded("3.3.25/etcd3"), "3.7.0/etcd3", Destructive, ONE, Err("no safe path from 3.3.25/etcd3")),
@@ -1747,6 +1955,7 @@ mod tests {
                 initial_cluster,
                 data_members: 0,
                 restart_mark: false,
+                v2_request_past_snapshot: None,
             };
             let got = decide(&situation);
             let row = format!("{found:?} -> {target}, {backup:?}, {initial_cluster}");
@@ -1809,6 +2018,7 @@ mod tests {
                 initial_cluster,
                 data_members,
                 restart_mark,
+                v2_request_past_snapshot: None,
             };
             let row = format!("{recorded} -> {target}, {initial_cluster}, {data_members} members, mark {restart_mark}");
             match (decide(&situation), expect) {
@@ -1848,6 +2058,7 @@ mod tests {
             initial_cluster: ONE,
             data_members: 0,
             restart_mark: false,
+            v2_request_past_snapshot: None,
         };
         let member = Member {
             name: "data-name".to_string(),
@@ -1899,5 +2110,39 @@ mod tests {
                 "etcdctl-3.5.16"
             ]
         );
+    }
+
+    /// etcd 3.7 panics replaying a v2 request (written by 3.5 or older)
+    /// past the WAL's newest snapshot: it must never be the first etcd to
+    /// start on such data. A baseline read or a step of the data's own
+    /// minor runs first (with a snapshot after every entry) and readies it.
+    #[test]
+    fn release_3_7_is_never_the_first_start_on_a_wal_it_cannot_replay() {
+        let decide_with = |recorded: &str, bundled: &str, blocked: Option<u64>| {
+            decide(&Situation {
+                found: DirState::Recorded(pair(recorded)),
+                target: pair("3.7.1/etcd3"),
+                bundle: &bundle(bundled),
+                backup: BackupMode::Destructive,
+                initial_cluster: "",
+                data_members: 1,
+                restart_mark: false,
+                v2_request_past_snapshot: blocked,
+            })
+        };
+        let refused = decide_with("3.6.12/etcd3", "3.6.11,3.7.1", Some(42))
+            .expect_err("3.7.1 would start first");
+        assert!(
+            refused.to_string().contains("raft index 42")
+                && refused.to_string().contains("bundle etcd 3.6.12"),
+            "{refused}"
+        );
+        assert!(decide_with("3.6.12/etcd3", "3.6.11,3.7.1", None).is_ok());
+        let baseline =
+            decide_with("3.6.12/etcd3", "3.6.12,3.7.1", Some(42)).expect("the baseline readies it");
+        assert_eq!(baseline.baseline, Some(v("3.6.12")));
+        let patch = decide_with("3.6.12/etcd3", "3.6.14,3.7.1", Some(42))
+            .expect("the patch step readies it");
+        assert_eq!(patch.steps.len(), 2);
     }
 }

@@ -395,10 +395,15 @@ fn check_label(
     let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
     let cluster_minor = minor(cluster_version);
     let recorded_minor = recorded.version.minor_line().to_string();
+    // A run that died in its first step may have left the data at that
+    // step's minor: an upgrade's etcd raised the cluster version, or etcd's
+    // downgrade lowered it (before the older release was recorded).
     let interrupted_first_step = match plan.steps.first() {
-        Some(step @ (Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. })) => {
-            step.runs().minor_line().to_string() == cluster_minor
-        }
+        Some(
+            step @ (Step::PatchUpgrade { .. }
+            | Step::MinorUpgrade { .. }
+            | Step::MinorDowngrade { .. }),
+        ) => step.runs().minor_line().to_string() == cluster_minor,
         _ => false,
     };
     // A member of a cluster may run one minor ahead of the cluster
@@ -446,7 +451,7 @@ pub fn check_before_steps(config: &Config, plan: &Plan) -> Result<(), Preconditi
         check_ports(config)?;
     }
     let backup = plan.backup.is_some();
-    let destructive = plan.is_destructive();
+    let destructive = plan.builds_a_copy();
     if backup || destructive {
         // The write probe only when the run will write: a dry run changes
         // nothing, not even a probe file.

@@ -111,6 +111,48 @@ impl Version {
         self.minor_line() <= Minor::new(3, 5)
     }
 
+    /// True when this release serves the v3 API (3.0+), e.g. on etcd2 data
+    /// too, where old tooling wrote v3 keys beside the v2 store.
+    pub fn has_v3_api(self) -> bool {
+        self.major >= 3
+    }
+
+    /// True when this release's cluster can be walked down to `to` (the
+    /// minor below) online, by etcd's own downgrade: `downgrade enable`
+    /// on the running release, which lowers the data's cluster (and, 3.6+,
+    /// storage) version, after which `to` serves it. 3.6 → 3.5 and 3.7 →
+    /// 3.6 (etcd's downgrade guides); 3.5 → 3.4 only into a 3.4 patch that
+    /// reads 3.5's schema (`--next-cluster-version-compatible`, 3.4.31+).
+    pub fn downgrades_online_to(self, to: Version) -> bool {
+        let from = self.minor_line();
+        if from.previous() != Some(to.minor_line()) {
+            return false;
+        }
+        from >= Minor::new(3, 6) || (from == Minor::new(3, 5) && to.reads_next_minor_schema())
+    }
+
+    /// True for a 3.4 patch with `--next-cluster-version-compatible`
+    /// (3.4.31+): it then starts on data 3.5 wrote, joining a 3.5 cluster
+    /// or finishing its downgrade. Harmless on 3.4's own data (measured on
+    /// 3.4.45: data written with it starts without it and the reverse).
+    pub fn reads_next_minor_schema(self) -> bool {
+        self.minor_line() == Minor::new(3, 4) && self.patch >= 31
+    }
+
+    /// True when this release reports its data's storage version (3.6+:
+    /// `/version`'s `storage`), which follows the cluster version up at
+    /// once and down once the downgrade is snapshotted.
+    pub fn reports_storage_version(self) -> bool {
+        self.minor_line() >= Minor::new(3, 6)
+    }
+
+    /// True when this release replays only v3 requests from the WAL (3.7+
+    /// removed the v2 apply path, and panics on a v2 request written by
+    /// 3.5 or older that its replay meets).
+    pub fn replays_only_v3_requests(self) -> bool {
+        self.minor_line() >= Minor::new(3, 7)
+    }
+
     /// True when this release serves the v2 API only with `--enable-v2=true`
     /// (3.4 and 3.5).
     pub fn needs_enable_v2_flag(self) -> bool {

@@ -37,9 +37,9 @@ pub enum Style {
     /// etcd-${TARGET_VERSION} ...` with INITIAL_CLUSTER, ETCD_NAME,
     /// LISTEN_PEER_URLS, INITIAL_ADVERTISE_PEER_URLS and ETCD_CREDS.
     Gce,
-    /// examples/gce-etcd-ha.manifest: the same settings, but `exec
-    /// etcd-migrate -- <etcd flags>`, so that the entrypoint can roll a
-    /// multi-member cluster (it supervises the member's etcd).
+    /// The same settings, but `exec etcd-migrate -- <etcd flags>` (as
+    /// examples/ha/gce-etcd-*.manifest do), so that the entrypoint can roll
+    /// a multi-member cluster (it supervises the member's etcd).
     GceHa,
     /// examples/ha/kubeadm-etcd-{a,b,c}.yaml as written, but for the
     /// addresses (the test network's instead of 198.51.100.x) and the

@@ -26,9 +26,13 @@ pub const IMAGE_VAR: &str = "ETCD_MIGRATE_IMAGE";
 /// The env var naming the dir of the releases no registry has; `make
 /// cluster-test` bundles the ones it holds into the image.
 pub const EXTRA_VAR: &str = "ETCD_EXTRA_BIN_DIR";
-/// The releases no registry has (2.x, 3.0–3.2): bundled only from
-/// `$ETCD_EXTRA_BIN_DIR`.
-pub const EXTRA_RELEASES: [&str; 5] = ["2.2.1", "2.3.7", "3.0.17", "3.1.20", "3.2.32"];
+/// The releases no registry has (2.x, 3.0–3.2, 3.4.31+, 3.6, 3.7): bundled
+/// only from `$ETCD_EXTRA_BIN_DIR`. One list, `images/extra-releases`, which
+/// `make image` reads too, so a release added there is NOT RUN here (never a
+/// failure) on a machine without it.
+fn extra_releases() -> impl Iterator<Item = &'static str> {
+    include_str!("../../images/extra-releases").split_whitespace()
+}
 
 /// How the test reads and writes a cluster's keys, its membership and the
 /// operator's hold on the upgrade lock: over v3 from 3.3 on (the releases
@@ -122,7 +126,7 @@ pub fn ready(scenario: &str, versions: &[&str]) -> Option<Ready> {
     let extra_dir = std::env::var(EXTRA_VAR).unwrap_or_default();
     if !missing.is_empty()
         && extra_dir.is_empty()
-        && missing.iter().all(|v| EXTRA_RELEASES.contains(v))
+        && missing.iter().all(|v| extra_releases().any(|e| e == *v))
     {
         return not_run(format!(
             "needs etcd {} (no registry has them): `make cluster-test {EXTRA_VAR}=<dir with etcd-<version> and etcdctl-<version>>` bundles them into the image",

@@ -93,6 +93,33 @@ pub fn binary(name: &str) -> PathBuf {
     })
 }
 
+/// A bin dir in `dir` holding links to every binary of `releases`, from
+/// the bin dir and the extra one: etcd-migrate takes one `--bin-dir`, and
+/// releases missing from it are not bundled.
+pub fn linked_bin_dir(releases: &[&str], dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir(&bin).unwrap_or_else(|err| panic!("mkdir {}: {err}", bin.display()));
+    for version in releases {
+        for tool in ["etcd", "etcdctl", "etcdutl"] {
+            let name = format!("{tool}-{version}");
+            if let Some(path) = find_binary(&name) {
+                symlink(&path, &bin.join(&name));
+            }
+        }
+    }
+    bin
+}
+
+/// The etcd binaries of `releases` that neither bin dir holds: a test that
+/// needs them says NOT RUN, naming them, instead of passing.
+pub fn missing_releases(releases: &[&str]) -> Vec<String> {
+    releases
+        .iter()
+        .map(|v| format!("etcd-{v}"))
+        .filter(|name| find_binary(name).is_none())
+        .collect()
+}
+
 /// Every release the suite runs, from the default list of
 /// `images/fetch-etcd.sh`.
 pub const SUITE_RELEASES: [&str; 4] = ["3.3.25", "3.4.23", "3.5.1", "3.5.16"];

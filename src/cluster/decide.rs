@@ -16,7 +16,10 @@
 //!   member moves to M + 1 only once the cluster version is M;
 //! - one member restarts at a time: the restart happens only under the
 //!   upgrade lock, taken only while every other member is up, a voter, and
-//!   the cluster has no alarm; the leader hands leadership away first.
+//!   the cluster has no alarm; the leader hands leadership away first;
+//! - where upstream sets a patch floor before the next minor (3.5.26
+//!   before 3.6, 3.6.11 before 3.7: `plan::PATCH_FLOORS`), no member
+//!   starts that minor before every member runs the floor or later.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -162,6 +165,16 @@ pub enum Waiting {
         /// Its name and peer URL.
         member: String,
     },
+    /// A member does not run upstream's patch floor before the next minor
+    /// yet (or cannot be asked).
+    PatchFloor {
+        /// The minor that waits for it.
+        next: Minor,
+        /// The floor.
+        need: Version,
+        /// The first member below it, and its state.
+        behind: Behind,
+    },
 }
 
 /// A member below the minor the cluster version must reach.
@@ -272,6 +285,12 @@ impl fmt::Display for Waiting {
             Waiting::LockHeld { member } => {
                 write!(f, "waiting for member {member} to finish its restart")
             }
+            Waiting::PatchFloor { next, need, behind } => write!(
+                f,
+                "waiting for member {} to run {need} or later before any member starts {next} (upstream's rule): {}",
+                behind.member,
+                reach_text(behind.reach)
+            ),
         }
     }
 }
@@ -404,14 +423,15 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
 }
 
 /// A patch restart may go at any cluster version our release accepts; the
-/// next minor only once the cluster version has reached ours.
+/// next minor only once the cluster version has reached ours and every
+/// member runs upstream's patch floor before it.
 fn version_gate(view: &View, own: &Own, next: Version) -> Option<Waiting> {
     let running = own.running.minor_line();
     if next.minor_line() == running {
         return None;
     }
     if view.cluster_version == Some(running) {
-        return None;
+        return patch_floor_unmet(view, own.id, next);
     }
     let behind = view
         .members
@@ -430,6 +450,28 @@ fn version_gate(view: &View, own: &Own, next: Version) -> Option<Waiting> {
         have: view.cluster_version,
         behind,
     })
+}
+
+/// The first member (ours aside: its own plan goes through the floor) not
+/// known to run upstream's patch floor before `next`'s minor, if that
+/// minor has one: no member starts it before every member runs the floor.
+pub fn patch_floor_unmet(view: &View, own_id: u64, next: Version) -> Option<Waiting> {
+    let (need, _) = crate::plan::patch_floor(next.minor_line())?;
+    view.members
+        .iter()
+        .filter(|m| m.id != own_id)
+        .find(|m| match m.reach {
+            Reach::Up(version) => version < need,
+            Reach::Down(_) => true,
+        })
+        .map(|m| Waiting::PatchFloor {
+            next: next.minor_line(),
+            need,
+            behind: Behind {
+                member: label(m),
+                reach: m.reach,
+            },
+        })
 }
 
 /// Every other member up and voting, and no alarm.
@@ -633,6 +675,20 @@ mod tests {
             ("two minors ahead: refuse",
              view("3.3", "3.5.16", up("3.3.25"), up("3.3.25")), own("3.5.16"), goal("3.5.16", None),
              Decision::Refuse(Refusal::TwoAhead { running: v("3.5.16"), cluster: m("3.3"), next: m("3.4") })),
+            ("3.6 waits for every member to run 3.5.26 or later",
+             view("3.5", "3.5.30", up("3.5.30"), up("3.5.16")), own("3.5.30"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::PatchFloor { next: m("3.6"), need: v("3.5.26"),
+                 behind: Behind { member: "etcd-c (https://10.0.0.12:2380)".to_string(), reach: up("3.5.16") } })),
+            ("3.7 waits for every member to run 3.6.11 or later",
+             view("3.6", "3.6.14", up("3.6.10"), up("3.6.14")), own("3.6.14"), goal("3.7.1", Some("3.7.1")),
+             Decision::Wait(Waiting::PatchFloor { next: m("3.7"), need: v("3.6.11"),
+                 behind: Behind { member: "etcd-b (https://10.0.0.11:2380)".to_string(), reach: up("3.6.10") } })),
+            ("every member on the floor: 3.7 may go",
+             view("3.6", "3.6.14", up("3.6.11"), up("3.6.14")), own("3.6.14"), goal("3.7.1", Some("3.7.1")),
+             Decision::TakeLock),
+            ("a patch below the floor goes first, at any time",
+             view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), own("3.5.16"), goal("3.6.14", Some("3.5.30")),
+             Decision::TakeLock),
             ("a completed wave rolled back: refuse",
              view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), own("3.5.16"), goal("3.4.23", None),
              Decision::Refuse(Refusal::Rollback { cluster: m("3.5"), target: v("3.4.23"), members: 3 })),

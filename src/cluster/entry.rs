@@ -39,7 +39,7 @@ const STOP_GRACE: Duration = Duration::from_secs(20);
 #[derive(Debug, thiserror::Error)]
 pub enum EntryError {
     /// `--no-exec` cannot keep the member's etcd running.
-    #[error("the data in {data_dir} belongs to a cluster of {members} members ({names}), as its own membership records, and reaching {target} means restarting this member's etcd under the cluster's upgrade lock and supervising it, which --no-exec (migrate-if-needed.sh) cannot do: it exits before etcd starts; run etcd-migrate as the container's command with etcd's flags after `--` (see examples/gce-etcd-ha.manifest and examples/kubeadm-etcd.yaml), or set TARGET_VERSION to the release recorded in version.txt")]
+    #[error("the data in {data_dir} belongs to a cluster of {members} members ({names}), as its own membership records, and reaching {target} means restarting this member's etcd under the cluster's upgrade lock and supervising it, which --no-exec (migrate-if-needed.sh) cannot do: it exits before etcd starts; run etcd-migrate as the container's command with etcd's flags after `--` (as every member in examples/ha/ does, e.g. examples/ha/gce-etcd-a.manifest or examples/ha/kubeadm-etcd-a.yaml), or set TARGET_VERSION to the release recorded in version.txt")]
     NoExec {
         /// The data dir.
         data_dir: String,
@@ -216,7 +216,7 @@ pub fn run(
         dir: config.data_dir.clone(),
         storage: plan.current.storage,
     };
-    let start = runtime.block_on(roll::choose_start(&rolling, first, &mut live))?;
+    let start = runtime.block_on(roll::choose_start(&rolling, first, &mut live, &mut ledger))?;
     if plan.backup.is_some() && marked.is_none() {
         back_up(config, plan.current, &supervisor)?;
     }

@@ -566,14 +566,14 @@ impl SupervisedEtcd {
             self.listen_client_urls.as_deref(),
             self.env_has_data_dir,
         )
+        .for_release(release)
     }
 }
 
-impl MemberEtcd for SupervisedEtcd {
-    type Error = SupervisorError;
-
-    async fn start(&mut self, release: Version) -> Result<(), SupervisorError> {
-        let mut command = self.target(release).command();
+impl SupervisedEtcd {
+    /// Spawns `command` (a release's, see [`SupervisedEtcd::target`]) as
+    /// our member's etcd (a supervised child, output straight to ours).
+    fn spawn(&mut self, mut command: std::process::Command) -> Result<(), SupervisorError> {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
@@ -588,6 +588,29 @@ impl MemberEtcd for SupervisedEtcd {
         );
         self.child = Some(child);
         Ok(())
+    }
+}
+
+impl MemberEtcd for SupervisedEtcd {
+    type Error = SupervisorError;
+
+    async fn start(&mut self, release: Version) -> Result<(), SupervisorError> {
+        self.spawn(self.target(release).command())
+    }
+
+    async fn start_snapshotting(&mut self, release: Version) -> Result<(), SupervisorError> {
+        let mut command = self.target(release).command();
+        // etcd refuses a flag its environment also sets ("conflicting
+        // environment variable is shadowed", seen with GCE's manifests,
+        // which set ETCD_SNAPSHOT_COUNT): where the environment sets it,
+        // the environment gets the 1; otherwise the flag goes last, where
+        // it wins over the user's own --snapshot-count.
+        if std::env::var_os("ETCD_SNAPSHOT_COUNT").is_some_and(|v| !v.is_empty()) {
+            command.env("ETCD_SNAPSHOT_COUNT", "1");
+        } else {
+            command.arg("--snapshot-count=1");
+        }
+        self.spawn(command)
     }
 
     async fn stop(&mut self) -> Result<ExitStatus, SupervisorError> {
@@ -632,6 +655,22 @@ impl Ledger for DataLedger {
 
     fn mark(&mut self, release: Version) -> Result<(), DataDirError> {
         datadir::write_restart_mark(&self.dir, release)
+    }
+
+    fn replay_blocker(&mut self, release: Version) -> Result<Option<String>, DataDirError> {
+        if !release.replays_only_v3_requests() {
+            return Ok(None);
+        }
+        let on_disk =
+            crate::ondisk::read(&self.dir).map_err(|source| DataDirError::Unreadable {
+                dir: self.dir.display().to_string(),
+                source,
+            })?;
+        Ok(on_disk.v2_requests_past_snapshot.map(|index| {
+            format!(
+                "its WAL holds a v2 request (written by 3.5 or older) at raft index {index}, past its newest snapshot record, and etcd {release} panics replaying one"
+            )
+        }))
     }
 }
 

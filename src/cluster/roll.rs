@@ -103,6 +103,12 @@ pub trait MemberEtcd {
     type Error: std::error::Error;
     /// Starts `release` as our member, with the user's own settings.
     async fn start(&mut self, release: Version) -> Result<(), Self::Error>;
+    /// Starts `release` as our member with the user's own settings and a
+    /// raft snapshot after every entry (`--snapshot-count=1` last), so that
+    /// its WAL holds a snapshot record past everything it replayed: the
+    /// one start that readies a member's data for a release that cannot
+    /// replay what an older one left in its WAL ([`Ledger::replay_blocker`]).
+    async fn start_snapshotting(&mut self, release: Version) -> Result<(), Self::Error>;
     /// Stops it gracefully (SIGTERM, a deadline, then SIGKILL).
     async fn stop(&mut self) -> Result<ExitStatus, Self::Error>;
     /// Its exit status, if it has exited.
@@ -119,6 +125,12 @@ pub trait Ledger {
     fn record(&mut self, release: Version) -> Result<(), Self::Error>;
     /// The restart mark := `release`, before it starts on the data.
     fn mark(&mut self, release: Version) -> Result<(), Self::Error>;
+    /// Why `release` cannot start on the data as it stands, read offline
+    /// while no etcd runs on it: etcd 3.7 no longer decodes the v2
+    /// requests 3.5 wrote (its member publish, its cluster-version
+    /// updates) and panics replaying one past the WAL's newest snapshot
+    /// record. `None`: nothing stops it.
+    fn replay_blocker(&mut self, release: Version) -> Result<Option<String>, Self::Error>;
 }
 
 /// How the member's run ended.
@@ -167,6 +179,17 @@ pub enum RollError {
         deadline: Duration,
         /// The last reason.
         reason: String,
+    },
+    /// Our member's data still holds what the next release cannot replay
+    /// after a start that should have snapshotted past it.
+    #[error("this member's etcd {running} was started with --snapshot-count=1 to take a snapshot past what {into} cannot replay, and its WAL still holds it ({why}); a config file (--config-file) makes etcd ignore that flag: remove the WAL's old entries by restarting the member once on {running} with `snapshot-count: 1` in its config, then raise TARGET_VERSION again; the upgrade lock was released and version.txt still records {running}")]
+    NotReadied {
+        /// The release that could not start.
+        into: Version,
+        /// The release the member runs.
+        running: Version,
+        /// What blocks it.
+        why: String,
     },
     /// One of our own actions failed.
     #[error("{action}: {reason}")]
@@ -244,6 +267,13 @@ struct State {
     /// have none; a graceful stop makes the others elect).
     tried_transfer: bool,
     last_proof_error: String,
+    /// A restart into this release waits for the running release, started
+    /// once with a snapshot after every entry, to be proven (and so to
+    /// have snapshotted past what the next cannot replay).
+    readying: Option<Version>,
+    /// The running release was started once already to take that
+    /// snapshot.
+    readied: bool,
 }
 
 /// Rate-limits the progress lines: a line when the reason changes, or
@@ -303,6 +333,7 @@ fn waiting_kind(waiting: &Waiting) -> String {
         Waiting::Learner { member } => format!("learner {member}"),
         Waiting::Alarms(alarms) => format!("alarms {}", alarms.join(",")),
         Waiting::LockHeld { member } => format!("lock {member}"),
+        Waiting::PatchFloor { behind, .. } => format!("floor {}", behind.member),
     }
 }
 
@@ -318,10 +349,11 @@ fn waiting_kind(waiting: &Waiting) -> String {
 /// each member one restart, the operator's own, and entrypoint-initiated
 /// restarts (under the lock) are left for the waves after it, when the
 /// operator's rollout is over.
-pub async fn choose_start<C: Coordination>(
+pub async fn choose_start<C: Coordination, L: Ledger>(
     rolling: &Rolling,
     first: Version,
     cluster: &mut C,
+    ledger: &mut L,
 ) -> Result<Version, RollError> {
     let view = cluster.peers().await;
     let answered = view
@@ -380,7 +412,25 @@ pub async fn choose_start<C: Coordination>(
         return Ok(first);
     };
     let patch = next.minor_line() == first.minor_line();
-    if patch || view.cluster_version == Some(first.minor_line()) {
+    let floor_met =
+        crate::cluster::decide::patch_floor_unmet(&view, rolling.own_id, next).is_none();
+    if patch || (view.cluster_version == Some(first.minor_line()) && floor_met) {
+        let blocker = ledger
+            .replay_blocker(next)
+            .map_err(|e| RollError::action(format!("reading this member's WAL for {next}"), &e))?;
+        if let Some(why) = blocker {
+            // Readying the data takes one more start and stop: under the
+            // lock, with the others up, not at our own start.
+            log::info(
+                "starting this member with its own release: the next cannot replay its data yet; the wave readies it under the upgrade lock",
+                &[
+                    ("release", first.to_string().into()),
+                    ("next", next.to_string().into()),
+                    ("why", why.into()),
+                ],
+            );
+            return Ok(first);
+        }
         log::info(
             "starting this member one hop further: it is down already, and the cluster allows it",
             &[
@@ -436,6 +486,8 @@ where
         holding: false,
         tried_transfer: false,
         last_proof_error: String::new(),
+        readying: None,
+        readied: false,
     };
     if let Err(err) = roll(
         rolling,
@@ -538,6 +590,12 @@ where
         }
         if !member.proven {
             prove(rolling, member, cluster, ledger).await?;
+        }
+        if member.proven {
+            if let Some(into) = member.readying.take() {
+                restart(rolling, member, etcd, ledger, into).await?;
+                continue;
+            }
         }
         if member.holding {
             if let Err(err) = cluster.keep_lock().await {
@@ -796,6 +854,43 @@ async fn restart<E: MemberEtcd, L: Ledger>(
         ],
     );
     crate::failpoint!("cluster-after-stop");
+    let blocker = ledger
+        .replay_blocker(into)
+        .map_err(|e| RollError::action(format!("reading this member's WAL for {into}"), &e))?;
+    if let Some(why) = blocker {
+        if member.readied {
+            // It took its snapshot and it was not enough (a config file
+            // that overrides --snapshot-count, say): nothing more to try.
+            return Err(RollError::NotReadied {
+                into,
+                running: member.running,
+                why,
+            });
+        }
+        log::info(
+            "this member's WAL holds what the next release cannot replay; its own release starts once more, taking a snapshot past it, before the restart",
+            &[
+                ("release", member.running.to_string().into()),
+                ("next", into.to_string().into()),
+                ("why", why.into()),
+            ],
+        );
+        etcd.start_snapshotting(member.running).await.map_err(|e| {
+            RollError::action(
+                format!(
+                    "starting this member's etcd {} to take a snapshot",
+                    member.running
+                ),
+                &e,
+            )
+        })?;
+        member.proven = false;
+        member.readying = Some(into);
+        member.readied = true;
+        member.started_under_lock = Some(Instant::now());
+        return Ok(Next::Pause);
+    }
+    member.readied = false;
     ledger
         .mark(into)
         .map_err(|e| RollError::action(format!("marking {into} as starting on the data"), &e))?;

@@ -18,13 +18,13 @@ use crate::backup::{BackupError, BackupMode, BackupPolicy, StopCheck};
 use crate::datadir::{DataDirError, WORK_DIR};
 use crate::dialect::StepEtcd;
 use crate::effects::{
-    EtcdApi, HealthError, Launcher, LeasePlan, Progress, RunningEtcd, StepError, Tools,
+    EtcdApi, Expected, HealthError, Launcher, LeasePlan, Progress, RunningEtcd, StepError, Tools,
 };
 use crate::keyspace::{Entry, Fingerprint, KnownLeases, Ours, Read};
 use crate::plan::{backup_before, plan, Binary, Bundle};
 use crate::supervisor::{ExitStatus, SupervisorError};
 use crate::swap::{Disk, SwapError};
-use crate::version::{Storage, VersionPair};
+use crate::version::{Minor, Storage, VersionPair};
 
 /// What the fakes did, in order, and the one effect that is to fail:
 /// the `n`th event (1 unless the effect ends in `#n`) that starts with it.
@@ -143,7 +143,7 @@ impl EtcdApi for Fakes {
         &self,
         endpoint: &str,
         _storage: Storage,
-        _value: &str,
+        _expected: Expected,
     ) -> Result<(), HealthError> {
         self.0
             .did(&format!("api write {endpoint}"))
@@ -156,25 +156,50 @@ impl EtcdApi for Fakes {
     async fn fingerprint(
         &self,
         endpoint: &str,
-        storage: Storage,
+        served: VersionPair,
         _hidden: &[String],
         _known: &KnownLeases,
     ) -> Result<Fingerprint, crate::effects::FakeError> {
         self.0.did(&format!("api fingerprint {endpoint}"))?;
-        Ok(Fingerprint::of(storage, &entries()))
+        Ok(Fingerprint::of(served.storage, &entries()))
+    }
+
+    async fn enable_downgrade(
+        &self,
+        endpoint: &str,
+        target: Minor,
+    ) -> Result<(), crate::effects::FakeError> {
+        self.0
+            .did(&format!("api enable_downgrade {endpoint} {target}"))?;
+        Ok(())
+    }
+
+    async fn downgraded(
+        &self,
+        endpoint: &str,
+        target: Minor,
+    ) -> Result<bool, crate::effects::FakeError> {
+        self.0.did(&format!("api downgraded {endpoint} {target}"))?;
+        Ok(true)
+    }
+
+    async fn finish_downgrade(&self, endpoint: &str) -> Result<(), crate::effects::FakeError> {
+        self.0.did(&format!("api finish_downgrade {endpoint}"))?;
+        Ok(())
     }
 
     async fn read_all(
         &self,
         endpoint: &str,
-        storage: Storage,
+        served: VersionPair,
         _hidden: &[String],
         _known: &KnownLeases,
     ) -> Result<Read, crate::effects::FakeError> {
+        let storage = served.storage;
         self.0.did(&format!("api read_all {endpoint} {storage}"))?;
         Ok(Read {
             entries: entries(),
-            v2_side: Vec::new(),
+            side: Vec::new(),
             fingerprint: Fingerprint::of(storage, &entries()),
         })
     }
@@ -358,8 +383,10 @@ impl Outcome {
 /// Runs the plan from `current` to `target` (one rebuilding step) with
 /// `fail` failing.
 fn migrate(current: &str, target: &str, fail: Option<&'static str>) -> Outcome {
-    let bundle =
-        Bundle::new(["3.3.25", "3.4.23", "3.5.1", "3.5.16"].map(|v| v.parse().expect("version")));
+    let bundle = Bundle::new(
+        ["3.3.25", "3.4.23", "3.5.1", "3.5.16", "3.5.30", "3.6.14"]
+            .map(|v| v.parse().expect("version")),
+    );
     let mut plan = plan(
         current.parse().expect("pair"),
         target.parse().expect("pair"),
@@ -499,6 +526,58 @@ fn every_effect_of_a_minor_rollback_can_fail_it_without_a_swap() {
             ("record", "3.4.23/etcd3 could not be recorded"),
         ],
     );
+}
+
+/// etcd's downgrade works on the data in place (no copy, no swap): every
+/// effect of the step fails it unrecorded, with every etcd stopped and
+/// nothing after the failure.
+#[test]
+fn every_effect_of_a_downgrade_can_fail_it_unrecorded() {
+    let (current, target) = ("3.6.14/etcd3", "3.5.30/etcd3");
+    let healthy = migrate(current, target, None);
+    assert!(healthy.result.is_ok(), "{:?}", healthy.result);
+    assert!(healthy.has(&format!("record {target}")));
+    assert!(!healthy.has("disk swap"), "{:?}", healthy.events);
+    // A failed look at the versions is looked again (until the deadline).
+    let looked_again = migrate(current, target, Some("api downgraded"));
+    assert!(looked_again.result.is_ok(), "{:?}", looked_again.events);
+    for (effect, subject) in [
+        ("disk back_up", "cannot back up the data dir"),
+        ("launch 3.6.14 /data", "cannot start etcd 3.6.14"),
+        ("api write", "refuses writes"),
+        ("api fingerprint", "fingerprint the keyspace"),
+        ("api enable_downgrade", "enable etcd's downgrade to 3.5"),
+        ("launch 3.5.30 /data", "cannot start etcd 3.5.30"),
+        ("api write#2", "refuses writes"),
+        ("api fingerprint#2", "fingerprint the keyspace"),
+        ("api finish_downgrade", "end etcd's downgrade job"),
+        ("record", "3.5.30/etcd3 could not be recorded"),
+    ] {
+        let outcome = migrate(current, target, Some(effect));
+        let Some(failed_at) = outcome.failed_at else {
+            panic!("{effect} is not used: {:?}", outcome.events)
+        };
+        let text = outcome.error();
+        assert!(
+            text.starts_with("step 1/1 (minor-downgrade 3.6.14/etcd3 -> 3.5.30/etcd3)")
+                && text.contains(&format!("version.txt: {current}")),
+            "{effect}: {text}"
+        );
+        assert!(
+            text.contains(subject),
+            "{effect}: {subject:?} not in {text}"
+        );
+        assert!(outcome.all_stopped(), "{effect}: {:?}", outcome.events);
+        if effect == "record" {
+            continue;
+        }
+        assert!(!outcome.has("record"), "{effect}: {:?}", outcome.events);
+        let after: Vec<&String> = outcome.events[failed_at + 1..]
+            .iter()
+            .filter(|e| !e.starts_with("stop "))
+            .collect();
+        assert!(after.is_empty(), "{effect}: then {after:?}");
+    }
 }
 
 #[test]

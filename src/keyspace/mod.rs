@@ -3,10 +3,12 @@
 //! writing keys back (v2 with a TTL, v3 under a lease), deleting the v2
 //! tree, and the fingerprint (key count, digests over every key, value and
 //! expiry binding, v3 leases) that proves two reads of the data hold the
-//! same keyspace. etcd3 data can also hold keys written through the v2 API
-//! (flannel's `/coreos.com/network/config`, old tooling): wherever the
-//! release serves the v2 API, they are read and fingerprinted too, as the
-//! data's v2 side store.
+//! same keyspace. Data can hold keys in both stores: etcd3 data keys
+//! written through the v2 API (flannel's `/coreos.com/network/config`, old
+//! tooling), etcd2 data served by 3.x keys written through the v3 API (the
+//! Kubernetes tool's `etcd_version` health key). Wherever the release
+//! serves the other API, those are read and fingerprinted too, as the
+//! data's side store.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::version::Storage;
+use crate::version::{Storage, VersionPair};
 
 mod ranges;
 mod v2;
@@ -335,9 +337,10 @@ pub struct Fingerprint {
     read_done: Instant,
     /// The first keys read, for messages.
     sample: Vec<String>,
-    /// etcd3 data: its v2 store, where the release serves the v2 API
-    /// (`None`: not read, e.g. 3.6 has no v2 API).
-    v2_side: Option<Box<Fingerprint>>,
+    /// The data's other store, where the release serves its API: etcd3
+    /// data's v2 store (`None` on 3.6+, which has no v2 API), etcd2 data's
+    /// v3 keyspace (3.x; `None` on 2.x).
+    side: Option<Box<Fingerprint>>,
     /// v3 on 3.3+: etcd's own hash of the keyspace history at the revision
     /// read, for the next step to check by.
     hash: Option<KvHash>,
@@ -420,8 +423,8 @@ impl fmt::Display for Fingerprint {
                 self.content.short()
             )?,
         }
-        if let Some(side) = &self.v2_side {
-            write!(f, " + v2 store: {side}")?;
+        if let Some(side) = &self.side {
+            write!(f, " + {}: {side}", store_name(side.storage))?;
         }
         Ok(())
     }
@@ -463,7 +466,7 @@ impl Fingerprint {
             expiring: BTreeMap::new(),
             read_done: Instant::now(),
             sample: Vec::new(),
-            v2_side: None,
+            side: None,
             hash: None,
             since: None,
             whole: true,
@@ -487,7 +490,7 @@ impl Fingerprint {
         read_started: Instant,
     ) -> Fingerprint {
         let mut derived = self.clone();
-        derived.v2_side = None;
+        derived.side = None;
         for change in changes.iter().filter(|c| is_expiry(c, leases)) {
             let entry = Entry {
                 key: change.key.clone(),
@@ -517,16 +520,22 @@ impl Fingerprint {
         self.expiring.remove(&path_hash);
     }
 
-    /// The same, with the fingerprint of the data's v2 store beside it.
-    pub fn with_v2_side(mut self, side: Option<Fingerprint>) -> Self {
-        self.v2_side = side.map(Box::new);
+    /// The same, with the fingerprint of the data's other store beside it
+    /// (etcd3 data: its v2 store; etcd2 data: its v3 keyspace).
+    pub fn with_side(mut self, side: Option<Fingerprint>) -> Self {
+        self.side = side.map(Box::new);
         self
+    }
+
+    /// The fingerprint of the data's other store, if it was read.
+    pub fn side(&self) -> Option<&Fingerprint> {
+        self.side.as_deref()
     }
 
     /// The fingerprint of the v2 store that etcd3 data holds beside its v3
     /// keyspace, if it was read.
     pub fn v2_side(&self) -> Option<&Fingerprint> {
-        self.v2_side.as_deref()
+        self.side().filter(|side| side.storage == Storage::Etcd2)
     }
 
     /// Some of the keys read (the first ones), for messages.
@@ -605,29 +614,34 @@ impl Fingerprint {
         }
         if self.storage == later.storage {
             differs.extend(self.store_differences(later));
-            if let Some(before) = &self.v2_side {
-                match &later.v2_side {
+            if let Some(before) = &self.side {
+                let name = store_name(before.storage);
+                match later.side.as_deref().filter(|s| s.storage == before.storage) {
                     Some(after) => differs.extend(
                         before
                             .store_differences(after)
                             .into_iter()
-                            .map(|d| format!("v2 store: {d}")),
+                            .map(|d| format!("{name}: {d}")),
                     ),
                     None if before.keys > 0 => differs.push(format!(
-                        "the v2 store held {} keys (e.g. {:?}) and this release serves no v2 API, so they cannot be carried",
-                        before.keys, before.sample
+                        "the {name} held {} keys (e.g. {:?}) and this release serves no {} API, so they cannot be carried",
+                        before.keys,
+                        before.sample,
+                        match before.storage {
+                            Storage::Etcd2 => "v2",
+                            Storage::Etcd3 => "v3",
+                        }
                     )),
                     None => {}
                 }
             }
-        } else if self.storage == Storage::Etcd3 {
-            // etcd3 -> etcd2: the v3 keys and the v2 side store together
-            // become the v2 store.
-            differs.extend(self.merged_with_v2_side().store_differences(later));
         } else {
-            // etcd2 -> etcd3: the v2 keys become the v3 keyspace; the v2
-            // store is then emptied (or kept, with --keep-v2-keys) by design.
-            differs.extend(self.store_differences(later));
+            // A storage change: both stores become the new one. etcd3 ->
+            // etcd2: the v3 keys and the v2 side store make the new v2
+            // store. etcd2 -> etcd3: `etcdctl migrate` writes the v2 keys
+            // beside the v3 keys the data already held; the v2 store is
+            // then emptied (or kept, with --keep-v2-keys) by design.
+            differs.extend(self.merged_with_side().store_differences(later));
         }
         if differs.is_empty() {
             Ok(())
@@ -691,11 +705,11 @@ impl Fingerprint {
         differs
     }
 
-    /// The v3 keyspace and the v2 side store as one set of entries (for a
-    /// comparison by content only).
-    fn merged_with_v2_side(&self) -> Fingerprint {
+    /// The data's two stores as one set of entries (for a comparison by
+    /// content only, across a storage change).
+    fn merged_with_side(&self) -> Fingerprint {
         let mut merged = self.clone();
-        if let Some(side) = merged.v2_side.take() {
+        if let Some(side) = merged.side.take() {
             merged.keys += side.keys;
             merged.content = merged.content.add(side.content);
             merged.expiring.extend(side.expiring);
@@ -765,6 +779,14 @@ impl Fingerprint {
     }
 }
 
+/// How messages name a store read beside the data's own.
+fn store_name(storage: Storage) -> &'static str {
+    match storage {
+        Storage::Etcd2 => "v2 store",
+        Storage::Etcd3 => "v3 keyspace",
+    }
+}
+
 /// A key as a v2 path: with exactly one leading `/`.
 pub fn v2_path(key: &[u8]) -> Vec<u8> {
     let trimmed: &[u8] = match key.iter().position(|b| *b != b'/') {
@@ -782,46 +804,45 @@ pub fn v2_path(key: &[u8]) -> Vec<u8> {
 pub struct Read {
     /// Every entry of the data's own storage.
     pub entries: Vec<Entry>,
-    /// etcd3 data: the leaves of its v2 store (empty where none was read).
-    pub v2_side: Vec<Entry>,
+    /// The data's other store (etcd3 data: the leaves of its v2 store;
+    /// etcd2 data served by 3.x: its v3 keys), empty where none was read.
+    pub side: Vec<Entry>,
     /// The fingerprint of both.
     pub fingerprint: Fingerprint,
 }
 
-/// Reads everything a step's etcd serves of data in `storage`: every
-/// entry, for etcd3 data the v2 side store too (where the release serves
-/// the v2 API), and the fingerprint of the read; this run's health keys
-/// and leases are left out. `known`: the leases' TTLs, for a release that
-/// cannot tell them (see [`KnownLeases`]).
+/// Reads everything a step's etcd serves of data as `served` (the
+/// serving release and the data's storage): every entry, the data's other
+/// store too where the release serves its API (etcd3 data: the v2 store;
+/// etcd2 data on 3.x: the v3 keyspace), and the fingerprint of the read;
+/// this run's health keys and leases are left out. `known`: the leases'
+/// TTLs, for a release that cannot tell them (see [`KnownLeases`]).
 pub async fn read_all(
     endpoint: &str,
-    storage: Storage,
+    served: VersionPair,
     ours: &Ours,
     hidden: &[String],
     known: &KnownLeases,
-) -> Result<Read, KeyspaceError> {
-    read_all_since(endpoint, storage, ours, hidden, known, None).await
-}
-
-/// [`read_all`], also checked by etcd's own hash against `before` (the
-/// read the last step made), where both have one: so that a read proven
-/// by hash only (see [`read_fingerprint_since`]) can be compared to.
-pub async fn read_all_since(
-    endpoint: &str,
-    storage: Storage,
-    ours: &Ours,
-    hidden: &[String],
-    known: &KnownLeases,
-    before: Option<&Fingerprint>,
 ) -> Result<Read, KeyspaceError> {
     let started = Instant::now();
-    match storage {
+    match served.storage {
         Storage::Etcd2 => {
             let entries = v2::read_v2_store(endpoint, ours, hidden).await?;
-            let fingerprint = Fingerprint::new(storage, &entries, None, started);
+            let mut fingerprint = Fingerprint::new(Storage::Etcd2, &entries, None, started);
+            let mut side = Vec::new();
+            if served.version.has_v3_api() {
+                let client = v3::v3_client(endpoint).await?;
+                let whole =
+                    read_v3_whole(&client, endpoint, ours, None, known, None, &mut |entry| {
+                        side.push(entry)
+                    })
+                    .await?;
+                let v3 = Fingerprint::new(Storage::Etcd3, &side, whole.leases.as_ref(), started);
+                fingerprint = fingerprint.with_side(Some(v3));
+            }
             Ok(Read {
                 entries,
-                v2_side: Vec::new(),
+                side,
                 fingerprint,
             })
         }
@@ -832,9 +853,9 @@ pub async fn read_all_since(
                 &client,
                 endpoint,
                 ours,
-                hidden,
+                Some(hidden),
                 known,
-                before,
+                None,
                 &mut |entry| entries.push(entry),
             )
             .await?;
@@ -843,13 +864,13 @@ pub async fn read_all_since(
                 .as_ref()
                 .map(|side| Fingerprint::new(Storage::Etcd2, side, None, started));
             let mut fingerprint =
-                Fingerprint::new(storage, &entries, whole.leases.as_ref(), started)
-                    .with_v2_side(side_fingerprint);
+                Fingerprint::new(Storage::Etcd3, &entries, whole.leases.as_ref(), started)
+                    .with_side(side_fingerprint);
             fingerprint.hash = whole.hash;
             fingerprint.since = whole.since;
             Ok(Read {
                 entries,
-                v2_side: whole.side.unwrap_or_default(),
+                side: whole.side.unwrap_or_default(),
                 fingerprint,
             })
         }
@@ -893,9 +914,7 @@ pub async fn read_fingerprint_by_hash(
         ],
     );
     Ok(Some(
-        fingerprint
-            .finish(leases.as_ref(), started)
-            .with_v2_side(side),
+        fingerprint.finish(leases.as_ref(), started).with_side(side),
     ))
 }
 
@@ -905,12 +924,12 @@ pub async fn read_fingerprint_by_hash(
 /// store is read at once.
 pub async fn read_fingerprint(
     endpoint: &str,
-    storage: Storage,
+    served: VersionPair,
     ours: &Ours,
     hidden: &[String],
     known: &KnownLeases,
 ) -> Result<Fingerprint, KeyspaceError> {
-    read_fingerprint_since(endpoint, storage, ours, hidden, known, None).await
+    read_fingerprint_since(endpoint, served, ours, hidden, known, None).await
 }
 
 /// The fingerprint of the data a step's etcd serves, proven against
@@ -926,15 +945,15 @@ pub async fn read_fingerprint(
 /// `before`, v2, a release without HashKV) the keyspace is read whole.
 pub async fn read_fingerprint_since(
     endpoint: &str,
-    storage: Storage,
+    served: VersionPair,
     ours: &Ours,
     hidden: &[String],
     known: &KnownLeases,
     before: Option<&Fingerprint>,
 ) -> Result<Fingerprint, KeyspaceError> {
     let started = Instant::now();
-    if storage == Storage::Etcd2 {
-        return Ok(read_all(endpoint, storage, ours, hidden, known)
+    if served.storage == Storage::Etcd2 {
+        return Ok(read_all(endpoint, served, ours, hidden, known)
             .await?
             .fingerprint);
     }
@@ -964,15 +983,15 @@ pub async fn read_fingerprint_since(
             );
             return Ok(before
                 .derived(now, since, &changes, leases.as_ref(), counted, started)
-                .with_v2_side(side));
+                .with_side(side));
         }
     }
-    let mut fingerprint = Fingerprint::empty(storage);
+    let mut fingerprint = Fingerprint::empty(Storage::Etcd3);
     let whole = read_v3_whole(
         &client,
         endpoint,
         ours,
-        hidden,
+        Some(hidden),
         known,
         before,
         &mut |entry| fingerprint.add(&entry, started),
@@ -985,7 +1004,7 @@ pub async fn read_fingerprint_since(
         .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
     Ok(fingerprint
         .finish(whole.leases.as_ref(), started)
-        .with_v2_side(side))
+        .with_side(side))
 }
 
 /// What a whole v3 read gives besides its entries: etcd's hash at the
@@ -1001,13 +1020,14 @@ struct WholeV3 {
 
 /// Reads the whole v3 keyspace `client` serves into `sink` (this run's
 /// keys and leases left out), then etcd's hash at that revision, the check
-/// against `before`, the leases and the v2 side store: the one whole read
-/// behind [`read_all_since`] and [`read_fingerprint_since`].
+/// against `before`, the leases and, given the `hidden` v2 nodes to ask
+/// for, the v2 side store of etcd3 data: the one whole read behind
+/// [`read_all`] and [`read_fingerprint_since`].
 async fn read_v3_whole(
     client: &etcd_client::Client,
     endpoint: &str,
     ours: &Ours,
-    hidden: &[String],
+    hidden: Option<&[String]>,
     known: &KnownLeases,
     before: Option<&Fingerprint>,
     sink: &mut dyn FnMut(Entry),
@@ -1026,7 +1046,10 @@ async fn read_v3_whole(
     let since = check_since(client, endpoint, before, hash, ours).await?;
     let leases = v3::read_leases(client, endpoint, &ttls, ours).await?;
     let since = since.map(|(since, changes)| since.with_strays(&changes, leases.as_ref()));
-    let side = v2::read_v2(endpoint, ours, hidden).await?;
+    let side = match hidden {
+        Some(hidden) => v2::read_v2(endpoint, ours, hidden).await?,
+        None => None,
+    };
     Ok(WholeV3 {
         hash,
         since,
@@ -1253,7 +1276,7 @@ mod tests {
 
     fn v3_with_side(v3_entries: &[Entry], side: &[Entry]) -> Fingerprint {
         Fingerprint::of(Storage::Etcd3, v3_entries)
-            .with_v2_side(Some(Fingerprint::of(Storage::Etcd2, side)))
+            .with_side(Some(Fingerprint::of(Storage::Etcd2, side)))
     }
 
     #[test]
@@ -1295,6 +1318,63 @@ mod tests {
             .check_kept_by(&Fingerprint::of(Storage::Etcd2, &[entry("/a", "1")]))
             .expect_err("the v2 side key was lost in the rebuild");
         assert!(err.contains("2 keys expected"), "{err}");
+    }
+
+    /// etcd2 data served by 3.x with a v3 key beside its v2 store (the
+    /// Kubernetes tool's `etcd_version`): "51 keys expected, 52 found" put
+    /// such data on hold after its storage migration.
+    #[test]
+    fn the_v3_keys_of_etcd2_data_are_kept_and_come_through_its_storage_migration() {
+        let v2 = [entry("/registry/a", "1"), entry("/registry/b", "2")];
+        let v3_side = [entry("etcd_version", "3.3.25")];
+        let before = Fingerprint::of(Storage::Etcd2, &v2)
+            .with_side(Some(Fingerprint::of(Storage::Etcd3, &v3_side)));
+        assert!(before.v2_side().is_none(), "the side store is v3");
+        assert!(
+            before.to_string().contains("+ v3 keyspace: v3 1 keys"),
+            "{before}"
+        );
+        // An in-place step of etcd2 data keeps both stores.
+        before
+            .check_kept_by(&before.clone())
+            .expect("both stores kept");
+        let err = before
+            .check_kept_by(
+                &Fingerprint::of(Storage::Etcd2, &v2)
+                    .with_side(Some(Fingerprint::of(Storage::Etcd3, &[]))),
+            )
+            .expect_err("the v3 key was lost");
+        assert!(err.contains("v3 keyspace: 1 keys expected"), "{err}");
+        // etcd2 -> etcd3: the v2 keys join the v3 keys.
+        let converted = Fingerprint::of(
+            Storage::Etcd3,
+            &[
+                entry("/registry/a", "1"),
+                entry("/registry/b", "2"),
+                entry("etcd_version", "3.3.25"),
+            ],
+        );
+        before
+            .check_kept_by(&converted)
+            .expect("v2 keys + v3 keys = the new v3 keyspace");
+        let err = before
+            .check_kept_by(&Fingerprint::of(
+                Storage::Etcd3,
+                &[entry("/registry/a", "1"), entry("/registry/b", "2")],
+            ))
+            .expect_err("the v3 key was lost in the conversion");
+        assert!(err.contains("3 keys expected"), "{err}");
+        let err = before
+            .check_kept_by(&Fingerprint::of(
+                Storage::Etcd3,
+                &[
+                    entry("/registry/a", "1"),
+                    entry("/registry/b", "2"),
+                    entry("etcd_version", "v2"),
+                ],
+            ))
+            .expect_err("the v3 key's value was overwritten");
+        assert!(err.contains("differ"), "{err}");
     }
 
     #[test]

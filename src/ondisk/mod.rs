@@ -84,6 +84,14 @@ pub struct OnDisk {
     /// later log entry writes. A superset: a node deleted or expired since
     /// may be named, so a reader should skip the ones not found.
     pub v2_hidden_paths: Vec<String>,
+    /// The raft index of the newest v2 request (`pb.Request`, proposed by
+    /// 2.x … 3.5) the WAL still holds past its newest snapshot record,
+    /// where etcd 3.7 starts its replay: 3.7 no longer decodes them and
+    /// panics replaying one ("unmarshal should never fail"). A member
+    /// whose WAL still holds 3.5's entries (its member publish, its
+    /// cluster-version updates) needs a snapshot taken by 3.6 past them
+    /// before 3.7 may start on it. `None`: none there.
+    pub v2_requests_past_snapshot: Option<u64>,
     /// What was read around, one line each: a torn WAL tail, broken newer
     /// snapshots passed over, log entries or member records that did not
     /// decode.
@@ -292,6 +300,7 @@ struct Replayed {
     bolt: Option<BoltState>,
     v2: V2State,
     v3: Option<V3State>,
+    v2_requests_past_snapshot: Option<u64>,
 }
 
 /// Replays the WAL after the snapshot (and after bolt's consistent index)
@@ -303,18 +312,27 @@ fn replay(sources: Sources, notes: &mut Vec<String>) -> Result<Replayed, OnDiskE
     };
     let mut replay = Replay::new(sources.v2, sources.snap_index, v3, consistent_index);
     let mut ids = None;
+    let (mut newest_snapshot_record, mut newest_v2_request) = (0, None);
     let end = wal::read(&sources.segments, |record| {
         match record {
             wal::Record::Metadata {
                 node_id,
                 cluster_id,
             } => ids = Some((node_id, cluster_id)),
-            wal::Record::Entry(entry) => replay.entry(&entry),
+            wal::Record::Entry(entry) => {
+                if entry.kind == wal::ENTRY_NORMAL && state::is_bare_v2_request(entry.data) {
+                    newest_v2_request = Some(entry.index);
+                }
+                replay.entry(&entry)
+            }
             wal::Record::HardState { commit } => replay.commit(commit),
-            wal::Record::Snapshot => {}
+            wal::Record::Snapshot { index } => {
+                newest_snapshot_record = newest_snapshot_record.max(index)
+            }
         }
         Ok(())
     })?;
+    let v2_requests_past_snapshot = newest_v2_request.filter(|i| *i > newest_snapshot_record);
     if let Some((path, offset, why)) = end.torn {
         notes.push(format!(
             "the WAL ends in a torn write at byte {offset} of {} ({why}); etcd drops it at its next start, and so was it here",
@@ -334,6 +352,7 @@ fn replay(sources: Sources, notes: &mut Vec<String>) -> Result<Replayed, OnDiskE
         bolt: sources.bolt,
         v2,
         v3,
+        v2_requests_past_snapshot,
     })
 }
 
@@ -341,7 +360,13 @@ impl Replayed {
     /// What the data records: the cluster version and membership from the
     /// WAL where it set them, else from bolt.
     fn into_on_disk(self, notes: Vec<String>) -> OnDisk {
-        let Replayed { ids, bolt, v2, v3 } = self;
+        let Replayed {
+            ids,
+            bolt,
+            v2,
+            v3,
+            v2_requests_past_snapshot,
+        } = self;
         let cluster_version = match (&bolt, v2.version_from_wal) {
             (_, true) => v2.cluster_version.clone(),
             (
@@ -372,6 +397,7 @@ impl Replayed {
                 .is_some_and(|value| serde_json::from_str::<bool>(value).unwrap_or(false)),
             leases: v3.map(|v3| v3.leases),
             v2_hidden_paths: v2.hidden.into_iter().collect(),
+            v2_requests_past_snapshot,
             notes,
         }
     }

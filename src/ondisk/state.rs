@@ -526,16 +526,27 @@ fn conf_change_effects(data: &[u8], out: &mut Vec<Effect>) -> Result<(), String>
     Ok(())
 }
 
-fn normal_effects(data: &[u8], out: &mut Vec<Effect>) -> Result<(), String> {
-    // etcd tries InternalRaftRequest first and falls back to a bare v2
-    // Request (2.x, and 3.x's v2 proposals before 3.1): a bare Request's
-    // field 2 is its method name, which never parses as a message.
-    let is_internal = proto::is_message(data)
+/// Whether a normal entry's proposal is a bare v2 `Request` rather than an
+/// `InternalRaftRequest`. etcd tries InternalRaftRequest first and falls
+/// back to a bare v2 Request (2.x, and the v2 proposals of 3.x up to 3.5:
+/// its v2 API writes, its member publish and its v2 cluster-version
+/// updates): a bare Request's field 2 is its method name, which never
+/// parses as a message. etcd 3.7 dropped the fallback and panics on one
+/// ("unmarshal should never fail").
+pub fn is_bare_v2_request(data: &[u8]) -> bool {
+    if data.is_empty() {
+        return false;
+    }
+    let internal = proto::is_message(data)
         && proto::bytes_field(data, irr::V2)
             .ok()
             .flatten()
             .is_none_or(proto::is_message);
-    if !is_internal {
+    !internal
+}
+
+fn normal_effects(data: &[u8], out: &mut Vec<Effect>) -> Result<(), String> {
+    if is_bare_v2_request(data) {
         let request = V2Request::parse(data).map_err(|e| format!("undecodable v2 request: {e}"))?;
         if request.matters() {
             out.push(Effect::V2(request));

@@ -79,9 +79,12 @@ pub enum Record<'a> {
         /// Highest index known committed.
         commit: u64,
     },
-    /// `walpb.Snapshot`: a snapshot was taken at this point (its index
-    /// and term are not needed here).
-    Snapshot,
+    /// `walpb.Snapshot`: a snapshot was taken at this raft index (etcd
+    /// 3.7 starts its replay after the newest such record).
+    Snapshot {
+        /// The snapshot's raft index.
+        index: u64,
+    },
 }
 
 /// How the log ended.
@@ -278,10 +281,9 @@ fn decode(kind: u64, data: &[u8]) -> Result<Option<Record<'_>>, String> {
         STATE_TYPE => Record::HardState {
             commit: proto::varint_field(data, 3).map_err(|e| bad("hard state", e))?,
         },
-        SNAPSHOT_TYPE => {
-            proto::varint_field(data, 1).map_err(|e| bad("snapshot record", e))?;
-            Record::Snapshot
-        }
+        SNAPSHOT_TYPE => Record::Snapshot {
+            index: proto::varint_field(data, 1).map_err(|e| bad("snapshot record", e))?,
+        },
         CRC_TYPE => return Ok(None),
         other => return Err(format!("unexpected record type {other}")),
     }))

@@ -7,6 +7,7 @@
 //! `swap::Disk`) and the settings every step shares.
 
 pub mod in_place;
+pub mod minor_downgrade;
 pub mod minor_rollback;
 pub mod storage_migration;
 pub mod to_etcd2;
@@ -22,13 +23,13 @@ use tokio::sync::watch;
 use crate::backup::{self, BackupError, BackupPolicy};
 use crate::config::{Member, TtlLeases};
 use crate::dialect::StepEtcd;
-use crate::effects::{EtcdApi, HealthError, Launcher, RunningEtcd, StepError, Tools};
+use crate::effects::{EtcdApi, Expected, HealthError, Launcher, RunningEtcd, StepError, Tools};
 use crate::keyspace::{self, Entry, Fingerprint, KnownLeases};
 use crate::log;
 use crate::plan::Binary;
 use crate::supervisor::ExitStatus;
 use crate::swap::{Disk, SwapError};
-use crate::version::{Storage, Version, VersionPair};
+use crate::version::{Minor, Storage, Version, VersionPair};
 
 /// Pause between two health attempts. Tens of ms: a step's etcd is usually
 /// writable 100–200 ms after start, and each attempt is a loopback call.
@@ -116,6 +117,16 @@ pub(crate) struct Serving<E> {
     pub(crate) known: KnownLeases,
 }
 
+impl<E> Serving<E> {
+    /// What it serves, for the reads: its release on data in `storage`.
+    pub(crate) fn serves(&self, storage: Storage) -> VersionPair {
+        VersionPair {
+            version: self.version,
+            storage,
+        }
+    }
+}
+
 /// How a step's etcd is to be started, beyond the shared settings.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Run<'p> {
@@ -123,6 +134,27 @@ pub(crate) struct Run<'p> {
     pub(crate) storage: Storage,
     pub(crate) data_dir: &'p Path,
     pub(crate) new_cluster: bool,
+    /// The data is being walked down to this minor by etcd's downgrade
+    /// (its cluster version may be there already).
+    pub(crate) downgrading_to: Option<Minor>,
+}
+
+impl Run<'_> {
+    /// What its etcd must report once it has taken a write.
+    fn expected(&self) -> Expected {
+        Expected {
+            release: self.version,
+            lowest: self.downgrading_to.unwrap_or(self.version.minor_line()),
+        }
+    }
+
+    /// What it serves, for the reads: its release on data in its storage.
+    pub(crate) fn served(&self) -> VersionPair {
+        VersionPair {
+            version: self.version,
+            storage: self.storage,
+        }
+    }
 }
 
 impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
@@ -193,6 +225,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     ) -> Result<(), Failure> {
         let pid = etcd.pid();
         let value = run.version.to_string();
+        let expected = run.expected();
         let deadline = tokio::time::Instant::now() + self.settings.health_timeout;
         let mut last_error = String::from("no attempt finished");
         // A large data dir takes etcd long to load: say so while it does.
@@ -208,7 +241,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
                 .race(
                     etcd,
                     deadline,
-                    self.api.write(endpoint, run.storage, &value),
+                    self.api.write(endpoint, run.storage, expected),
                 )
                 .await;
             let ended = match attempt {
@@ -331,7 +364,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
             .while_serving(
                 &mut serving,
                 "read the keyspace",
-                self.api.read_all(&endpoint, run.storage, &hidden, &known),
+                self.api.read_all(&endpoint, run.served(), &hidden, &known),
             )
             .await?;
         let read_at = Instant::now();
@@ -351,10 +384,11 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         let endpoint = serving.endpoint.clone();
         let hidden = serving.hidden_v2.clone();
         let known = serving.known.clone();
+        let served = serving.serves(storage);
         self.while_serving(
             serving,
             "fingerprint the keyspace",
-            self.api.fingerprint(&endpoint, storage, &hidden, &known),
+            self.api.fingerprint(&endpoint, served, &hidden, &known),
         )
         .await
     }
@@ -386,11 +420,12 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
         let endpoint = serving.endpoint.clone();
         let hidden = serving.hidden_v2.clone();
         let known = serving.known.clone();
+        let served = serving.serves(storage);
         self.while_serving(
             serving,
             "fingerprint the keyspace",
             self.api
-                .fingerprint_since(&endpoint, storage, &hidden, &known, before),
+                .fingerprint_since(&endpoint, served, &hidden, &known, before),
         )
         .await
     }
@@ -469,12 +504,12 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     }
 
     /// What `run`'s data records of its leases' TTLs, when `run`'s release
-    /// cannot tell them (etcd3 data under 3.0): read offline, before that
-    /// etcd starts. A read that fails is logged and leaves them unknown:
+    /// cannot tell them (data under 3.0, whose v3 keyspace may hold leased
+    /// keys whatever its storage): read offline, before that etcd starts. A read that fails is logged and leaves them unknown:
     /// the fingerprint then takes every leased key as one that may expire
     /// at any moment, which weakens the check but loses nothing.
     fn granted_leases(&self, run: Run<'_>) -> BTreeMap<i64, i64> {
-        if run.storage != Storage::Etcd3 || run.version.has_lease_time_to_live() {
+        if !run.version.has_v3_api() || run.version.has_lease_time_to_live() {
             return BTreeMap::new();
         }
         let reading = Instant::now();
@@ -685,6 +720,7 @@ pub(crate) fn run(version: Version, storage: Storage, data_dir: &Path) -> Run<'_
         storage,
         data_dir,
         new_cluster: false,
+        downgrading_to: None,
     }
 }
 

@@ -2,9 +2,12 @@
 //! 3.4): fingerprint the v2 store while `at` serves it, convert a copy of
 //! it with `etcdctl migrate` offline, give every TTL key a lease with its
 //! own remaining TTL (keys that expire in the same second share one),
-//! check the v3 keys against the fingerprint, remove the migrated keys
-//! from the copy's v2 store (3.6 refuses custom v2 content), and swap the
-//! copy in.
+//! put back the v3 keys the data already held (etcd2 data served by 3.x
+//! can hold some: the Kubernetes tool wrote `etcd_version` through v3, and
+//! `etcdctl migrate` writes each v2 key at revision = its modifiedIndex,
+//! over any record at that revision), check the v3 keys against the
+//! fingerprint, remove the migrated keys from the copy's v2 store (3.6
+//! refuses custom v2 content), and swap the copy in.
 //!
 //! Why a copy: `etcdctl migrate` must never run twice on one data dir.
 //! It writes each key at revision = its v2 modifiedIndex, over whatever
@@ -31,10 +34,11 @@ use crate::version::{Storage, Version};
 /// Kubernetes tool attached to `/registry/events`).
 pub const FLAT_LEASE_SECONDS: i64 = 3600;
 
-/// What the v2 source held, and when it was read (TTLs count down from
-/// then).
+/// What the v2 source held (and, beside it, the v3 keys the data already
+/// held), and when it was read (TTLs count down from then).
 struct Source {
     entries: Vec<Entry>,
+    v3_side: Vec<Entry>,
     fingerprint: Fingerprint,
     read_at: Instant,
 }
@@ -53,8 +57,12 @@ pub(crate) async fn storage_migration<L: Launcher, A: EtcdApi, T: Tools, D: Disk
     let (read, read_at) = cx
         .read_source(run(at, Storage::Etcd2, data_dir), before)
         .await?;
+    if let Err(clash) = check_no_clash(&read.entries, &read.side) {
+        return Err(work_err("convert the v2 keys beside the v3 keys", clash));
+    }
     let source = Source {
         entries: read.entries,
+        v3_side: read.side,
         fingerprint: read.fingerprint,
         read_at,
     };
@@ -135,12 +143,13 @@ async fn attach_leases<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     report_expired(&plan.expired);
     let leased = plan.groups.values().map(Vec::len).sum::<usize>();
     let endpoint = serving.endpoint.clone();
-    let hidden = hidden_without_ttl(v2, &plan);
+    let mut put_back = hidden_without_ttl(v2, &plan);
+    put_back.extend(source.v3_side.iter().cloned());
     let granted = cx
         .while_serving(
             serving,
             "attach leases to TTL keys",
-            cx.api.apply_leases(&endpoint, &plan, &hidden),
+            cx.api.apply_leases(&endpoint, &plan, &put_back),
         )
         .await?;
     // 3.0 cannot tell these leases' TTLs; the reads below take them
@@ -170,11 +179,12 @@ async fn verify_converted<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
 ) -> Result<Fingerprint, Failure> {
     let endpoint = serving.endpoint.clone();
     let (hidden, known) = (serving.hidden_v2.clone(), serving.known.clone());
+    let served = serving.serves(Storage::Etcd3);
     let converted_read = cx
         .while_serving(
             serving,
             "read the v3 keyspace",
-            cx.api.read_all(&endpoint, Storage::Etcd3, &hidden, &known),
+            cx.api.read_all(&endpoint, served, &hidden, &known),
         )
         .await?;
     // What v3 must hold: the v2 keys, less the expired, with the
@@ -190,7 +200,9 @@ async fn verify_converted<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         })
         .collect();
     let tolerance = source.read_at.elapsed().as_secs() as i64 + 2;
-    if let Err(detail) = verify_migration(&expected, &converted_read.entries, plan, tolerance) {
+    let checked = verify_migration(&expected, &converted_read.entries, plan, tolerance)
+        .and_then(|()| verify_v3_side_kept(&source.v3_side, &converted_read.entries));
+    if let Err(detail) = checked {
         crate::steps::stop_serving_quietly(serving).await;
         return Err(work_err(
             "verify the v3 keys against the v2 fingerprint",
@@ -204,6 +216,7 @@ async fn verify_converted<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         TtlLeases::Exact => before.cloned().unwrap_or(source.fingerprint.clone()),
         TtlLeases::Flat => {
             Fingerprint::new(Storage::Etcd2, &flat_expiry(v2, plan), None, source.read_at)
+                .with_side(source.fingerprint.side().cloned())
         }
     };
     let after = converted_read.fingerprint;
@@ -243,7 +256,7 @@ async fn empty_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         )
         .await?
         .map(|left| Fingerprint::new(Storage::Etcd2, &left, None, Instant::now()));
-    Ok(after.with_v2_side(v2_left))
+    Ok(after.with_side(v2_left))
 }
 
 /// The v2 entries as the lease plan means them to end up: every key it
@@ -299,6 +312,49 @@ fn hidden_without_ttl(v2: &[Entry], plan: &LeasePlan) -> Vec<Entry> {
         })
         .cloned()
         .collect()
+}
+
+/// Refuses v2 keys that `etcdctl migrate` would write over a v3 key the
+/// data already holds (the same bytes: a v2 leaf `/a/b` becomes the v3
+/// key `/a/b`): one of the two values would be lost. Names each clash.
+pub fn check_no_clash(v2: &[Entry], v3: &[Entry]) -> Result<(), String> {
+    let v3_keys: BTreeSet<&[u8]> = v3.iter().map(|e| e.key.as_slice()).collect();
+    let clashes: Vec<String> = v2
+        .iter()
+        .filter(|e| v3_keys.contains(e.key.as_slice()))
+        .map(|e| String::from_utf8_lossy(&e.key).into_owned())
+        .collect();
+    if clashes.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} v2 keys would be written over v3 keys of the same name, losing one value of each: {:?}; keep one of each pair (e.g. `etcdctl del <key>` through the v3 API, or a DELETE through the v2 API, at the recorded release) and rerun",
+        clashes.len(),
+        clashes.iter().take(10).collect::<Vec<_>>()
+    ))
+}
+
+/// The v3 keys the data held before the conversion must be there after
+/// it, each with its value and lease.
+fn verify_v3_side_kept(v3_side: &[Entry], converted: &[Entry]) -> Result<(), String> {
+    let after: BTreeMap<&[u8], &Entry> = converted.iter().map(|e| (e.key.as_slice(), e)).collect();
+    for entry in v3_side {
+        match after.get(entry.key.as_slice()) {
+            Some(found) if found.value == entry.value && found.lease == entry.lease => {}
+            found => {
+                return Err(format!(
+                    "the v3 key {:?} the data held before the conversion {} after it",
+                    String::from_utf8_lossy(&entry.key),
+                    match found {
+                        Some(f) if f.value != entry.value => "has another value".to_string(),
+                        Some(f) => format!("is under lease {:x}, not {:x},", f.lease, entry.lease),
+                        None => "is missing".to_string(),
+                    }
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The v3 keys that came from v2 must match it exactly, and every leased
@@ -391,6 +447,40 @@ mod tests {
         let plan = lease_plan(&v2, 0, TtlLeases::Flat, "/registry/events");
         assert_eq!(plan.groups[&FLAT_LEASE_SECONDS].len(), 2);
         assert_eq!(plan.groups[&50].len(), 1);
+    }
+
+    #[test]
+    fn a_v2_key_that_would_land_on_a_v3_key_is_refused_by_name() {
+        let v2 = [e("/registry/a", "1", None), e("/etcd_version", "x", None)];
+        assert!(check_no_clash(&v2, &[e("etcd_version", "3.3.25", None)]).is_ok());
+        let err = check_no_clash(&v2, &[e("/registry/a", "v3 value", None)])
+            .expect_err("the v2 key /registry/a would overwrite the v3 key");
+        assert!(err.contains("\"/registry/a\""), "{err}");
+    }
+
+    /// `etcdctl migrate` writes each v2 key at revision = its modifiedIndex,
+    /// over whatever record was there: a v3 key whose last write had that
+    /// revision came back with an older value (measured on 3.3.25).
+    #[test]
+    fn a_v3_key_of_etcd2_data_must_keep_its_value_and_lease_through_the_conversion() {
+        let mut leased = e("lease/k", "v", None);
+        leased.lease = 7;
+        let side = [e("etcd_version", "v12", None), leased.clone()];
+        assert!(verify_v3_side_kept(
+            &side,
+            &[e("/registry/a", "1", None), side[0].clone(), leased.clone()]
+        )
+        .is_ok());
+        let err = verify_v3_side_kept(&side, &[e("etcd_version", "v2", None), leased.clone()])
+            .expect_err("overwritten by an older value");
+        assert!(err.contains("another value"), "{err}");
+        let err = verify_v3_side_kept(&side, &[side[0].clone()]).expect_err("lost");
+        assert!(err.contains("missing"), "{err}");
+        let mut unleased = leased;
+        unleased.lease = 0;
+        let err =
+            verify_v3_side_kept(&side, &[side[0].clone(), unleased]).expect_err("lease dropped");
+        assert!(err.contains("under lease 0, not 7"), "{err}");
     }
 
     #[test]

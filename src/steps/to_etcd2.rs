@@ -34,7 +34,7 @@ pub(crate) async fn rollback_to_etcd2<L: Launcher, A: EtcdApi, T: Tools, D: Disk
         .read_source(run(serve, Storage::Etcd3, data_dir), before)
         .await?;
     check_v2_compatible(&read.entries)
-        .and_then(|()| check_v2_side_fits(&read.entries, &read.v2_side))
+        .and_then(|()| check_v2_side_fits(&read.entries, &read.side))
         .and_then(|()| check_ttls_known(&read.entries, serve))
         .map_err(|detail| work_err("check that every v3 key fits the v2 store", detail))?;
     log::info(
@@ -71,7 +71,7 @@ async fn build_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
             lease: 0,
             ..e.clone()
         })
-        .chain(read.v2_side.iter().cloned())
+        .chain(read.side.iter().cloned())
         .collect();
     let to_write = cx
         .write_alive_v2(
@@ -108,16 +108,13 @@ async fn verify_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         .filter(|e| keyspace::is_hidden_v2(&e.key))
         .map(|e| String::from_utf8_lossy(&e.key).into_owned())
         .collect();
+    let served = serving.serves(Storage::Etcd2);
     let copy = cx
         .while_serving(
             serving,
             "read the new v2 store back",
-            cx.api.read_all(
-                &endpoint,
-                Storage::Etcd2,
-                &hidden_written,
-                &KnownLeases::new(),
-            ),
+            cx.api
+                .read_all(&endpoint, served, &hidden_written, &KnownLeases::new()),
         )
         .await?;
     let tolerance = read_at.elapsed().as_secs() as i64 + 2;
@@ -131,8 +128,9 @@ async fn verify_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
 }
 
 /// Keys as v2 paths, checked for what the v2 store cannot hold: values and
-/// keys that are not UTF-8 (v2 is JSON text), two keys that become one
-/// path, and a key that would have to be both a file and a directory.
+/// keys that are not UTF-8 (v2 is JSON text), a key the v2 store would
+/// keep under another name ([`v2_name_problem`]), two keys that become
+/// one path, and a key that would have to be both a file and a directory.
 pub fn check_v2_compatible(entries: &[Entry]) -> Result<(), String> {
     let mut paths: BTreeSet<String> = BTreeSet::new();
     for entry in entries {
@@ -143,16 +141,16 @@ pub fn check_v2_compatible(entries: &[Entry]) -> Result<(), String> {
                     String::from_utf8_lossy(&entry.key)
                 )
             })?
-            .trim_end_matches('/')
             .to_string();
         if std::str::from_utf8(&entry.value).is_err() {
             return Err(format!(
                 "the value of {path} is binary (not UTF-8), which the v2 store cannot hold; for Kubernetes, switch the API server to --storage-media-type=application/json and rewrite the objects before rolling back to etcd2"
             ));
         }
-        if path.split('/').skip(1).any(str::is_empty) {
+        if let Some(problem) = v2_name_problem(&path) {
             return Err(format!(
-                "key {path:?} has an empty path segment, which v2 cannot represent"
+                "key {:?} has {problem}: the v2 store cleans every path it is given, so it would keep this key under another name (or none); rename or remove it through the v3 API and rerun",
+                String::from_utf8_lossy(&entry.key)
             ));
         }
         if !paths.insert(path.clone()) {
@@ -170,6 +168,23 @@ pub fn check_v2_compatible(entries: &[Entry]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Why the v2 store would not keep a key at `path` (a v2 path, one leading
+/// `/`) under that very name: etcd's v2 store passes every key through
+/// Go's `path.Clean`, which drops a trailing slash, collapses empty
+/// segments and resolves `.` and `..` (`/registry/a/../b` is stored as
+/// `/registry/b`, `/registry/x/` as `/registry/x`). `None`: it would.
+pub fn v2_name_problem(path: &str) -> Option<&'static str> {
+    let name = path.strip_prefix('/').unwrap_or(path);
+    if name.is_empty() {
+        return Some("no name (it is the root of the v2 store)");
+    }
+    name.split('/').find_map(|segment| match segment {
+        "" => Some("an empty path segment (a trailing slash or `//`)"),
+        "." | ".." => Some("a `.` or `..` path segment"),
+        _ => None,
+    })
 }
 
 /// The keys of the data's v2 store must not fall on the v2 paths of its
@@ -287,6 +302,26 @@ mod tests {
             "{err}"
         );
         assert!(check_v2_compatible(&[e("/a//b", "1", None)]).is_err());
+    }
+
+    /// `/registry/a/../b` and `/registry/x/` reached the v2 write and
+    /// failed only at the copy's verification (exit 3, hold).
+    #[test]
+    fn a_key_v2_would_store_under_another_name_is_refused_by_name() {
+        for key in [
+            "/registry/a/../b",
+            "/registry/x/",
+            "/registry/./y",
+            "/registry//z",
+            "/",
+            "/registry/..",
+        ] {
+            let err = check_v2_compatible(&[e(key, "1", None)]).expect_err(key);
+            assert!(err.contains(&format!("{key:?}")), "{key}: {err}");
+        }
+        for fine in ["registry/a", "/registry/a.b", "/registry/...", "/a/.hidden"] {
+            assert!(check_v2_compatible(&[e(fine, "1", None)]).is_ok(), "{fine}");
+        }
     }
 
     #[test]

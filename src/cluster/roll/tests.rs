@@ -51,6 +51,10 @@ struct World {
     /// Raise a stop request at this round.
     stop_at_round: Option<usize>,
     stop: Option<watch::Sender<Option<Signal>>>,
+    /// The data cannot be replayed by this release (3.7 on 3.5's WAL).
+    replay_blocked: Option<Version>,
+    /// A start with a snapshot after every entry clears `replay_blocked`.
+    snapshot_cures: bool,
 }
 
 impl World {
@@ -191,6 +195,16 @@ impl MemberEtcd for FakeEtcd {
         Ok(())
     }
 
+    async fn start_snapshotting(&mut self, release: Version) -> Result<(), Fail> {
+        let mut w = self.0.borrow_mut();
+        w.own = Some(release);
+        w.log.push(format!("start {release} snapshotting"));
+        if w.snapshot_cures {
+            w.replay_blocked = None;
+        }
+        Ok(())
+    }
+
     async fn stop(&mut self) -> Result<ExitStatus, Fail> {
         let mut w = self.0.borrow_mut();
         if let Some(release) = w.own.take() {
@@ -232,6 +246,13 @@ impl Ledger for FakeLedger {
     fn mark(&mut self, release: Version) -> Result<(), Fail> {
         self.0.borrow_mut().log.push(format!("mark {release}"));
         Ok(())
+    }
+
+    fn replay_blocker(&mut self, release: Version) -> Result<Option<String>, Fail> {
+        let w = self.0.borrow();
+        Ok(w.replay_blocked
+            .filter(|blocked| *blocked == release)
+            .map(|_| "a v2 request past the newest snapshot".to_string()))
     }
 }
 
@@ -276,7 +297,13 @@ fn run_in(world: World, rolling: &Rolling) -> (Result<Ended, RollError>, Vec<Str
     let result = runtime.block_on(async {
         let mut cluster = FakeCluster(shared.clone());
         let first = first_release(rolling)?;
-        let start = choose_start(rolling, first, &mut cluster).await?;
+        let start = choose_start(
+            rolling,
+            first,
+            &mut cluster,
+            &mut FakeLedger(shared.clone()),
+        )
+        .await?;
         run(
             rolling,
             start,
@@ -426,6 +453,9 @@ fn a_release_never_proven_under_the_lock_is_stopped_then_the_lock_released() {
             }
             FakeEtcd(self.0.clone()).start(release).await
         }
+        async fn start_snapshotting(&mut self, release: Version) -> Result<(), Fail> {
+            FakeEtcd(self.0.clone()).start_snapshotting(release).await
+        }
         async fn stop(&mut self) -> Result<ExitStatus, Fail> {
             FakeEtcd(self.0.clone()).stop().await
         }
@@ -513,6 +543,7 @@ fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
             &rolling,
             v("3.3.25"),
             &mut Bumped(shared.clone()),
+            &mut FakeLedger(shared.clone()),
         ))
         .expect_err("behind");
     assert!(
@@ -560,6 +591,7 @@ fn a_peer_tls_no_other_member_accepts_is_refused_before_anything_starts() {
             &rolling("3.3.25", "3.4.23"),
             v("3.3.25"),
             &mut FakeCluster(Rc::new(RefCell::new(one_accepts))),
+            &mut FakeLedger(Rc::new(RefCell::new(World::default()))),
         ))
         .expect("starts");
     assert_eq!(start, v("3.4.23"));
@@ -577,4 +609,91 @@ fn the_first_release_is_the_marked_one_then_the_recorded_then_its_newest_patch()
     r.recorded.version = v("3.2.32");
     let err = first_release(&r).expect_err("no 3.2 bundled");
     assert!(err.to_string().contains("no 3.2.x release"), "{err}");
+}
+
+/// A roll to 3.7 on the releases it passes through.
+fn rolling_to_3_7(recorded: &str) -> Rolling {
+    Rolling {
+        bundle: Bundle::new(["3.5.30", "3.6.14", "3.7.1"].map(v)),
+        ..rolling(recorded, "3.7.1")
+    }
+}
+
+/// etcd 3.7 panicked replaying the v2 requests 3.5 left in a 3.6 member's
+/// WAL (found rolling 3.5.16 → 3.7.1 in one go): the member's own release
+/// starts once with a snapshot after every entry, proves itself, and only
+/// then is 3.7 marked and started, all under the lock.
+#[test]
+fn a_member_whose_wal_3_7_cannot_replay_snapshots_on_its_own_release_first() {
+    let world = World {
+        others: vec![Some(v("3.6.14")), Some(v("3.6.14"))],
+        cv: Some(Minor::new(3, 6)),
+        replay_blocked: Some(v("3.7.1")),
+        snapshot_cures: true,
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling_to_3_7("3.6.14"));
+    result.expect("rolled");
+    assert_eq!(
+        log,
+        [
+            "start 3.6.14",
+            "record 3.6.14",
+            "lock",
+            "stop 3.6.14",
+            "start 3.6.14 snapshotting",
+            "record 3.6.14",
+            "stop 3.6.14",
+            "mark 3.7.1",
+            "start 3.7.1",
+            "record 3.7.1",
+            "unlock",
+            "served"
+        ]
+    );
+}
+
+/// Down already at its start, such a member does not go one hop further
+/// into 3.7 (readying its data means one more start and stop, which only
+/// the lock may allow): it starts its own release and waits for the wave.
+#[test]
+fn a_member_down_already_does_not_start_3_7_on_a_wal_it_cannot_replay() {
+    let world = World {
+        others: vec![Some(v("3.7.1")), Some(v("3.7.1"))],
+        cv: Some(Minor::new(3, 6)),
+        replay_blocked: Some(v("3.7.1")),
+        snapshot_cures: true,
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling_to_3_7("3.6.14"));
+    result.expect("rolled");
+    assert_eq!(log[..2], ["start 3.6.14", "record 3.6.14"]);
+    assert!(
+        log.contains(&"start 3.6.14 snapshotting".to_string()),
+        "{log:?}"
+    );
+    assert!(
+        log.iter().position(|l| l == "start 3.7.1") > log.iter().position(|l| l == "lock"),
+        "3.7 starts only under the lock: {log:?}"
+    );
+}
+
+/// A snapshot that does not cure (etcd ignores --snapshot-count under a
+/// config file) ends the run with our etcd stopped and the lock released,
+/// never 3.7 started on the data.
+#[test]
+fn data_still_blocked_after_the_snapshotting_start_ends_the_run_without_3_7() {
+    let world = World {
+        others: vec![Some(v("3.6.14")), Some(v("3.6.14"))],
+        cv: Some(Minor::new(3, 6)),
+        replay_blocked: Some(v("3.7.1")),
+        snapshot_cures: false,
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling_to_3_7("3.6.14"));
+    let err = result.expect_err("not readied");
+    assert!(matches!(err, RollError::NotReadied { .. }), "{err}");
+    assert!(err.to_string().contains("--config-file"), "{err}");
+    assert!(!log.contains(&"start 3.7.1".to_string()), "{log:?}");
+    assert_eq!(log.last().map(String::as_str), Some("unlock"), "{log:?}");
 }

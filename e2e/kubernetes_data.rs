@@ -1,0 +1,130 @@
+//! Data as the Kubernetes tool we succeed left it (issue 20): its health
+//! check wrote the key `etcd_version` through the v3 API on every 3.x
+//! release, also on etcd2-labelled data, so a `3.x/etcd2` data dir it
+//! served holds that v3 key beside the v2 store. Its storage migration
+//! failed ("51 keys expected, 52 found") and put the data on hold.
+
+use std::path::Path;
+
+use crate::harness::etcd::{connect, read_back, EtcdProcess};
+use crate::harness::migrator::Migration;
+use crate::harness::v2::{self, V2Key};
+use crate::harness::{block_on, free_port, read_version_txt, temp_dir, Member};
+
+/// Puts `key` = `values[i]` through the v3 API of `etcd-<version>` serving
+/// `data` (etcd2 data: 3.x serves v3 beside v2), one write after another,
+/// as the Kubernetes tool's health check overwrote `etcd_version`.
+fn put_v3(version: &str, data: &Path, member: &Member, logs: &Path, key: &str, values: &[&str]) {
+    let mut etcd = EtcdProcess::start(version, member, data, free_port(), logs);
+    block_on(async {
+        etcd.wait_ready_v2().await;
+        let mut client = connect(&etcd.endpoint())
+            .await
+            .unwrap_or_else(|err| panic!("v3 connect: {err}"));
+        for value in values {
+            client
+                .put(key, *value, None)
+                .await
+                .unwrap_or_else(|err| panic!("v3 put {key}: {err}"));
+        }
+    });
+    etcd.stop();
+}
+
+/// Ten v2 keys, then `etcd_version` written twelve times through v3: its
+/// last write has revision 13, the modifiedIndex of one of the v2 keys,
+/// and `etcdctl migrate` writes each v2 key at revision = its
+/// modifiedIndex, over the record there (measured on 3.3.25: the key came
+/// back as its second value).
+fn etcd2_data_with_the_health_key(version: &str, data: &Path, member: &Member, logs: &Path) {
+    let keys: Vec<V2Key> = (1..=10)
+        .map(|i| V2Key::plain(format!("/registry/pods/default/p{i}"), format!("pod {i}")))
+        .collect();
+    v2::build(version, data, member, logs, &[keys]);
+    let values: Vec<String> = (1..=12).map(|i| format!("{version} #{i}")).collect();
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
+    put_v3(version, data, member, logs, "etcd_version", &values);
+}
+
+#[test]
+fn etcd2_data_holding_the_kubernetes_tools_v3_health_key_migrates_to_etcd3_with_it() {
+    let tmp = temp_dir("k8s-health-key");
+    let data = tmp.path().join("data");
+    let member = Member::new("k8s-health-key");
+    etcd2_data_with_the_health_key("3.3.25", &data, &member, tmp.path());
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd2");
+
+    let run = Migration::new("3.4.23", &data, &member)
+        .bundled("3.3.25,3.4.23")
+        .run();
+    run.assert_code(0);
+    assert_eq!(
+        run.step_kinds(),
+        ["storage-migration", "minor-upgrade"],
+        "{}",
+        run.explain()
+    );
+    assert!(
+        run.lines_with("v2 keyspace read")
+            .iter()
+            .any(|l| l.contains("+ v3 keyspace: v3 1 keys")),
+        "the fingerprint covers the v3 key beside the v2 store\n{}",
+        run.explain()
+    );
+    assert_eq!(read_version_txt(&data), "3.4.23/etcd3");
+    assert!(!data.join(".etcd-migrate.hold").exists(), "no hold");
+
+    let keyspace = read_back("3.4.23", &member, &data, tmp.path());
+    let value = |key: &str| {
+        keyspace
+            .entries
+            .get(key.as_bytes())
+            .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+    };
+    assert_eq!(
+        value("etcd_version").as_deref(),
+        Some("3.3.25 #12"),
+        "the v3 key keeps its last value (etcdctl migrate alone gives it back an older one)"
+    );
+    for i in 1..=10 {
+        assert_eq!(
+            value(&format!("/registry/pods/default/p{i}")),
+            Some(format!("pod {i}")),
+            "every v2 key is a v3 key now"
+        );
+    }
+    assert_eq!(keyspace.entries.len(), 11, "{:?}", keyspace.entries.keys());
+}
+
+#[test]
+fn a_v2_key_that_would_land_on_a_v3_key_of_etcd2_data_is_refused_by_name() {
+    let tmp = temp_dir("k8s-clash");
+    let data = tmp.path().join("data");
+    let member = Member::new("k8s-clash");
+    v2::build(
+        "3.3.25",
+        &data,
+        &member,
+        tmp.path(),
+        &[vec![
+            V2Key::plain("/registry/ranges/serviceips", "from v2"),
+            V2Key::plain("/registry/pods/default/p", "pod"),
+        ]],
+    );
+    put_v3(
+        "3.3.25",
+        &data,
+        &member,
+        tmp.path(),
+        "/registry/ranges/serviceips",
+        &["from v3"],
+    );
+    let run = Migration::new("3.4.23", &data, &member)
+        .bundled("3.3.25,3.4.23")
+        .run();
+    run.assert_code(3);
+    run.assert_stderr_has("\"/registry/ranges/serviceips\"");
+    run.assert_stderr_has("would be written over v3 keys of the same name");
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd2", "nothing recorded");
+    assert!(!data.join(".etcd-migrate.hold").exists(), "no hold");
+}

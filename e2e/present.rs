@@ -1,0 +1,156 @@
+//! Today's releases, single member, on real etcd 3.5.30, 3.6.10, 3.6.14
+//! and 3.7.1 (issue 18; 3.6 and 3.7 from `$ETCD_EXTRA_BIN_DIR`, NOT RUN
+//! without them): upstream's patch floors refused naming what to bundle,
+//! a flag 3.7 removed refused naming its replacement, and 3.7 never the
+//! first etcd on a WAL it cannot replay (3.5's v2 requests past the newest
+//! snapshot: a 3.6 member that never snapshotted since). The walks
+//! themselves are `old_releases`' cases.
+
+use std::io::Write as _;
+use std::path::Path;
+
+use crate::harness::etcd::{read_back, EtcdProcess};
+use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::migrator::{Migration, Mode};
+use crate::harness::tree::fingerprint;
+use crate::harness::{
+    block_on, free_port, linked_bin_dir, missing_releases, read_version_txt, temp_dir,
+    write_version_txt, Member,
+};
+
+/// False (after saying NOT RUN and why) when a release is missing.
+fn have(test: &str, releases: &[&str]) -> bool {
+    let missing = missing_releases(releases);
+    if missing.is_empty() {
+        return true;
+    }
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(
+        stderr,
+        "present: NOT RUN: {test}: needs {} (no registry has them): set ETCD_EXTRA_BIN_DIR to a dir holding them",
+        missing.join(", ")
+    );
+    false
+}
+
+/// 3.5.30 data (a small keyspace with leases), then served once by 3.6.14
+/// as a user's etcd would (default flags: no snapshot for 10,000 entries),
+/// so its WAL still holds 3.5's v2 requests past its newest snapshot.
+fn data_3_6_with_3_5_entries(data: &Path, member: &Member, logs: &Path) -> fixture::Fixture {
+    let fixture = fixture::build(FixtureSpec::small("3.5.30"), data, member, logs);
+    let mut etcd = EtcdProcess::start("3.6.14", member, data, free_port(), logs);
+    block_on(etcd.wait_ready());
+    etcd.stop();
+    write_version_txt(data, "3.6.14/etcd3");
+    let on_disk = etcd_migrate::ondisk::read(data).expect("read offline");
+    assert!(
+        on_disk.v2_requests_past_snapshot.is_some(),
+        "the 3.6 member's WAL should still hold 3.5's v2 requests: {on_disk:?}"
+    );
+    fixture
+}
+
+#[test]
+fn release_3_7_never_starts_first_on_a_wal_holding_3_5_requests() {
+    let test = "release_3_7_never_starts_first_on_a_wal_holding_3_5_requests";
+    if !have(test, &["3.5.30", "3.6.10", "3.6.14", "3.7.1"]) {
+        return;
+    }
+    let tmp = temp_dir("present-replay");
+    let data = tmp.path().join("data");
+    let member = Member::new("present-replay");
+    let fixture = data_3_6_with_3_5_entries(&data, &member, tmp.path());
+
+    // The recorded 3.6.14 is not bundled, and no newer 3.6 patch is: 3.7.1
+    // would be the first etcd on the data. Refused, nothing touched.
+    let without = tmp.path().join("without");
+    std::fs::create_dir(&without).expect("mkdir");
+    let bin = linked_bin_dir(&["3.6.10", "3.7.1"], &without);
+    let before = fingerprint(&data);
+    Migration::new("3.7.1", &data, &member)
+        .bin_dir(&bin)
+        .run()
+        .assert_refused_untouched(
+            &data,
+            &before,
+            &[
+                "etcd 3.7.1 cannot replay",
+                "raft index",
+                "bundle etcd 3.6.14",
+            ],
+        );
+
+    // With 3.6.14 bundled it reads the baseline (a snapshot after every
+    // entry), and 3.7.1 starts on a WAL it can replay.
+    let with = tmp.path().join("with");
+    std::fs::create_dir(&with).expect("mkdir");
+    let bin = linked_bin_dir(&["3.6.14", "3.7.1"], &with);
+    let run = Migration::new("3.7.1", &data, &member).bin_dir(&bin).run();
+    run.assert_code(0);
+    assert_eq!(run.step_kinds(), ["minor-upgrade"], "{}", run.explain());
+    assert_eq!(read_version_txt(&data), "3.7.1/etcd3");
+    let after = read_back("3.7.1", &member, &data, tmp.path());
+    after.assert_kept(&fixture.keyspace, 3000);
+    after.assert_revisions_kept(&fixture.keyspace);
+}
+
+#[test]
+fn upstreams_patch_floors_are_refused_naming_what_to_bundle() {
+    let test = "upstreams_patch_floors_are_refused_naming_what_to_bundle";
+    if !have(test, &["3.6.10", "3.6.14", "3.7.1"]) {
+        return;
+    }
+    for (from, target, bundle, expected) in [
+        (
+            "3.5.16",
+            "3.6.14",
+            ["3.5.16", "3.6.14"],
+            "the path reaches 3.6 from 3.5.16, but upstream requires 3.5.26 or later",
+        ),
+        (
+            "3.6.10",
+            "3.7.1",
+            ["3.6.10", "3.7.1"],
+            "the path reaches 3.7 from 3.6.10, but upstream requires 3.6.11 or later",
+        ),
+    ] {
+        let tmp = temp_dir("present-floor");
+        let data = tmp.path().join("data");
+        let member = Member::new("present-floor");
+        fixture::build(FixtureSpec::small(from), &data, &member, tmp.path());
+        let bin = linked_bin_dir(&bundle, tmp.path());
+        let before = fingerprint(&data);
+        Migration::new(target, &data, &member)
+            .bin_dir(&bin)
+            .run()
+            .assert_refused_untouched(&data, &before, &[expected, "bundle etcd"]);
+    }
+}
+
+#[test]
+fn a_flag_3_7_removed_is_refused_up_front_naming_its_replacement() {
+    let test = "a_flag_3_7_removed_is_refused_up_front_naming_its_replacement";
+    if !have(test, &["3.6.14", "3.7.1"]) {
+        return;
+    }
+    let tmp = temp_dir("present-flag");
+    let data = tmp.path().join("data");
+    let member = Member::new("present-flag");
+    fixture::build(FixtureSpec::small("3.6.14"), &data, &member, tmp.path());
+    let bin = linked_bin_dir(&["3.6.14", "3.7.1"], tmp.path());
+    let mut args = member.exec_args(&format!("http://127.0.0.1:{}", free_port()));
+    args.push("--experimental-initial-corrupt-check=true".to_string());
+    let before = fingerprint(&data);
+    Migration::new("3.7.1", &data, &member)
+        .bin_dir(&bin)
+        .mode(Mode::Exec(args))
+        .run()
+        .assert_refused_untouched(
+            &data,
+            &before,
+            &[
+                "flag provided but not defined: -experimental-initial-corrupt-check",
+                "use --feature-gates=InitialCorruptCheck=true instead",
+            ],
+        );
+}
