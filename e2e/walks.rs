@@ -10,7 +10,8 @@ use nix::sys::signal::Signal;
 use crate::harness::etcd::{connect_within, read_back, PROBE_TIMEOUT};
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::keyspace::Keyspace;
-use crate::harness::migrator::{Migration, Mode};
+use crate::harness::migrator::{Migration, Mode, Running};
+use crate::harness::tree::fingerprint;
 use crate::harness::{
     block_on, etcd_binary, free_port, mode, read_version_txt, temp_dir, Member, POLL_INTERVAL,
     STOP_GRACE,
@@ -113,33 +114,7 @@ fn exec_mode_serves_the_target_on_the_users_port_as_the_same_pid() {
         .bundled("3.3.25,3.4.23,3.5.16")
         .mode(Mode::Exec(member.exec_args(&user_url)))
         .spawn();
-    let pid = running.pid();
-
-    let deadline = Instant::now() + EXEC_SERVE_TIMEOUT;
-    loop {
-        if let Some(status) = running.try_status() {
-            panic!(
-                "etcd-migrate (pid {pid}) exited with {status} instead of becoming etcd; stderr:\n{}",
-                running.stderr()
-            );
-        }
-        let served = block_on(async {
-            let mut client = connect_within(&user_url, PROBE_TIMEOUT).await.ok()?;
-            client
-                .get("etcd_version", Some(GetOptions::new()))
-                .await
-                .ok()
-        });
-        if served.is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nothing served v3 on {user_url} within {EXEC_SERVE_TIMEOUT:?}; stderr:\n{}",
-            running.stderr()
-        );
-        std::thread::sleep(POLL_INTERVAL);
-    }
+    let pid = wait_served(&mut running, &user_url);
 
     // The pid we spawned is now etcd 3.5.16 itself: exec, not fork.
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
@@ -160,7 +135,82 @@ fn exec_mode_serves_the_target_on_the_users_port_as_the_same_pid() {
 
     let served = block_on(Keyspace::read(&user_url));
     served.assert_kept(&fixture.keyspace, MIN_REMAINING_TTL);
+    stop(running);
+}
 
+/// kubeadm's etcd command line names the member and the data dir once, in
+/// etcd's own flags (issue 20.3): with only the target in front of it, the
+/// walk runs as that member on that dir and the target serves it. A name
+/// of ours that differs from etcd's is refused before anything starts.
+#[test]
+fn kubeadm_command_line_alone_names_the_member_and_the_data_dir() {
+    let tmp = temp_dir("kubeadm-flags");
+    let data = tmp.path().join("data");
+    let member = Member::new("kubeadm-flags");
+    let fixture = fixture::build(FixtureSpec::full("3.4.23"), &data, &member, tmp.path());
+    let user_url = format!("http://127.0.0.1:{}", free_port());
+    let mut etcd_args = member.exec_args(&user_url);
+    etcd_args.extend(["--data-dir".to_string(), data.display().to_string()]);
+
+    let before = fingerprint(tmp.path());
+    let other = Migration::new("3.5.16", &data, &member)
+        .member_from_etcd_flags()
+        .arg("--name=someone-else")
+        .mode(Mode::Exec(etcd_args.clone()))
+        .run();
+    other.assert_refused_untouched(
+        tmp.path(),
+        &before,
+        &["\"someone-else\"", &format!("--name \"{}\"", member.name)],
+    );
+
+    let mut running = Migration::new("3.5.16", &data, &member)
+        .member_from_etcd_flags()
+        .bundled("3.4.23,3.5.16")
+        .mode(Mode::Exec(etcd_args))
+        .spawn();
+    wait_served(&mut running, &user_url);
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+    let served = block_on(Keyspace::read(&user_url));
+    served.assert_kept(&fixture.keyspace, MIN_REMAINING_TTL);
+    stop(running);
+}
+
+/// Waits until the exec'd etcd answers v3 on `user_url`; panics with the
+/// run's stderr if etcd-migrate exits first or nothing answers in time.
+/// Returns the run's pid.
+fn wait_served(running: &mut Running, user_url: &str) -> i32 {
+    let pid = running.pid();
+    let deadline = Instant::now() + EXEC_SERVE_TIMEOUT;
+    loop {
+        if let Some(status) = running.try_status() {
+            panic!(
+                "etcd-migrate (pid {pid}) exited with {status} instead of becoming etcd; stderr:\n{}",
+                running.stderr()
+            );
+        }
+        let served = block_on(async {
+            let mut client = connect_within(user_url, PROBE_TIMEOUT).await.ok()?;
+            client
+                .get("etcd_version", Some(GetOptions::new()))
+                .await
+                .ok()
+        });
+        if served.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing served v3 on {user_url} within {EXEC_SERVE_TIMEOUT:?}; stderr:\n{}",
+            running.stderr()
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+    pid
+}
+
+/// Stops the exec'd etcd with SIGTERM and checks it went.
+fn stop(mut running: Running) {
     running.signal(Signal::SIGTERM);
     let outcome = running.wait(STOP_GRACE);
     let by_sigterm = std::os::unix::process::ExitStatusExt::signal(&outcome.status)

@@ -231,8 +231,16 @@ pub enum ConfigError {
         reason: String,
     },
     /// No member name could be derived.
-    #[error("no member name: set --name or $ETCD_NAME (or $ETCD_HOSTNAME / $HOSTNAME, which give etcd-<host>)")]
+    #[error("no member name: set --name or $ETCD_NAME, or give etcd its --name after `--` (or set $ETCD_HOSTNAME / $HOSTNAME, which give etcd-<host>)")]
     NoName,
+    /// Our member name and etcd's own `--name` differ.
+    #[error("the member name is {ours:?} (--name or $ETCD_NAME) but the etcd arguments set --name {theirs:?}: the exec'd etcd would run as another member than the one the steps ran as; drop --name / $ETCD_NAME (etcd's own --name is then used) or make them the same")]
+    NameConflict {
+        /// `--name` / `$ETCD_NAME`.
+        ours: String,
+        /// `--name` after `--`.
+        theirs: String,
+    },
     /// The exec'd etcd would serve a different data dir than the migrated one.
     #[error("the etcd arguments set --data-dir {theirs:?} but the migrated data dir is {ours:?}; make them the same or drop --data-dir from the etcd arguments")]
     DataDirConflict {
@@ -403,15 +411,7 @@ where
     };
     let target = resolve_target(&mut cli, &mut picker)?;
     let data_dir = resolve_data_dir(&mut cli, &mut picker)?;
-    let name = picker
-        .pick(cli.name.take(), "--name", "ETCD_NAME")
-        .or_else(|| {
-            picker
-                .env("ETCD_HOSTNAME")
-                .map(|host| format!("etcd-{host}"))
-        })
-        .or_else(|| picker.env("HOSTNAME").map(|host| format!("etcd-{host}")))
-        .ok_or(ConfigError::NoName)?;
+    let name = resolve_name(&mut cli, &mut picker)?;
     let (bin_dir, bundled_versions) = resolve_releases(&mut cli)?;
     let (member, peer_port) = resolve_member(&mut cli, &mut picker, name, &data_dir)?;
     let listen_client_urls = picker.pick(
@@ -567,6 +567,10 @@ fn resolve_releases(cli: &mut Cli) -> Result<(PathBuf, Option<Vec<Version>>), Co
 }
 
 /// `--data-dir`, as one absolute spelling.
+/// `--data-dir` / `$DATA_DIRECTORY`, else the data dir etcd itself is
+/// given: its `--data-dir` after `--`, else `$ETCD_DATA_DIR` (a kubeadm
+/// manifest states it once, in etcd's own flags). When both are set and
+/// differ, exec mode refuses the pair ([`check_data_dir_arg`]).
 fn resolve_data_dir(cli: &mut Cli, picker: &mut Picker) -> Result<PathBuf, ConfigError> {
     let data_dir = picker
         .pick(
@@ -576,16 +580,41 @@ fn resolve_data_dir(cli: &mut Cli, picker: &mut Picker) -> Result<PathBuf, Confi
             "--data-dir",
             "DATA_DIRECTORY",
         )
+        .or_else(|| data_dir_in_args(&cli.etcd_args))
+        .or_else(|| picker.env("ETCD_DATA_DIR"))
         .ok_or(ConfigError::Missing {
             flag: "--data-dir",
             env: "DATA_DIRECTORY",
-            hint: "the etcd data dir to migrate, e.g. /var/etcd/data",
+            hint: "the etcd data dir to migrate, e.g. /var/etcd/data (or give etcd its --data-dir after `--`, or set $ETCD_DATA_DIR)",
         })?;
     // One spelling from here on: `/var/etcd/data/`, `//var/etcd/data` and
     // `./data` run from `/var/etcd` are the same dir, and every path built
     // from it (the default backup dir, the scratch dir, etcd's --data-dir)
     // or compared with it must not depend on how the manifest wrote it.
     absolute_setting(&data_dir, with_env("--data-dir", "DATA_DIRECTORY"))
+}
+
+/// The member name: `--name` / `$ETCD_NAME`, else etcd's own `--name`
+/// after `--` (a kubeadm manifest states it once, there), else
+/// `etcd-$ETCD_HOSTNAME` / `etcd-$HOSTNAME` (the Kubernetes image's
+/// default). `$ETCD_NAME` is etcd's own variable too, and etcd's flag
+/// beats it: a `--name` after `--` that differs from ours would make the
+/// exec'd etcd another member than the one the steps ran as, so the pair
+/// is refused.
+fn resolve_name(cli: &mut Cli, picker: &mut Picker) -> Result<String, ConfigError> {
+    let ours = picker.pick(cli.name.take(), "--name", "ETCD_NAME");
+    let etcds = flag_in_args(&cli.etcd_args, "name");
+    match (ours, etcds) {
+        (Some(ours), Some(theirs)) if ours != theirs => {
+            Err(ConfigError::NameConflict { ours, theirs })
+        }
+        (Some(name), _) | (None, Some(name)) => Ok(name),
+        (None, None) => picker
+            .env("ETCD_HOSTNAME")
+            .or_else(|| picker.env("HOSTNAME"))
+            .map(|host| format!("etcd-{host}"))
+            .ok_or(ConfigError::NoName),
+    }
 }
 
 /// The member the steps run as, and the peer port its default URLs use.
@@ -1322,6 +1351,57 @@ mod tests {
             "etcd-b"
         );
         assert!(matches!(with(&[]), Err(ConfigError::NoName)));
+    }
+
+    /// kubeadm's etcd command states the name and data dir once, in
+    /// etcd's own flags (issue 20.3): with ours unset they are taken from
+    /// there; a different value on either side is refused.
+    #[test]
+    fn name_and_data_dir_come_from_etcds_own_flags_when_ours_are_unset() {
+        let target = [("TARGET_VERSION", "3.5.16"), ("HOSTNAME", "h")];
+        let kubeadm = ["--", "--data-dir=/var/lib/etcd", "--name", "etcd-a"];
+        let config = resolve_with(&kubeadm, &target).expect("resolves from etcd's flags");
+        assert_eq!(config.member.name, "etcd-a");
+        assert_eq!(config.data_dir, PathBuf::from("/var/lib/etcd"));
+        assert_eq!(
+            config.member.initial_cluster,
+            "etcd-a=http://localhost:2380"
+        );
+
+        // $ETCD_DATA_DIR, etcd's own variable, names it too.
+        let env = [
+            ("TARGET_VERSION", "3.5.16"),
+            ("ETCD_DATA_DIR", "/e"),
+            ("ETCD_NAME", "n"),
+        ];
+        let config = resolve_with(&[], &env).expect("resolves from etcd's env");
+        assert_eq!(config.data_dir, PathBuf::from("/e"));
+        assert_eq!(config.member.name, "n");
+
+        // The same value on both sides is no conflict.
+        let same = ["--name=etcd-a", "--data-dir", "/var/lib/etcd/", "--"];
+        let both: Vec<&str> = same.iter().chain(&kubeadm[1..]).copied().collect();
+        assert_eq!(
+            resolve_with(&both, &target).expect("same").member.name,
+            "etcd-a"
+        );
+
+        let other_name = ["--name=etcd-b", "--", "--data-dir=/d", "--name=etcd-a"];
+        let err = resolve_with(&other_name, &target).expect_err("two names");
+        assert!(
+            matches!(&err, ConfigError::NameConflict { ours, theirs } if ours == "etcd-b" && theirs == "etcd-a"),
+            "{err}"
+        );
+        let env_name = [("ETCD_NAME", "etcd-b"), target[0]];
+        let err = resolve_with(&kubeadm, &env_name).expect_err("$ETCD_NAME and --name");
+        assert!(err.to_string().contains("\"etcd-b\""), "{err}");
+
+        let other_dir = ["--data-dir=/other", "--", "--data-dir=/var/lib/etcd"];
+        let err = resolve_with(&other_dir, &target).expect_err("two data dirs");
+        assert!(matches!(err, ConfigError::DataDirConflict { .. }), "{err}");
+
+        let neither = resolve_with(&["--", "--name=a"], &target).expect_err("no data dir");
+        assert!(neither.to_string().contains("$ETCD_DATA_DIR"), "{neither}");
     }
 
     #[test]

@@ -399,8 +399,8 @@ impl Cluster {
                     "-v".to_string(),
                     format!("{}:{pki}:ro", m.pki_dir.display()),
                     self.image.clone(),
-                    "--data-dir=/var/lib/etcd".to_string(),
-                    format!("--name={}", m.name),
+                    // kubeadm's etcd command line as it is: etcd-migrate
+                    // takes the name and data dir from etcd's own flags.
                     "--".to_string(),
                     format!("--advertise-client-urls={client_urls}"),
                     format!("--cert-file={pki}/{}", pki::SERVER_CERT),

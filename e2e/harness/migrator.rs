@@ -22,6 +22,24 @@ use super::etcd::{die_with_parent, kill_and_reap, reap_within};
 use super::tree::{fingerprint, Tree};
 use super::{bin_dir, free_port, require_suite_binaries, wait_until, Member, MIGRATE_TIMEOUT};
 
+/// Runs a command line etcd-migrate logged for the operator (e.g. the
+/// `backup taken` line's `restore`) with `sh -c`, as an operator would:
+/// `etcd-migrate` found on the PATH (a link to [`program`] in `work`).
+pub fn run_logged(command: &str, work: &Path) -> std::process::Output {
+    let bin = work.join("logged-bin");
+    let link = bin.join("etcd-migrate");
+    if !link.exists() {
+        std::fs::create_dir_all(&bin).expect("create logged-bin");
+        std::os::unix::fs::symlink(program(), &link).expect("link etcd-migrate");
+    }
+    Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .output()
+        .unwrap_or_else(|err| panic!("run sh -c {command:?}: {err}"))
+}
+
 /// The etcd-migrate this test process runs: a hard link, taken at first
 /// use, to the binary cargo built for it. The target dir may be shared
 /// (`CARGO_TARGET_DIR`): a build from another checkout, or one without the
@@ -144,6 +162,9 @@ pub struct Migration {
     pub extra: Vec<OsString>,
     /// Environment variables on top of `PATH` (e.g. `FAILPOINTS`).
     pub env: Vec<(OsString, OsString)>,
+    /// Leave out our `--data-dir` and `--name`: etcd's own flags after
+    /// `--` name them (a kubeadm manifest's command line).
+    pub member_from_etcd_flags: bool,
 }
 
 impl Migration {
@@ -164,6 +185,7 @@ impl Migration {
             mode: Mode::NoExec,
             extra: Vec::new(),
             env: Vec::new(),
+            member_from_etcd_flags: false,
         }
     }
 
@@ -189,6 +211,13 @@ impl Migration {
     ) -> Self {
         self.launcher = launcher.into_iter().map(Into::into).collect();
         self.program = program.to_path_buf();
+        self
+    }
+
+    /// Passes no `--data-dir` and `--name` of ours: the exec mode's etcd
+    /// arguments name them, as kubeadm's etcd command line does.
+    pub fn member_from_etcd_flags(mut self) -> Self {
+        self.member_from_etcd_flags = true;
         self
     }
 
@@ -229,11 +258,15 @@ impl Migration {
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg("--target-version")
-            .arg(&self.target)
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--name")
-            .arg(&self.name)
+            .arg(&self.target);
+        if !self.member_from_etcd_flags {
+            command
+                .arg("--data-dir")
+                .arg(&self.data_dir)
+                .arg("--name")
+                .arg(&self.name);
+        }
+        command
             .arg("--bin-dir")
             .arg(&self.bin_dir)
             .arg("--port")
