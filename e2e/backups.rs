@@ -12,17 +12,20 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use crate::harness::etcd::read_back;
+use crate::harness::etcd::{probe, read_back, EtcdProcess};
 use crate::harness::fixture::{self, FixtureSpec};
-use crate::harness::migrator::{field, Migration, Outcome};
+use crate::harness::migrator::{field, run_logged, Migration, Outcome};
 use crate::harness::mount::Mount;
 use crate::harness::tree::fingerprint;
 use crate::harness::{
-    dir_names, mode, read_version_txt, set_mode, symlink, temp_dir, write_version_txt, Member,
-    WORK_DIR,
+    block_on, dir_names, free_port, mode, read_version_txt, set_mode, symlink, temp_dir,
+    wait_until, write_version_txt, Member, WORK_DIR,
 };
 
 const BUNDLE: &str = "3.3.25,3.4.23,3.5.16";
+
+/// How long an etcd started by the test may take to serve.
+const SERVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The `path=` of the `backup taken` line (text format), if any.
 fn backup_taken(run: &Outcome) -> Option<PathBuf> {
@@ -226,11 +229,32 @@ fn the_logged_restore_command_brings_back_the_pre_rollback_data() {
         .and_then(Value::as_str)
         .unwrap_or_else(|| panic!("no restore field in {taken:?}"));
 
-    let output = Command::new("sh")
-        .arg("-c")
-        .arg(restore)
-        .output()
-        .unwrap_or_else(|err| panic!("run sh -c {restore:?}: {err}"));
+    assert!(
+        restore.starts_with("etcd-migrate backup restore "),
+        "the image has no sha256sum: the logged restore is our own command, not {restore:?}"
+    );
+
+    // Into a member that is serving: refused before anything is written
+    // (etcd itself writes its WAL meanwhile, so the files are not compared).
+    let etcd = EtcdProcess::start("3.3.25", &member, &data, free_port(), tmp.path());
+    wait_until("etcd 3.3.25 serves the data", SERVE_TIMEOUT, || {
+        block_on(probe(etcd.endpoint())).ok()
+    });
+    let refused = run_logged(restore, tmp.path());
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("restore only into a stopped member"),
+        "{said}"
+    );
+    etcd.stop();
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+    assert!(
+        !data.join(WORK_DIR).exists(),
+        "a refused restore made a scratch dir"
+    );
+
+    let output = run_logged(restore, tmp.path());
     assert!(
         output.status.success(),
         "{restore:?} failed with {}: {}",
@@ -485,11 +509,7 @@ fn a_symlinked_member_dir_is_backed_up_as_its_content() {
         .get("restore")
         .and_then(Value::as_str)
         .expect("restore command");
-    let output = Command::new("sh")
-        .arg("-c")
-        .arg(restore)
-        .output()
-        .expect("run sh");
+    let output = run_logged(restore, tmp.path());
     assert!(
         output.status.success(),
         "{restore:?}: {}{}",

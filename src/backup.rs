@@ -27,6 +27,7 @@ use crate::log;
 use crate::version::VersionPair;
 
 pub mod copy;
+pub mod tool;
 
 /// When to take a backup (`--backup`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -5,6 +5,7 @@
 
 use std::process::ExitCode;
 
+use etcd_migrate::backup::tool;
 use etcd_migrate::config::{self, ConfigError};
 use etcd_migrate::exec::{self, ExecError, ExecTarget, Inherited};
 use etcd_migrate::{log, run, signal_exit_code, Outcome, EXIT_FAILURE, EXIT_OK, EXIT_PRECONDITION};
@@ -14,6 +15,14 @@ fn main() -> ExitCode {
     // etcdctl and etcdutl we start, create from here on is private. The
     // exec'd target gets the user's umask back.
     let umask = exec::make_created_files_private();
+    // `etcd-migrate backup list|verify|restore`: the operator's commands,
+    // with the default signal dispositions (a restore killed midway is
+    // finished or discarded by the next run, as a step's swap is).
+    let args: Vec<String> = std::env::args().collect();
+    if tool::is_backup_command(&args) {
+        log::init(config::log_format_hint(args.iter().cloned()));
+        return ExitCode::from(tool::main(&args, &|name| std::env::var(name).ok()));
+    }
     // Then, before the async runtime or any helper thread exists: threads
     // inherit the mask, so only the signal thread ever sees these signals.
     let original_mask = match etcd_migrate::supervisor::block_signals() {

@@ -260,6 +260,10 @@ fn back_up(
             ("path", path.display().to_string().into()),
             ("holds", recorded.to_string().into()),
             ("ms", log::ms(started.elapsed())),
+            (
+                "verify",
+                crate::backup::tool::verify_command_line(&path).into(),
+            ),
         ],
     );
     Ok(())

@@ -493,10 +493,10 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
                 ("path", path.display().to_string().into()),
                 ("holds", pair.to_string().into()),
                 ("ms", log::ms(started.elapsed())),
-                ("verify", backup::verify_command(&path).into()),
+                ("verify", backup::tool::verify_command_line(&path).into()),
                 (
                     "restore",
-                    backup::restore_command(self.settings.data_dir, &path).into(),
+                    backup::tool::restore_command_line(self.settings.data_dir, &path).into(),
                 ),
             ],
         );
