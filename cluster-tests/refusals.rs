@@ -1,9 +1,10 @@
 //! This module owns the safety-floor scenarios on a live cluster: a
 //! member of a 3-member 3.3.25 cluster (TLS), restarted with
 //! TARGET_VERSION=3.5.16 through `migrate-if-needed.sh` (which cannot
-//! coordinate a roll), or of a 3.5.16 cluster, restarted with a rollback
-//! target, must be refused by its entrypoint (exit 2, naming the members)
-//! while a client writes throughout; a member joining with a target two
+//! coordinate a roll), must be refused by its entrypoint (exit 2, naming
+//! the members) while a client writes throughout; one of a 3.5.16 cluster
+//! restarted with a rollback target keeps serving its release and says
+//! why; a member joining with a target two
 //! minors ahead of the cluster version likewise; the cluster keeps
 //! quorum and every acknowledged write, the member's advertised URLs in the
 //! membership are unchanged and the cluster version stays; restarted at
@@ -93,12 +94,74 @@ fn gce_member_restarted_with_a_new_target_by_migrate_if_needed_is_refused_and_re
     refused_target_keeps_the_cluster("gce-refused", Style::Gce, "3.3.25", "3.5.16");
 }
 
-/// A rollback needs a snapshot/restore of one member's data, which would
-/// make it a new cluster of one: with several members it is refused (a
-/// stop-the-world procedure comes in a later issue).
+/// A member of a 3.5.16 cluster restarted with TARGET_VERSION one minor
+/// back (a Kubernetes rollback lowering the target on each manifest in
+/// turn): the cluster does not roll back member by member yet, but the
+/// member must not exit over it either (each exit of the rollout would
+/// cost the cluster a voter). It starts its recorded release, serves as a
+/// member, and says why it goes no further on its wait lines; its
+/// version.txt stays; put back at its release it serves on.
 #[test]
-fn kubeadm_member_restarted_one_minor_back_is_refused_and_rejoins() {
-    refused_target_keeps_the_cluster("kubeadm-rollback", Style::Kubeadm, "3.5.16", "3.4.23");
+fn kubeadm_member_restarted_one_minor_back_keeps_serving_its_release() {
+    let (test, runs, target) = ("kubeadm-rollback", "3.5.16", "3.4.23");
+    let Some(ready) = ready(test, &[runs, target]) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, runs);
+    let baseline = cluster.baseline();
+    let monitor = cluster.start_monitor();
+    let writer = cluster.start_writer();
+    let acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before any restart");
+
+    let victim = 1;
+    let name = cluster.members[victim].name.clone();
+    cluster.container(victim).stop(STOP_GRACE_S);
+    cluster.run_member(victim, target);
+    cluster.wait_healthy(victim, START_DEADLINE);
+    let why = format!("TARGET_VERSION {target} is below the cluster version 3.5");
+    let deadline = Instant::now() + REFUSE_DEADLINE;
+    while cluster.container(victim).count_in_log(&why) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{name} at TARGET_VERSION={target} never said why it stays; its log:\n{}",
+            cluster.container(victim).logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    say(&format!(
+        "{test}: {name} at TARGET_VERSION={target} serves {runs} and says: {why} ..."
+    ));
+    assert!(
+        matches!(
+            cluster.container(victim).state(),
+            crate::harness::docker::State::Running
+        ),
+        "{name} must keep running"
+    );
+    assert_eq!(cluster.version_txt(victim), format!("{runs}/etcd3"));
+    let acks = writer.wait_acks(
+        acks,
+        ACKS,
+        ACK_DEADLINE,
+        "writes while the target is lowered",
+    );
+    for live in 0..3 {
+        let cv = cluster.cluster_version(live);
+        assert_eq!(minor(&cv), minor(runs), "cluster version: {cv}");
+    }
+
+    // The rollout reverted: back at its release it serves on.
+    cluster.container(victim).stop(STOP_GRACE_S);
+    cluster.run_member(victim, runs);
+    cluster.wait_healthy(victim, START_DEADLINE);
+    writer.wait_acks(
+        acks,
+        ACKS,
+        ACK_DEADLINE,
+        "writes after the target was put back",
+    );
+    cluster.finish_scenario(test, started, &baseline, writer, monitor);
 }
 
 /// A member joining a live 3.3 cluster (kubeadm's control-plane join, or a

@@ -346,8 +346,11 @@ fn a_version_txt_the_data_contradicts_is_refused_untouched() {
 
 /// Data whose own membership lists another member: the cluster mode (a
 /// rolling upgrade as a member, shown by --dry-run), which --no-exec cannot
-/// carry (refused, naming the members); a rollback is refused as a
-/// stop-the-world procedure. The data is untouched each time.
+/// carry (refused, naming the members); a rollback goes to the cluster
+/// mode too (where the member keeps serving its release, cluster-tests'
+/// `kubeadm-rollback`), so --no-exec refuses it likewise; a storage change
+/// is refused as a stop-the-world procedure. The data is untouched each
+/// time.
 #[test]
 fn data_whose_membership_lists_other_members_rolls_as_a_member_or_is_refused_untouched() {
     let tmp = temp_dir("data-members");
@@ -403,6 +406,19 @@ fn data_whose_membership_lists_other_members_rolls_as_a_member_or_is_refused_unt
     );
     Migration::new("3.3.25", &data, &member)
         .bundled("3.3.25,3.4.23,3.5.16")
+        .run()
+        .assert_refused_untouched(
+            &data,
+            &before,
+            &[
+                "belongs to a cluster of 2 members",
+                "http://127.0.0.2:2380",
+                "--no-exec",
+            ],
+        );
+    Migration::new("3.4.23", &data, &member)
+        .bundled("3.3.25,3.4.23,3.5.16")
+        .arg("--target-storage=etcd2")
         .run()
         .assert_refused_untouched(
             &data,

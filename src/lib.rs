@@ -554,7 +554,12 @@ fn verify_binaries(
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
     let needed = plan.needed_binaries();
-    let flagged: Vec<Version> = if rolls {
+    let waits_only = rolls && !plan.steps.iter().all(plan::Step::is_upgrade);
+    let flagged: Vec<Version> = if waits_only {
+        // A cluster member whose target is below the cluster version runs
+        // nothing but its recorded release (it waits, saying why).
+        vec![plan.current.version]
+    } else if rolls {
         let mut releases: Vec<Version> = needed
             .iter()
             .filter(|b| b.tool == plan::Tool::Etcd)

@@ -523,6 +523,15 @@ impl Step {
         matches!(self, Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. })
     }
 
+    /// True for the steps that take etcd3 data to an older minor (by
+    /// etcd's downgrade or by snapshot), the storage kept.
+    pub fn goes_back(&self) -> bool {
+        matches!(
+            self,
+            Step::MinorRollback { .. } | Step::MinorDowngrade { .. }
+        )
+    }
+
     /// True for steps that rewrite the data rather than run a newer etcd
     /// on it; a backup is taken before the first of them.
     pub fn is_destructive(&self) -> bool {
@@ -733,6 +742,14 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
             // Upgrades are not destructive: only --backup=always asks for
             // one (taken while the member is down, before its etcd starts).
             plan.backup = backup_before(&plan.steps, backup);
+            return Ok(plan);
+        }
+        if !plan.steps.is_empty() && plan.steps.iter().all(Step::goes_back) {
+            // A lower target on a cluster: the cluster mode starts the
+            // recorded release and waits, saying why on every wait line;
+            // an exit here would cost the cluster a voter at each restart
+            // of the rollout. Nothing runs but the member's own release.
+            plan.cluster = Some(data_members);
             return Ok(plan);
         }
     } else {
@@ -1978,8 +1995,9 @@ mod tests {
 
     /// The data's own membership decides the cluster mode: upgrades roll
     /// (whatever `--initial-cluster` says, kubeadm style or GCE style), a
-    /// restart mark resumes the roll even at the target, and the rest is
-    /// left for the stop-the-world refusal.
+    /// restart mark resumes the roll even at the target, a lower target
+    /// keeps the member serving (in the cluster mode), and a storage change
+    /// is left for the stop-the-world refusal.
     #[test]
     fn the_data_membership_decides_the_cluster_mode() {
         let bundle = bundle(CI);
@@ -1995,8 +2013,10 @@ mod tests {
             ("3.4.23/etcd3", "3.4.23/etcd3", TWO, 3, true, Ok(Some(3))),
             // A patch change needs no step: recorded, as for one member.
             ("3.5.1/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok(None)),
-            // A rollback or a storage change does not roll.
-            ("3.5.16/etcd3", "3.4.23/etcd3", TWO, 3, false, Ok(None)),
+            // A rollback: the cluster mode, which keeps the member serving
+            // its release and says why (it does not roll back yet).
+            ("3.5.16/etcd3", "3.4.23/etcd3", TWO, 3, false, Ok(Some(3))),
+            // A storage change does not roll.
             ("3.3.25/etcd3", "3.4.23/etcd2", TWO, 3, false, Ok(None)),
             // One member in the data: --initial-cluster still refuses steps.
             (
@@ -2032,11 +2052,11 @@ mod tests {
                             ..situation
                         })
                         .expect("plans");
-                        assert_eq!(
-                            always.backup,
-                            (!always.steps.is_empty()).then_some(0),
-                            "{row}: --backup=always"
-                        );
+                        // (A lower target runs nothing but the member's
+                        // own release: no step, no backup.)
+                        let rolls =
+                            !always.steps.is_empty() && always.steps.iter().all(Step::is_upgrade);
+                        assert_eq!(always.backup, rolls.then_some(0), "{row}: --backup=always");
                     }
                 }
                 (Err(err), Err(prefix)) => {

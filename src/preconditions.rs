@@ -357,7 +357,7 @@ fn check_alone(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), Pre
         advice: if upgrade {
             "upgrade a multi-member cluster by rolling restarts, one minor at a time, with TARGET_VERSION set to the minor each member runs now"
         } else {
-            "a rollback or a storage change (etcd2 <-> etcd3) of a cluster of several members is a stop-the-world procedure that etcd-migrate does not do yet (a later release will); keep TARGET_VERSION at the release the members run now"
+            "a storage change (etcd2 <-> etcd3) of a cluster of several members is a stop-the-world procedure that etcd-migrate does not do yet (a later release will); keep TARGET_VERSION at the release the members run now"
         },
         count: on_disk.members.len(),
         members: on_disk.members_text(),

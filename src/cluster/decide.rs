@@ -165,6 +165,20 @@ pub enum Waiting {
         /// Its name and peer URL.
         member: String,
     },
+    /// TARGET_VERSION is below the cluster version: the cluster does not
+    /// roll back member by member yet, and a member that exited over it
+    /// would cost the cluster a voter at every restart the rollout makes.
+    /// It keeps serving its release and says so on every wait line.
+    NoWayBack {
+        /// The cluster version.
+        cluster: Minor,
+        /// The requested target.
+        target: Version,
+        /// How many members the cluster has.
+        members: usize,
+        /// The release this member serves.
+        running: Version,
+    },
     /// A member does not run upstream's patch floor before the next minor
     /// yet (or cannot be asked).
     PatchFloor {
@@ -214,16 +228,6 @@ pub enum Refusal {
         cluster: Minor,
         /// The highest minor allowed now.
         next: Minor,
-    },
-    /// Rolling a cluster back.
-    #[error("the cluster version is {cluster} and TARGET_VERSION is {target}: rolling back a cluster of {members} members is a stop-the-world procedure that etcd-migrate does not do member by member (a later release will); keep TARGET_VERSION at {cluster}.x or newer")]
-    Rollback {
-        /// The cluster version.
-        cluster: Minor,
-        /// The requested target.
-        target: Version,
-        /// How many members the cluster has.
-        members: usize,
     },
     /// A peer-URL change together with a version change.
     #[error("the configured peer URLs ({configured}) differ from this member's in the cluster's membership ({recorded}): change the peer URLs (etcdctl member update) and the version in separate rollouts")]
@@ -285,6 +289,15 @@ impl fmt::Display for Waiting {
             Waiting::LockHeld { member } => {
                 write!(f, "waiting for member {member} to finish its restart")
             }
+            Waiting::NoWayBack {
+                cluster,
+                target,
+                members,
+                running,
+            } => write!(
+                f,
+                "TARGET_VERSION {target} is below the cluster version {cluster}: this member keeps serving {running}; etcd-migrate does not yet roll a cluster of {members} members back (etcd's downgrade API, member by member, is still to come), so nothing changes until TARGET_VERSION is {cluster}.x or newer again"
+            ),
             Waiting::PatchFloor { next, need, behind } => write!(
                 f,
                 "waiting for member {} to run {need} or later before any member starts {next} (upstream's rule): {}",
@@ -357,13 +370,6 @@ fn refusal(view: &View, own: &Own, goal: &Goal) -> Option<Refusal> {
                 next: cluster.next(),
             });
         }
-        if goal.target.minor_line() < cluster && view.members.len() > 1 {
-            return Some(Refusal::Rollback {
-                cluster,
-                target: goal.target,
-                members: view.members.len(),
-            });
-        }
     }
     let moving = goal.next.is_some_and(|next| next != own.running);
     if moving && !same_urls(&own.configured_peer_urls, &me.peer_urls) {
@@ -395,6 +401,16 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
         return Decision::Wait(Waiting::OwnNotProven {
             running: own.running,
         });
+    }
+    if let Some(cluster) = view.cluster_version {
+        if goal.target.minor_line() < cluster && view.members.len() > 1 {
+            return Decision::Wait(Waiting::NoWayBack {
+                cluster,
+                target: goal.target,
+                members: view.members.len(),
+                running: own.running,
+            });
+        }
     }
     if goal.target.minor_line() < own.running.minor_line() {
         return Decision::Stay(format!(
@@ -689,9 +705,12 @@ mod tests {
             ("a patch below the floor goes first, at any time",
              view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), own("3.5.16"), goal("3.6.14", Some("3.5.30")),
              Decision::TakeLock),
-            ("a completed wave rolled back: refuse",
+            ("a completed wave rolled back: keep serving, say why (an exit would cost a voter)",
              view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), own("3.5.16"), goal("3.4.23", None),
-             Decision::Refuse(Refusal::Rollback { cluster: m("3.5"), target: v("3.4.23"), members: 3 })),
+             Decision::Wait(Waiting::NoWayBack { cluster: m("3.5"), target: v("3.4.23"), members: 3, running: v("3.5.16") })),
+            ("rolled back while holding the lock: the lock goes first",
+             lock(view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), A), own("3.5.16"), goal("3.4.23", None),
+             Decision::ReleaseLock),
         ];
         for (name, view, own, goal, want) in rows {
             assert_eq!(decide(&view, &own, &goal), want, "{name}");

@@ -334,13 +334,17 @@ fn waiting_kind(waiting: &Waiting) -> String {
         Waiting::Alarms(alarms) => format!("alarms {}", alarms.join(",")),
         Waiting::LockHeld { member } => format!("lock {member}"),
         Waiting::PatchFloor { behind, .. } => format!("floor {}", behind.member),
+        Waiting::NoWayBack { target, .. } => format!("back {target}"),
     }
 }
 
 /// Asks the cluster before our etcd starts, and chooses the release it
 /// starts with. What refuses the run whatever happens next (not a member,
-/// behind the cluster version, two minors ahead, a rollback, a peer-URL
-/// change with a version change) is an exit 2 with nothing started.
+/// behind the cluster version, two minors ahead, a peer-URL change with a
+/// version change) is an exit 2 with nothing started. A target below the
+/// cluster version is not: the member starts its own release and waits,
+/// saying why (an exit at every restart of the rollout would take the
+/// cluster down one member at a time).
 ///
 /// Our member is down already (its container just started), so starting
 /// it one hop further than `first` takes nobody else down: the next patch
