@@ -27,3 +27,96 @@ mod harness;
 mod refusals;
 mod restarts;
 mod upgrades;
+
+use libtest_mimic::{Arguments, Trial};
+
+use crate::harness::{availability, needs_of, say, Availability};
+
+/// Every scenario, named as libtest named it (`make cluster-test
+/// TESTS=from_3_5` and CI's failure lists keep working).
+macro_rules! scenarios {
+    ($($path:path),* $(,)?) => {
+        vec![$((stringify!($path).replace(' ', ""), $path as fn())),*]
+    };
+}
+
+/// The runner: each scenario is asked what it needs (`harness::needs_of`),
+/// and one that cannot run here is listed as ignored with its `NOT RUN`
+/// line and reason, so the count says what ran: a scenario that did not
+/// run is never counted as passed.
+fn main() {
+    let args = Arguments::from_args();
+    let scenarios = scenarios![
+        refusals::gce_member_restarted_with_a_new_target_by_migrate_if_needed_is_refused_and_rejoins,
+        refusals::kubeadm_member_restarted_one_minor_back_keeps_serving_its_release,
+        refusals::kubeadm_member_joining_two_minors_ahead_is_refused,
+        refusals::gce_member_joining_two_minors_ahead_is_refused,
+        restarts::rolling_restart_of_five_members_at_one_version_keeps_quorum_and_writes,
+        restarts::member_killed_then_member_cut_off_rejoin_with_every_write,
+        restarts::monitor_catches_a_member_run_by_hand_two_minors_ahead,
+        upgrades::the_kubeadm_example_set_rolls_three_members_from_3_3_to_3_5,
+        upgrades::the_gce_example_set_rolls_three_members_from_3_3_to_3_5,
+        upgrades::five_members_gce_exec_style_roll_from_3_3_to_3_5,
+        upgrades::all_members_restarted_at_once_form_the_quorum_then_roll,
+        upgrades::a_member_offline_holds_the_wave_until_it_is_back,
+        upgrades::lock_holders_killed_at_each_point_of_their_restart_resume_the_roll,
+        upgrades::a_holder_cut_off_while_it_restarts_resumes_once_reconnected,
+        upgrades::a_target_lowered_during_a_wave_ends_the_roll_at_the_lower_target,
+        upgrades::from_2_2::five_members_roll,
+        upgrades::from_2_2::all_at_once,
+        upgrades::from_2_2::offline_through_a_wave,
+        upgrades::from_2_2::holders_killed,
+        upgrades::from_2_2::holder_cut_off,
+        upgrades::from_2_2::target_lowered,
+        upgrades::from_3_0::five_members_roll,
+        upgrades::from_3_0::all_at_once,
+        upgrades::from_3_0::offline_through_a_wave,
+        upgrades::from_3_0::holders_killed,
+        upgrades::from_3_0::holder_cut_off,
+        upgrades::from_3_0::target_lowered,
+        upgrades::from_3_5::five_members_roll,
+        upgrades::from_3_5::all_at_once,
+        upgrades::from_3_5::offline_through_a_wave,
+        upgrades::from_3_5::holders_killed,
+        upgrades::from_3_5::holder_cut_off,
+        upgrades::from_3_5::target_lowered,
+    ];
+    let mut trials: Vec<Trial> = scenarios
+        .into_iter()
+        .map(|(name, scenario)| {
+            let needs = needs_of(scenario);
+            let needs: Vec<&str> = needs.iter().map(String::as_str).collect();
+            let not_run = match availability(&needs) {
+                Availability::NotRun(why) => Some(why),
+                Availability::Runs { .. } | Availability::Broken(_) => None,
+            };
+            let trial = Trial::test(name.clone(), move || {
+                scenario();
+                Ok(())
+            });
+            match not_run {
+                Some(why) => {
+                    // Only for the scenarios this run selects.
+                    if args
+                        .filter
+                        .as_ref()
+                        .is_none_or(|f| name.contains(f.as_str()))
+                    {
+                        say(&format!("NOT RUN: {name}: {why}"));
+                    }
+                    trial.with_ignored_flag(true)
+                }
+                None => trial,
+            }
+        })
+        .collect();
+    // The harness's own checks: plain tests, no image needed.
+    trials.push(Trial::test(
+        "harness::monitor::tests::two_down_and_two_minors_ahead_are_violations",
+        || {
+            crate::harness::monitor::tests::two_down_and_two_minors_ahead_are_violations();
+            Ok(())
+        },
+    ));
+    libtest_mimic::run(&args, trials).exit();
+}

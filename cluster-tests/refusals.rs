@@ -89,8 +89,7 @@ fn refused_target_keeps_the_cluster(test: &str, style: Style, runs: &str, target
 /// cannot restart the member under the cluster's lock nor supervise it: a
 /// new target on multi-member data is refused, naming the members (the
 /// entrypoint form rolls it: `upgrades`).
-#[test]
-fn gce_member_restarted_with_a_new_target_by_migrate_if_needed_is_refused_and_rejoins() {
+pub(crate) fn gce_member_restarted_with_a_new_target_by_migrate_if_needed_is_refused_and_rejoins() {
     refused_target_keeps_the_cluster("gce-refused", Style::Gce, "3.3.25", "3.5.16");
 }
 
@@ -101,8 +100,7 @@ fn gce_member_restarted_with_a_new_target_by_migrate_if_needed_is_refused_and_re
 /// cost the cluster a voter). It starts its recorded release, serves as a
 /// member, and says why it goes no further on its wait lines; its
 /// version.txt stays; put back at its release it serves on.
-#[test]
-fn kubeadm_member_restarted_one_minor_back_keeps_serving_its_release() {
+pub(crate) fn kubeadm_member_restarted_one_minor_back_keeps_serving_its_release() {
     let (test, runs, target) = ("kubeadm-rollback", "3.5.16", "3.4.23");
     let Some(ready) = ready(test, &[runs, target]) else {
         return;
@@ -226,12 +224,10 @@ fn joining_two_minors_ahead_is_refused(test: &str, style: Style) {
     ));
 }
 
-#[test]
-fn kubeadm_member_joining_two_minors_ahead_is_refused() {
+pub(crate) fn kubeadm_member_joining_two_minors_ahead_is_refused() {
     joining_two_minors_ahead_is_refused("kubeadm-join", Style::Kubeadm);
 }
 
-#[test]
-fn gce_member_joining_two_minors_ahead_is_refused() {
+pub(crate) fn gce_member_joining_two_minors_ahead_is_refused() {
     joining_two_minors_ahead_is_refused("gce-join", Style::Gce);
 }

@@ -15,8 +15,7 @@ use crate::harness::{ready, say};
 const ACKS: usize = 10;
 const ACK_DEADLINE: Duration = Duration::from_secs(60);
 
-#[test]
-fn rolling_restart_of_five_members_at_one_version_keeps_quorum_and_writes() {
+pub(crate) fn rolling_restart_of_five_members_at_one_version_keeps_quorum_and_writes() {
     let test = "rolling-5";
     let Some(ready) = ready(test, &["3.3.25"]) else {
         return;
@@ -43,8 +42,7 @@ fn rolling_restart_of_five_members_at_one_version_keeps_quorum_and_writes() {
     cluster.finish_scenario(test, started, &baseline, writer, monitor);
 }
 
-#[test]
-fn member_killed_then_member_cut_off_rejoin_with_every_write() {
+pub(crate) fn member_killed_then_member_cut_off_rejoin_with_every_write() {
     let test = "kill-cut";
     let Some(ready) = ready(test, &["3.3.25"]) else {
         return;
@@ -80,8 +78,7 @@ fn member_killed_then_member_cut_off_rejoin_with_every_write() {
 /// member of a 3.3 cluster joins it (nothing in etcd from 3.1 on stops a
 /// member two minors ahead). The monitor must report it, or its "no member
 /// two minors ahead" check proves nothing.
-#[test]
-fn monitor_catches_a_member_run_by_hand_two_minors_ahead() {
+pub(crate) fn monitor_catches_a_member_run_by_hand_two_minors_ahead() {
     let test = "by-hand";
     let Some(ready) = ready(test, &["3.3.25", "3.5.16"]) else {
         return;

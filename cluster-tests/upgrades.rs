@@ -418,8 +418,7 @@ async fn take_v2(
 
 /// The kubeadm stacked example set (examples/ha/kubeadm-etcd-*.yaml), as
 /// written but for the addresses: 3.3.25 members rolled to 3.5.16.
-#[test]
-fn the_kubeadm_example_set_rolls_three_members_from_3_3_to_3_5() {
+pub(crate) fn the_kubeadm_example_set_rolls_three_members_from_3_3_to_3_5() {
     let Some((mut s, _ready)) = Scenario::start(
         "example-kubeadm-ha",
         Style::KubeadmExample,
@@ -434,8 +433,7 @@ fn the_kubeadm_example_set_rolls_three_members_from_3_3_to_3_5() {
 }
 
 /// The GCE-style example set (examples/ha/gce-etcd-*.manifest), likewise.
-#[test]
-fn the_gce_example_set_rolls_three_members_from_3_3_to_3_5() {
+pub(crate) fn the_gce_example_set_rolls_three_members_from_3_3_to_3_5() {
     let Some((mut s, _ready)) = Scenario::start(
         "example-gce-ha",
         Style::GceExample,
@@ -685,33 +683,27 @@ fn target_lowered(test: &'static str, line: Line) {
     s.finish_with(line.via, false);
 }
 
-#[test]
-fn five_members_gce_exec_style_roll_from_3_3_to_3_5() {
+pub(crate) fn five_members_gce_exec_style_roll_from_3_3_to_3_5() {
     five_members_roll("roll-5-gce", FROM_3_3);
 }
 
-#[test]
-fn all_members_restarted_at_once_form_the_quorum_then_roll() {
+pub(crate) fn all_members_restarted_at_once_form_the_quorum_then_roll() {
     all_at_once("roll-all-at-once", FROM_3_3);
 }
 
-#[test]
-fn a_member_offline_holds_the_wave_until_it_is_back() {
+pub(crate) fn a_member_offline_holds_the_wave_until_it_is_back() {
     offline_through_a_wave("roll-offline", FROM_3_3);
 }
 
-#[test]
-fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
+pub(crate) fn lock_holders_killed_at_each_point_of_their_restart_resume_the_roll() {
     holders_killed("roll-kills", FROM_3_3);
 }
 
-#[test]
-fn a_holder_cut_off_while_it_restarts_resumes_once_reconnected() {
+pub(crate) fn a_holder_cut_off_while_it_restarts_resumes_once_reconnected() {
     holder_cut_off("roll-cut", FROM_3_3);
 }
 
-#[test]
-fn a_target_lowered_during_a_wave_ends_the_roll_at_the_lower_target() {
+pub(crate) fn a_target_lowered_during_a_wave_ends_the_roll_at_the_lower_target() {
     target_lowered("roll-lowered", FROM_3_3);
 }
 
@@ -720,34 +712,28 @@ fn a_target_lowered_during_a_wave_ends_the_roll_at_the_lower_target() {
 macro_rules! scenarios_on {
     ($(#[$doc:meta])* $module:ident, $line:expr, $tag:literal) => {
         $(#[$doc])*
-        mod $module {
-            #[test]
-            fn five_members_roll() {
+        pub(crate) mod $module {
+            pub(crate) fn five_members_roll() {
                 super::five_members_roll(concat!($tag, "-roll-5"), $line);
             }
 
-            #[test]
-            fn all_at_once() {
+            pub(crate) fn all_at_once() {
                 super::all_at_once(concat!($tag, "-roll-all-at-once"), $line);
             }
 
-            #[test]
-            fn offline_through_a_wave() {
+            pub(crate) fn offline_through_a_wave() {
                 super::offline_through_a_wave(concat!($tag, "-roll-offline"), $line);
             }
 
-            #[test]
-            fn holders_killed() {
+            pub(crate) fn holders_killed() {
                 super::holders_killed(concat!($tag, "-roll-kills"), $line);
             }
 
-            #[test]
-            fn holder_cut_off() {
+            pub(crate) fn holder_cut_off() {
                 super::holder_cut_off(concat!($tag, "-roll-cut"), $line);
             }
 
-            #[test]
-            fn target_lowered() {
+            pub(crate) fn target_lowered() {
                 super::target_lowered(concat!($tag, "-roll-lowered"), $line);
             }
         }

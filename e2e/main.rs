@@ -28,10 +28,8 @@
 //!   etcd3 data, v2 directories with a TTL.
 //! - `bad_input`: bad input and a bad environment (version.txt, binaries,
 //!   permissions, ports, corrupt data, full disks, alarms, flags).
-//! - `old_releases`: every adjacent transition 2.2 … 3.5 up and down, the
-//!   storage migration at 3.0 … 3.4 and the whole walk, with the releases
-//!   the registries lack taken from `$ETCD_EXTRA_BIN_DIR` (a case without
-//!   its binaries says NOT RUN).
+//! - `old_releases` and `present` (cases that need `$ETCD_EXTRA_BIN_DIR`)
+//!   are the `releases` target (`e2e/releases.rs`).
 //! - `cluster_probe`: the cluster mode's peer probe, view and decision on a
 //!   real 3-member cluster with peer TLS.
 //! - `cluster_roll`: the cluster mode end to end on loopback: three members
@@ -54,10 +52,8 @@ mod interrupts;
 mod kubernetes_data;
 mod logging;
 mod no_step;
-mod old_releases;
 mod ondisk;
 mod pid1;
-mod present;
 mod refusals;
 mod rollbacks;
 mod scale;

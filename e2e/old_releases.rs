@@ -21,18 +21,18 @@
 //!   on there is no v2 store to carry: those fixtures write none (a v2 key
 //!   in the data is refused before 3.6 runs, see `v2_content`).
 //!
-//! A case whose binaries are missing is not run, and says so on stderr
-//! (not captured by the test runner), with the summary at the end: never
-//! a silent pass. The cases run in a few threads at once
-//! (`OLD_RELEASES_THREADS`, 3 by default).
+//! Each case is a test of the `releases` target (libtest-mimic): one whose
+//! binaries are missing says NOT RUN on stderr, naming them, and is
+//! counted as ignored, never as passed. The cases run as many at once as
+//! `--test-threads` says (the machine's CPUs by default).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use etcd_client::PutOptions;
+use libtest_mimic::Trial;
 
 use crate::harness::etcd::{connect, EtcdProcess};
 use crate::harness::keyspace::Keyspace;
@@ -292,108 +292,36 @@ fn say(line: &str) {
     let _ = stderr.flush();
 }
 
-/// How a case ended.
-enum Ended {
-    Passed(Duration),
-    Failed(String),
-    NotRun(String),
-}
-
-#[test]
-fn every_adjacent_transition_on_real_releases_keeps_keys_leases_and_ttls() {
-    let queue: Mutex<VecDeque<Case>> = Mutex::new(cases().into());
-    let results: Mutex<Vec<(String, Ended)>> = Mutex::new(Vec::new());
-    let threads = std::env::var("OLD_RELEASES_THREADS")
-        .ok()
-        .and_then(|n| n.parse::<usize>().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(3);
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let Some(case) = queue
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .pop_front()
-                else {
-                    return;
+/// Every case as its own test: one whose binaries are missing is listed
+/// as ignored, after its NOT RUN line naming them, never run or counted
+/// as passed.
+pub fn trials() -> Vec<Trial> {
+    cases()
+        .into_iter()
+        .map(|case| {
+            let missing = case.missing();
+            let name = format!("old_releases::{}", case.name());
+            let ignored = !missing.is_empty();
+            if ignored {
+                let why = match extra_bin_dir() {
+                    Some(dir) => format!("{} has no {}", dir.display(), missing.join(", ")),
+                    None => format!(
+                        "set ETCD_EXTRA_BIN_DIR to a dir with {}",
+                        missing.join(", ")
+                    ),
                 };
-                let ended = run_case(&case);
-                match &ended {
-                    Ended::Passed(took) => say(&format!("PASS {} in {took:.1?}", case.name())),
-                    Ended::Failed(why) => say(&format!("FAIL {}: {why}", case.name())),
-                    Ended::NotRun(why) => say(&format!(
-                        "NOT RUN for want of binaries: {} ({why})",
-                        case.name()
-                    )),
-                }
-                results
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .push((case.name(), ended));
-            });
-        }
-    });
-    let results = results
-        .into_inner()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let passed = results
-        .iter()
-        .filter(|(_, e)| matches!(e, Ended::Passed(_)))
-        .count();
-    let failed: Vec<&String> = results
-        .iter()
-        .filter(|(_, e)| matches!(e, Ended::Failed(_)))
-        .map(|(name, _)| name)
-        .collect();
-    let not_run: Vec<(&String, &String)> = results
-        .iter()
-        .filter_map(|(name, e)| match e {
-            Ended::NotRun(why) => Some((name, why)),
-            _ => None,
+                say(&format!(
+                    "NOT RUN for want of binaries: {} ({why})",
+                    case.name()
+                ));
+            }
+            Trial::test(name, move || {
+                check_case(&case);
+                Ok(())
+            })
+            .with_ignored_flag(ignored)
         })
-        .collect();
-    for (name, why) in &not_run {
-        say(&format!("NOT RUN for want of binaries: {name} ({why})"));
-    }
-    say(&format!(
-        "{} cases: {passed} passed, {} failed, {} NOT RUN for want of binaries{}",
-        results.len(),
-        failed.len(),
-        not_run.len(),
-        if not_run.is_empty() {
-            String::new()
-        } else {
-            " (ETCD_EXTRA_BIN_DIR must name a dir holding etcd-<version> of 2.2.1, 2.3.7, 3.0.17, 3.1.20, 3.2.32, 3.6.10, 3.6.14, 3.7.1 and etcdctl-<version> of the 3.x ones)".to_string()
-        }
-    ));
-    assert!(failed.is_empty(), "failed cases: {failed:#?}");
-}
-
-/// Runs one case, its panics caught as its failure.
-fn run_case(case: &Case) -> Ended {
-    let missing = case.missing();
-    if !missing.is_empty() {
-        let why = match extra_bin_dir() {
-            Some(dir) => format!("{} has no {}", dir.display(), missing.join(", ")),
-            None => format!(
-                "set ETCD_EXTRA_BIN_DIR to a dir with {}",
-                missing.join(", ")
-            ),
-        };
-        return Ended::NotRun(why);
-    }
-    let started = Instant::now();
-    match std::panic::catch_unwind(|| check_case(case)) {
-        Ok(()) => Ended::Passed(started.elapsed()),
-        Err(payload) => Ended::Failed(
-            payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "a panic without a message".to_string()),
-        ),
-    }
+        .collect()
 }
 
 /// What a case expects of the v2 store: each leaf's value and, if it

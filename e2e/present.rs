@@ -9,6 +9,8 @@
 use std::io::Write as _;
 use std::path::Path;
 
+use libtest_mimic::Trial;
+
 use crate::harness::etcd::{read_back, EtcdProcess};
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::migrator::{Migration, Mode};
@@ -18,19 +20,42 @@ use crate::harness::{
     write_version_txt, Member,
 };
 
-/// False (after saying NOT RUN and why) when a release is missing.
-fn have(test: &str, releases: &[&str]) -> bool {
-    let missing = missing_releases(releases);
-    if missing.is_empty() {
-        return true;
+/// A test: its name, its body, the releases it needs.
+type Test = (&'static str, fn(), &'static [&'static str]);
+
+/// This module's tests with the releases each needs: one that lacks any
+/// is listed as ignored after saying NOT RUN and why.
+pub fn trials() -> Vec<Trial> {
+    macro_rules! tests {
+        ($($test:ident needs $needs:expr),* $(,)?) => {
+            vec![$((concat!("present::", stringify!($test)), $test as fn(), &$needs[..])),*]
+        };
     }
-    let mut stderr = std::io::stderr().lock();
-    let _ = writeln!(
-        stderr,
-        "present: NOT RUN: {test}: needs {} (no registry has them): set ETCD_EXTRA_BIN_DIR to a dir holding them",
-        missing.join(", ")
-    );
-    false
+    let tests: Vec<Test> = tests![
+        release_3_7_never_starts_first_on_a_wal_holding_3_5_requests
+            needs ["3.5.30", "3.6.10", "3.6.14", "3.7.1"],
+        upstreams_patch_floors_are_refused_naming_what_to_bundle needs ["3.6.10", "3.6.14", "3.7.1"],
+        a_flag_3_7_removed_is_refused_up_front_naming_its_replacement needs ["3.6.14", "3.7.1"],
+    ];
+    tests
+        .into_iter()
+        .map(|(name, test, needs)| {
+            let missing = missing_releases(needs);
+            if !missing.is_empty() {
+                let mut stderr = std::io::stderr().lock();
+                let _ = writeln!(
+                    stderr,
+                    "present: NOT RUN: {name}: needs {} (no registry has them): set ETCD_EXTRA_BIN_DIR to a dir holding them",
+                    missing.join(", ")
+                );
+            }
+            Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+            .with_ignored_flag(!missing.is_empty())
+        })
+        .collect()
 }
 
 /// 3.5.30 data (a small keyspace with leases), then served once by 3.6.14
@@ -50,12 +75,7 @@ fn data_3_6_with_3_5_entries(data: &Path, member: &Member, logs: &Path) -> fixtu
     fixture
 }
 
-#[test]
 fn release_3_7_never_starts_first_on_a_wal_holding_3_5_requests() {
-    let test = "release_3_7_never_starts_first_on_a_wal_holding_3_5_requests";
-    if !have(test, &["3.5.30", "3.6.10", "3.6.14", "3.7.1"]) {
-        return;
-    }
     let tmp = temp_dir("present-replay");
     let data = tmp.path().join("data");
     let member = Member::new("present-replay");
@@ -94,12 +114,7 @@ fn release_3_7_never_starts_first_on_a_wal_holding_3_5_requests() {
     after.assert_revisions_kept(&fixture.keyspace);
 }
 
-#[test]
 fn upstreams_patch_floors_are_refused_naming_what_to_bundle() {
-    let test = "upstreams_patch_floors_are_refused_naming_what_to_bundle";
-    if !have(test, &["3.6.10", "3.6.14", "3.7.1"]) {
-        return;
-    }
     for (from, target, bundle, expected) in [
         (
             "3.5.16",
@@ -127,12 +142,7 @@ fn upstreams_patch_floors_are_refused_naming_what_to_bundle() {
     }
 }
 
-#[test]
 fn a_flag_3_7_removed_is_refused_up_front_naming_its_replacement() {
-    let test = "a_flag_3_7_removed_is_refused_up_front_naming_its_replacement";
-    if !have(test, &["3.6.14", "3.7.1"]) {
-        return;
-    }
     let tmp = temp_dir("present-flag");
     let data = tmp.path().join("data");
     let member = Member::new("present-flag");

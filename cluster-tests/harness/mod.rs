@@ -17,9 +17,10 @@ pub mod monitor;
 pub mod pki;
 pub mod writer;
 
+use std::cell::RefCell;
 use std::io::Write;
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// The env var naming the image under test.
 pub const IMAGE_VAR: &str = "ETCD_MIGRATE_IMAGE";
@@ -74,18 +75,53 @@ pub struct Ready {
     _turn: MutexGuard<'static, ()>,
 }
 
-/// The image to test, or None after saying plainly on stderr why the
-/// scenario did not run (no image named, no docker, no curl, the image
-/// missing or lacking a release the scenario needs).
-pub fn ready(scenario: &str, versions: &[&str]) -> Option<Ready> {
-    let not_run = |why: String| {
-        say(&format!("NOT RUN: {scenario}: {why}"));
-        None
-    };
+/// Whether a scenario needing `versions` can run here, decided once per
+/// scenario before any runs (the runner then counts one that cannot as
+/// ignored, never as passed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// The image bundles every release it needs.
+    Runs {
+        /// The image.
+        image: String,
+    },
+    /// It cannot run here, and why (said on stderr as `NOT RUN`).
+    NotRun(String),
+    /// The setup is broken (an image named but absent, an image lacking a
+    /// release a registry has): the scenario runs, and fails saying so.
+    Broken(String),
+}
+
+/// What the image under test bundles (its label), asked once.
+fn bundled(image: &str) -> Result<String, String> {
+    static BUNDLED: OnceLock<Result<String, String>> = OnceLock::new();
+    BUNDLED
+        .get_or_init(|| {
+            let out = docker::docker_output(&[
+                "image",
+                "inspect",
+                "-f",
+                "{{ index .Config.Labels \"io.etcd-migrate.bundled-versions\" }}",
+                image,
+            ]);
+            if out.status.success() {
+                Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+            }
+        })
+        .clone()
+}
+
+/// Whether a scenario needing `versions` can run: an image named, docker
+/// and curl there, and every release bundled (a release no registry has,
+/// absent without `$ETCD_EXTRA_BIN_DIR`, is a NOT RUN; any other missing
+/// release a broken setup).
+pub fn availability(versions: &[&str]) -> Availability {
     let image = match std::env::var(IMAGE_VAR) {
         Ok(image) if !image.is_empty() => image,
         _ => {
-            return not_run(format!(
+            return Availability::NotRun(format!(
                 "{IMAGE_VAR} is unset; `make cluster-test` builds the image and runs these tests (or set {IMAGE_VAR}=<tag of an image built with `make image`>)"
             ))
         }
@@ -97,47 +133,77 @@ pub fn ready(scenario: &str, versions: &[&str]) -> Option<Ready> {
             .map(|o| o.status.success())
             .unwrap_or(false);
         if !found {
-            return not_run(format!("{tool} is not available"));
+            return Availability::NotRun(format!("{tool} is not available"));
         }
     }
-    let turn = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let out = docker::docker_output(&[
-        "image",
-        "inspect",
-        "-f",
-        "{{ index .Config.Labels \"io.etcd-migrate.bundled-versions\" }}",
-        &image,
-    ]);
-    if !out.status.success() {
+    let bundled = match bundled(&image) {
+        Ok(bundled) => bundled,
         // Named but absent is a broken setup, not a reason to pass.
-        panic!(
-            "{IMAGE_VAR}={image}, but docker has no such image: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let bundled = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Err(why) => {
+            return Availability::Broken(format!(
+                "{IMAGE_VAR}={image}, but docker has no such image: {why}"
+            ))
+        }
+    };
     let missing: Vec<&str> = versions
         .iter()
         .copied()
         .filter(|v| !bundled.split(',').any(|b| b == *v))
         .collect();
     let extra_dir = std::env::var(EXTRA_VAR).unwrap_or_default();
-    if !missing.is_empty()
-        && extra_dir.is_empty()
-        && missing.iter().all(|v| extra_releases().any(|e| e == *v))
-    {
-        return not_run(format!(
+    if missing.is_empty() {
+        Availability::Runs { image }
+    } else if extra_dir.is_empty() && missing.iter().all(|v| extra_releases().any(|e| e == *v)) {
+        Availability::NotRun(format!(
             "needs etcd {} (no registry has them): `make cluster-test {EXTRA_VAR}=<dir with etcd-<version> and etcdctl-<version>>` bundles them into the image",
             missing.join(", ")
-        ));
+        ))
+    } else {
+        Availability::Broken(format!(
+            "image {image} lacks {missing:?} (it bundles {bundled})"
+        ))
     }
-    assert!(
-        missing.is_empty(),
-        "image {image} lacks {missing:?} (it bundles {bundled})"
-    );
-    Some(Ready { image, _turn: turn })
+}
+
+thread_local! {
+    /// Set while the runner asks a scenario what it needs: `ready` then
+    /// records the releases and returns None before anything starts.
+    static PROBE: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+}
+
+/// The releases `scenario` asks `ready` for, found by running it in probe
+/// mode: every scenario calls `ready` before it does anything else, so it
+/// returns there at once. One list, the scenario's own, for the runner's
+/// decision and the scenario's run.
+pub fn needs_of(scenario: fn()) -> Vec<String> {
+    PROBE.with(|probe| *probe.borrow_mut() = Some(Vec::new()));
+    scenario();
+    PROBE.with(|probe| probe.borrow_mut().take().unwrap_or_default())
+}
+
+/// The image to test, with this scenario's turn (one at a time). Panics
+/// when it cannot run: the runner lists such a scenario as ignored, so it
+/// only gets here when the setup changed under the run or is broken.
+pub fn ready(scenario: &str, versions: &[&str]) -> Option<Ready> {
+    let probing = PROBE.with(|probe| {
+        probe.borrow_mut().as_mut().map(|needs| {
+            needs.extend(versions.iter().map(|v| v.to_string()));
+        })
+    });
+    if probing.is_some() {
+        return None;
+    }
+    match availability(versions) {
+        Availability::Runs { image } => {
+            let turn = ONE_AT_A_TIME
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            Some(Ready { image, _turn: turn })
+        }
+        Availability::NotRun(why) | Availability::Broken(why) => {
+            panic!("scenario {scenario} cannot run: {why}")
+        }
+    }
 }
 
 /// A line on stderr that libtest's capture does not swallow (it captures

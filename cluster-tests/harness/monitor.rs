@@ -258,8 +258,9 @@ pub fn violations(names: &[String], rounds: &[Round]) -> Vec<String> {
     out
 }
 
-#[cfg(test)]
-mod tests {
+/// The monitor's own check, run by the runner (`main.rs`) as a plain
+/// test: no image needed.
+pub mod tests {
     use super::*;
 
     fn answer(server: &str, cluster: &str) -> Option<VersionAnswer> {
@@ -269,8 +270,7 @@ mod tests {
         })
     }
 
-    #[test]
-    fn two_down_and_two_minors_ahead_are_violations() {
+    pub fn two_down_and_two_minors_ahead_are_violations() {
         let names: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
         let ok = Round {
             at: Duration::ZERO,

@@ -96,6 +96,8 @@ pub fn binary(name: &str) -> PathBuf {
 /// A bin dir in `dir` holding links to every binary of `releases`, from
 /// the bin dir and the extra one: etcd-migrate takes one `--bin-dir`, and
 /// releases missing from it are not bundled.
+// Only the `releases` target (e2e/releases.rs) uses it.
+#[allow(dead_code)]
 pub fn linked_bin_dir(releases: &[&str], dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir(&bin).unwrap_or_else(|err| panic!("mkdir {}: {err}", bin.display()));
@@ -112,6 +114,8 @@ pub fn linked_bin_dir(releases: &[&str], dir: &Path) -> PathBuf {
 
 /// The etcd binaries of `releases` that neither bin dir holds: a test that
 /// needs them says NOT RUN, naming them, instead of passing.
+// Only the `releases` target (e2e/releases.rs) uses it.
+#[allow(dead_code)]
 pub fn missing_releases(releases: &[&str]) -> Vec<String> {
     releases
         .iter()

@@ -1,0 +1,27 @@
+//! End-to-end tests that need etcd releases no registry has: 2.2.1,
+//! 2.3.7, 3.0.17, 3.1.20, 3.2.32, 3.4.31+, 3.6 and 3.7, from the dir
+//! `$ETCD_EXTRA_BIN_DIR` names (see README). Every case is its own test
+//! (libtest-mimic), and one whose binaries are missing is listed as
+//! ignored after a NOT RUN line naming them: the runner's count says what
+//! ran, never "passed" for a case that did not.
+//!
+//! - `old_releases`: every adjacent transition 2.2 … 3.7 up and down, the
+//!   storage migration at 3.0 … 3.4, etcd's downgrade 3.7 → 3.5 → 3.4.45,
+//!   and the whole walks.
+//! - `present`: today's releases: upstream's patch floors, a flag 3.7
+//!   removed, and 3.7 never the first etcd on a WAL it cannot replay.
+
+// The harness is `e2e`'s; this target uses part of it.
+#[allow(dead_code)]
+mod harness;
+mod old_releases;
+mod present;
+
+use libtest_mimic::Arguments;
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = old_releases::trials();
+    trials.extend(present::trials());
+    libtest_mimic::run(&args, trials).exit();
+}
