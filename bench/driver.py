@@ -138,6 +138,10 @@ class Bench:
         self.bin = a.bin_dir
         self.peer_url = f"http://localhost:{a.peer_port}"
         self.endpoint = f"http://127.0.0.1:{a.client_port}"
+        # The release the data is written by and the releases etcd-migrate
+        # may use: the classic walk's, unless the walk mode names others.
+        self.from_ = FROM
+        self.bundle = BUNDLE
 
     # ---------- helpers ----------
     def etcd(self, version):
@@ -147,7 +151,7 @@ class Bench:
         return [
             self.a.migrate,
             "--target-version", target,
-            "--bundled-versions", BUNDLE,
+            "--bundled-versions", self.bundle,
             "--data-dir", data_dir,
             "--name", self.a.name,
             "--bin-dir", self.bin,
@@ -221,7 +225,7 @@ class Bench:
         return r
 
     # ---------- phase 0: realistic 3.3.25 data ----------
-    def prepare(self, keys=None, value_bytes=None, root=None):
+    def prepare(self, keys=None, value_bytes=None, root=None, after_step1=True):
         keys = keys or self.a.keys
         value_bytes = value_bytes or self.a.value_bytes
         root = root or self.root
@@ -229,13 +233,13 @@ class Bench:
             if not port_free(port):
                 die(f"port {port} on 127.0.0.1 is in use; pick others with "
                     "BENCH_CLIENT_PORT / BENCH_PEER_PORT")
-        seed = os.path.join(root, "seed-3.3.25")
+        seed = os.path.join(root, f"seed-{self.from_}")
         os.mkdir(seed, 0o700)
-        logf = open(os.path.join(root, "prep-etcd-3.3.25.log"), "w")
+        logf = open(os.path.join(root, f"prep-etcd-{self.from_}.log"), "w")
         # A production-like 3.3.25 member: default raft timings and snapshot
         # count, the SAME name and peer URL etcd-migrate will use.
         cmd = [
-            self.etcd(FROM),
+            self.etcd(self.from_),
             f"--name={self.a.name}",
             f"--data-dir={seed}",
             f"--listen-client-urls={self.endpoint}",
@@ -257,7 +261,7 @@ class Bench:
                 if r.returncode == 0:
                     break
                 if proc.poll() is not None or time.time() > deadline:
-                    die(f"cannot seed etcd {FROM}: {r.stderr.strip()}")
+                    die(f"cannot seed etcd {self.from_}: {r.stderr.strip()}")
                 time.sleep(0.1)
             seeded = json.loads(r.stdout)
         finally:
@@ -265,11 +269,13 @@ class Bench:
             proc.wait(timeout=30)
             logf.close()
         with open(os.path.join(seed, "version.txt"), "w") as f:
-            f.write(f"{FROM}/etcd3")
+            f.write(f"{self.from_}/etcd3")
         size = subprocess.run(["du", "-sh", seed], capture_output=True, text=True).stdout.split()[0]
         log(f"prepared {seed}: {seeded['keys']} keys ({seeded['leased']} on {seeded['leases']} "
-            f"leases, {value_bytes} B values), written by etcd {FROM} with default flags; {size}")
+            f"leases, {value_bytes} B values), written by etcd {self.from_} with default flags; {size}")
         self.seed = seed
+        if not after_step1:
+            return
 
         # The data as left after step 1, made by etcd-migrate itself.
         after1 = os.path.join(root, f"after-step1-{MID}")
@@ -613,6 +619,82 @@ class Scale:
         return "\n".join(out)
 
 
+class Walk:
+    """Issue 18's walk bench: a walk across today's releases (e.g. 3.5.16 ->
+    3.7.1 through 3.5.30 and 3.6.14) against the starts of its releases: the
+    floor is one start -> first write -> stop per etcd start the plan needs
+    (the baseline at the data's release, then each step's release), each
+    on a fresh copy of the data as the step before left it (3.7 cannot start
+    on a WAL that 3.5 left: etcd-migrate's own steps make those copies)."""
+
+    def __init__(self, bench, a):
+        self.b = bench
+        self.a = a
+        self.start, self.target = a.walk.split(":")
+        bench.from_ = self.start
+        bench.bundle = a.bundle
+
+    def run(self, runs):
+        b = self.b
+        root = self.a.root
+        b.prepare(after_step1=False)
+        probe = os.path.join(root, "probe")
+        copy_dir(b.seed, probe)
+        _, _, lines = b.run_ours(probe, self.target, "probe")
+        steps = [(ln["step"], ln["kind"], ln["from"].split("/")[0], ln["to"].split("/")[0])
+                 for ln in lines if ln["msg"] == "step start"]
+        if not steps:
+            die(f"no steps from {self.start} to {self.target} with bundle {b.bundle}")
+        # The data before each step, as etcd-migrate leaves it.
+        before = {steps[0][0]: b.seed}
+        for (label, _, _, to), (next_label, _, _, _) in zip(steps, steps[1:]):
+            d = os.path.join(root, f"before-{next_label.replace('/', '-')}")
+            copy_dir(b.seed, d)
+            b.run_ours(d, to, f"make-{to}")
+            before[next_label] = d
+        log("walk: " + ", ".join(f"{label} {kind} {f} -> {t}" for label, kind, f, t in steps))
+        work = os.path.join(root, "work")
+        m = {"walk": [], "base": [], "floor_base": []}
+        for label, _, _, _ in steps:
+            m[f"step {label}"] = []
+            m[f"floor {label}"] = []
+        variants = ["walk", "floor_base"] + [f"floor {label}" for label, _, _, _ in steps]
+        for i in range(runs):
+            order = variants[i % len(variants):] + variants[:i % len(variants)]
+            for v in order:
+                if v == "walk":
+                    copy_dir(b.seed, work)
+                    _, wall, ls = b.run_ours(work, self.target, f"walk{i}")
+                    m["walk"].append(wall / 1000)
+                    m["base"].append(sum(ln["ms"] for ln in ls if ln["msg"] == "baseline read") / 1000)
+                    for ln in ls:
+                        if ln["msg"] == "step done":
+                            m[f"step {ln['step']}"].append(ln["ms"] / 1000)
+                elif v == "floor_base":
+                    copy_dir(b.seed, work)
+                    m["floor_base"].append(b.run_floor(work, self.start, "fresh")["total_ms"] / 1000)
+                else:
+                    label = v.split(" ", 1)[1]
+                    to = next(t for lb, _, _, t in steps if lb == label)
+                    copy_dir(before[label], work)
+                    m[v].append(b.run_floor(work, to, "fresh")["total_ms"] / 1000)
+            log(f"walk: round {i + 1}/{runs} done")
+        md = {k: med(v) for k, v in m.items()}
+        floor = md["floor_base"] + sum(md[f"floor {label}"] for label, _, _, _ in steps)
+        out = [f"etcd-migrate walk benchmark — {os.cpu_count()} CPUs; {self.a.keys} keys "
+               f"({self.a.leased} leased), {self.a.value_bytes} B values written by etcd {self.start}; "
+               f"walk {self.start} → {self.target} with {b.bundle}; {runs} rounds; seconds, medians", "",
+               "| start | ours | floor (start → first write → stop) |", "|---|---|---|",
+               f"| baseline read by {self.start} | {md['base']:.2f} | {md['floor_base']:.2f} |"]
+        for label, kind, f, t in steps:
+            out.append(f"| step {label} {kind} {f} → {t} | {md[f'step {label}']:.2f} | {md[f'floor {label}']:.2f} |")
+        out.append(f"| whole walk (process start → exit 0) | {md['walk']:.2f} "
+                   f"[{min(m['walk']):.2f}–{max(m['walk']):.2f}] | {floor:.2f} (sum) |")
+        out.append("")
+        out.append(f"Whole walk / the starts of its releases: {md['walk'] / floor:.2f}x")
+        return "\n".join(out)
+
+
 def fmt(x):
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}"
 
@@ -635,8 +717,13 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--floor-timeout-s", type=int, default=60)
     ap.add_argument("--keep-sizes", action="store_true")
+    ap.add_argument("--walk", default="")
+    ap.add_argument("--bundle", default=BUNDLE)
     a = ap.parse_args()
     b = Bench(a)
+    if a.walk:
+        print(Walk(b, a).run(a.runs), flush=True)
+        return
     if a.scale:
         sc = Scale(b, a)
         for keys, value_bytes in parse_sizes(a.scale):

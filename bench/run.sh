@@ -41,8 +41,19 @@ peer_port=${BENCH_PEER_PORT:-23801}
 poll_ms=${BENCH_POLL_MS:-10}
 python=${PYTHON:-python3}
 
+#   BENCH_WALK=3.5.16:3.7.1   the walk bench instead (issue 18): data written
+#                         by the first release, walked to the second by
+#                         etcd-migrate with BENCH_BUNDLE (default
+#                         3.5.16,3.5.30,3.6.14,3.7.1; a bin dir holding them
+#                         all: BENCH_BIN_DIR), against one start of each
+#                         release the plan runs, BENCH_RUNS rounds
+walk_releases=3.3.25,3.4.23,3.5.16
+if [[ -n ${BENCH_WALK:-} ]]; then
+  BENCH_BUNDLE=${BENCH_BUNDLE:-3.5.16,3.5.30,3.6.14,3.7.1}
+  walk_releases=$BENCH_BUNDLE
+fi
 missing=()
-for v in 3.3.25 3.4.23 3.5.16; do
+for v in ${walk_releases//,/ }; do
   [[ -x $bin_dir/etcd-$v ]] || missing+=("$bin_dir/etcd-$v")
 done
 if ((${#missing[@]})); then
@@ -95,6 +106,14 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 echo "bench: scratch dir $work; ports client $client_port, peer $peer_port" >&2
+if [[ -n ${BENCH_WALK:-} ]]; then
+  "$python" "$repo/bench/driver.py" \
+    --root "$work" --bin-dir "$bin_dir" --migrate "$migrate" --floor "$floor" \
+    --name etcd-bench --runs "$runs" --client-port "$client_port" --peer-port "$peer_port" \
+    --poll-ms "$poll_ms" --keys "${BENCH_KEYS:-1000}" --leased "${BENCH_LEASED:-100}" \
+    --value-bytes "${BENCH_VALUE_BYTES:-512}" --walk "$BENCH_WALK" --bundle "$BENCH_BUNDLE"
+  exit 0
+fi
 if [[ -n ${BENCH_SCALE:-} ]]; then
   out=${BENCH_OUT:-$repo/bench/results}
   "$python" "$repo/bench/driver.py" \
