@@ -5,8 +5,9 @@
 //! marked with the data dir it came from (`SOURCE`), named with the time
 //! and the version it holds, and pruned to the newest N of this data dir's
 //! own; the checks before a run (where the copy goes, what the data dir's
-//! links lead to, a writable backup dir, free space); and the commands
-//! that verify and restore a backup. A copy stops between files and
+//! links lead to, a writable backup dir, free space); `tool` the
+//! operator's commands that list, verify and restore them. A copy stops
+//! between files and
 //! between chunks when a termination signal comes, and removes itself.
 
 use std::collections::{BTreeMap, HashMap};
@@ -1090,25 +1091,8 @@ fn quote(path: &Path) -> String {
     format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
 }
 
-/// A shell command that checks every file of `backup` against its
-/// manifest.
-pub fn verify_command(backup: &Path) -> String {
-    format!("cd {} && sha256sum -c {MANIFEST_FILE}", quote(backup))
-}
-
-/// A shell command that verifies `backup` and, only if every file checks
-/// out, puts it back as the content of `data_dir` (content, not the dir
-/// itself: the data dir is often a mount point), without the backup's own
-/// `MANIFEST.sha256` and `SOURCE`. Run it with etcd stopped.
-pub fn restore_command(data_dir: &Path, backup: &Path) -> String {
-    format!(
-        "(cd {backup} && sha256sum -c --quiet {MANIFEST_FILE}) && find {data} -mindepth 1 -maxdepth 1 -exec rm -rf {{}} + && find {backup} -mindepth 1 -maxdepth 1 ! -name {MANIFEST_FILE} ! -name {SOURCE_FILE} -exec cp -a {{}} {data}/ \\;",
-        data = quote(data_dir),
-        backup = quote(backup)
-    )
-}
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
 
@@ -1208,39 +1192,6 @@ mod tests {
     }
 
     #[test]
-    fn restore_command_puts_the_backup_back() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let data = tmp.path().join("da'ta");
-        sample_data(&data);
-        let policy = BackupPolicy {
-            mode: BackupMode::Always,
-            root: tmp.path().join("b"),
-            keep: 3,
-        };
-        let backup = create(
-            &data,
-            &policy,
-            pair("3.5.16/etcd3"),
-            SystemTime::now(),
-            &never_stop,
-        )
-        .expect("backup");
-        fs::write(data.join("member/snap/db"), b"changed").expect("write");
-        fs::write(data.join("stray"), b"x").expect("write");
-        let status = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(restore_command(&data, &backup))
-            .status()
-            .expect("sh");
-        assert!(status.success());
-        assert_eq!(
-            fs::read(data.join("member/snap/db")).expect("read").len(),
-            50_000
-        );
-        assert!(!data.join("stray").exists());
-    }
-
-    #[test]
     fn a_backup_inside_the_data_dir_is_refused() {
         let tmp = tempfile::tempdir().expect("tempdir");
         sample_data(tmp.path());
@@ -1248,7 +1199,8 @@ mod tests {
         assert!(err.to_string().contains("inside the data dir"), "{err}");
     }
 
-    fn policy(root: PathBuf, keep: usize) -> BackupPolicy {
+    /// `--backup always` into `root`, keeping `keep` (also `tool`'s tests).
+    pub(super) fn policy(root: PathBuf, keep: usize) -> BackupPolicy {
         BackupPolicy {
             mode: BackupMode::Always,
             root,
@@ -1586,32 +1538,5 @@ mod tests {
         )
         .expect("backup");
         assert_eq!(list(&default).expect("list"), vec![taken]);
-    }
-
-    #[test]
-    fn restore_command_verifies_first_and_leaves_the_backups_own_files_out() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let data = tmp.path().join("data");
-        sample_data(&data);
-        let backup = create(
-            &data,
-            &policy(tmp.path().join("b"), 3),
-            pair("3.5.16/etcd3"),
-            SystemTime::now(),
-            &never_stop,
-        )
-        .expect("backup");
-        fs::write(data.join("member/snap/db"), b"changed").expect("write");
-        let restore = restore_command(&data, &backup);
-        assert!(run_in(tmp.path(), &restore).status.success());
-        assert_eq!(dir_entries(&data), ["member", "version.txt"]);
-        // A damaged backup is not restored: the data stays as it is.
-        fs::write(data.join("member/snap/db"), b"changed again").expect("write");
-        fs::write(backup.join("member/wal/0.wal"), b"bad").expect("write");
-        assert!(!run_in(tmp.path(), &restore).status.success());
-        assert_eq!(
-            fs::read(data.join("member/snap/db")).expect("read"),
-            b"changed again"
-        );
     }
 }

@@ -617,7 +617,8 @@ pub fn restore_command_line(data_dir: &Path, backup: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backup::{create, BackupMode, BackupPolicy};
+    use crate::backup::create;
+    use crate::backup::tests::policy;
     use std::time::SystemTime;
 
     fn pair(text: &str) -> VersionPair {
@@ -632,20 +633,20 @@ mod tests {
         fs::write(data.join("member/snap/db"), vec![7u8; 70_000]).expect("write");
         fs::write(data.join("member/wal/0.wal"), b"wal").expect("write");
         datadir::write_version(&data, pair("3.5.16/etcd3")).expect("version");
-        let policy = BackupPolicy {
-            mode: BackupMode::Always,
-            root: default_root(&data),
-            keep: 3,
-        };
-        let backup = create(
-            &data,
-            &policy,
+        let backup = back_up(&data, default_root(&data), 3);
+        (data, backup)
+    }
+
+    /// A backup of `data` (at `3.5.16/etcd3`) under `root`.
+    fn back_up(data: &Path, root: PathBuf, keep: usize) -> PathBuf {
+        create(
+            data,
+            &policy(root, keep),
             pair("3.5.16/etcd3"),
             SystemTime::now(),
             &never_stop,
         )
-        .expect("backup");
-        (data, backup)
+        .expect("backup")
     }
 
     #[test]
@@ -693,19 +694,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let (data, _) = data_and_backup(tmp.path());
         fs::write(data.join("member/a\\b\nc"), b"odd").expect("write");
-        let policy = BackupPolicy {
-            mode: BackupMode::Always,
-            root: tmp.path().join("odd"),
-            keep: 1,
-        };
-        let backup = create(
-            &data,
-            &policy,
-            pair("3.5.16/etcd3"),
-            SystemTime::now(),
-            &never_stop,
-        )
-        .expect("backup");
+        let backup = back_up(&data, tmp.path().join("odd"), 1);
         assert_eq!(verify(&backup).expect("verifies").files, 4);
     }
 
