@@ -12,13 +12,60 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::cluster::{Cluster, Style, REFUSE_DEADLINE, START_DEADLINE, STOP_GRACE_S};
-use crate::harness::monitor::minor;
-use crate::harness::{ready, say};
+use crate::harness::cluster::{
+    Baseline, Cluster, Style, REFUSE_DEADLINE, START_DEADLINE, STOP_GRACE_S,
+};
+use crate::harness::monitor::{minor, Monitor};
+use crate::harness::writer::Writer;
+use crate::harness::{ready, say, Ready};
 
 /// What the writer must get acknowledged at each stage.
 const ACKS: usize = 20;
 const ACK_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A live 3-member cluster at `runs`, its writer and monitor going, and
+/// one member just restarted with TARGET_VERSION=`target`.
+struct Restarted {
+    started: Instant,
+    cluster: Cluster,
+    baseline: Baseline,
+    monitor: Monitor,
+    writer: Writer,
+    /// Writes acknowledged before the restart.
+    acks: usize,
+    /// The restarted member, and its name.
+    victim: usize,
+    name: String,
+}
+
+fn restart_one_with_target(
+    ready: &Ready,
+    test: &str,
+    style: Style,
+    runs: &str,
+    target: &str,
+) -> Restarted {
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, style, 3, runs);
+    let baseline = cluster.baseline();
+    let monitor = cluster.start_monitor();
+    let writer = cluster.start_writer();
+    let acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before any restart");
+    let victim = 1;
+    let name = cluster.members[victim].name.clone();
+    cluster.container(victim).stop(STOP_GRACE_S);
+    cluster.run_member(victim, target);
+    Restarted {
+        started,
+        cluster,
+        baseline,
+        monitor,
+        writer,
+        acks,
+        victim,
+        name,
+    }
+}
 
 /// A member of a live 3-member cluster at `runs`, restarted with
 /// TARGET_VERSION=`target`, must be refused; then it rejoins at `runs`.
@@ -26,18 +73,17 @@ fn refused_target_keeps_the_cluster(test: &str, style: Style, runs: &str, target
     let Some(ready) = ready(test, &[runs, target]) else {
         return;
     };
-    let started = Instant::now();
     let cluster_minor = minor(runs).expect("X.Y.Z");
-    let mut cluster = Cluster::start(&ready.image, test, style, 3, runs);
-    let baseline = cluster.baseline();
-    let monitor = cluster.start_monitor();
-    let writer = cluster.start_writer();
-    let acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before any restart");
-
-    let victim = 1;
-    let name = cluster.members[victim].name.clone();
-    cluster.container(victim).stop(STOP_GRACE_S);
-    cluster.run_member(victim, target);
+    let Restarted {
+        started,
+        mut cluster,
+        baseline,
+        monitor,
+        writer,
+        acks,
+        victim,
+        name,
+    } = restart_one_with_target(&ready, test, style, runs, target);
     let code = cluster.container(victim).wait_exit(REFUSE_DEADLINE);
     let refusal = cluster.container(victim).logs();
     assert_eq!(
@@ -105,17 +151,16 @@ pub(crate) fn kubeadm_member_restarted_one_minor_back_keeps_serving_its_release(
     let Some(ready) = ready(test, &[runs, target]) else {
         return;
     };
-    let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, runs);
-    let baseline = cluster.baseline();
-    let monitor = cluster.start_monitor();
-    let writer = cluster.start_writer();
-    let acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before any restart");
-
-    let victim = 1;
-    let name = cluster.members[victim].name.clone();
-    cluster.container(victim).stop(STOP_GRACE_S);
-    cluster.run_member(victim, target);
+    let Restarted {
+        started,
+        mut cluster,
+        baseline,
+        monitor,
+        writer,
+        acks,
+        victim,
+        name,
+    } = restart_one_with_target(&ready, test, Style::Kubeadm, runs, target);
     cluster.wait_healthy(victim, START_DEADLINE);
     let why = format!("TARGET_VERSION {target} is below the cluster version 3.5");
     let deadline = Instant::now() + REFUSE_DEADLINE;
