@@ -9,7 +9,7 @@ use crate::harness::etcd::{read_back, EtcdProcess};
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::migrator::Migration;
 use crate::harness::tree::fingerprint;
-use crate::harness::v2::{self, read_back_v2, V2Key, V2Keyspace};
+use crate::harness::v2::{self, read_back_v2, v2_flags, V2Key, V2Keyspace};
 use crate::harness::{block_on, free_port, read_version_txt, temp_dir, write_version_txt, Member};
 
 /// Leases and TTLs granted 3,600 s shortly before must show more than this.
@@ -24,7 +24,13 @@ const EXPIRING: &str = "/legacy/lock";
 /// Writes v2 keys into the data dir of `member` (etcd3 data's v2 store,
 /// or etcd2 data) with 3.3.25, which serves the v2 API by default.
 fn add_v2_keys(data: &Path, member: &Member, logs: &Path, keys: &[V2Key]) {
-    let mut etcd = EtcdProcess::start("3.3.25", member, data, free_port(), logs);
+    add_v2_keys_with("3.3.25", data, member, logs, keys);
+}
+
+/// [`add_v2_keys`] with etcd `version` (its v2 API turned on).
+pub fn add_v2_keys_with(version: &str, data: &Path, member: &Member, logs: &Path, keys: &[V2Key]) {
+    let mut etcd =
+        EtcdProcess::start_with(version, member, data, free_port(), logs, v2_flags(version));
     block_on(async {
         etcd.wait_ready_v2().await;
         let client = v2::http_client();
@@ -182,13 +188,18 @@ fn a_v2_key_on_the_path_of_a_v3_key_refuses_the_rollback_to_etcd2_and_names_both
         tmp.path(),
         &[V2Key::plain("/flannel/config", "from v2")],
     );
-    let run = Migration::new("3.3.25", &data, &member)
+    // Found offline, before any etcd runs.
+    let before = fingerprint(&data);
+    Migration::new("3.3.25", &data, &member)
         .bundled("3.3.25,3.4.23,3.5.16")
         .arg("--target-storage")
         .arg("etcd2")
-        .run();
-    run.assert_code(3);
-    run.assert_stderr_has("the v2 key /flannel/config and the v3 key \"/flannel/config\"");
+        .run()
+        .assert_refused_untouched(
+            &data,
+            &before,
+            &["the v2 key /flannel/config and the v3 key \"/flannel/config\""],
+        );
     assert_eq!(read_version_txt(&data), "3.3.25/etcd3", "nothing recorded");
     // The data still serves both keys as they were.
     let v2 = read_back_v2("3.3.25", &member, &data, tmp.path());
@@ -638,4 +649,104 @@ fn hidden_v2_keys_are_carried_by_the_storage_migration_and_the_rollbacks() {
         "{}",
         back.explain()
     );
+}
+
+#[test]
+fn a_v3_key_the_v2_store_would_rename_refuses_the_rollback_to_etcd2_before_anything_runs() {
+    let cases: [(&'static [(&str, &str)], &str); 3] = [
+        (&[("/registry/a/../b", "v")], "a `.` or `..` path segment"),
+        (&[("/registry/x/", "v")], "an empty path segment"),
+        (&[("/registry//y", "v")], "an empty path segment"),
+    ];
+    for (extra, problem) in cases {
+        let key = extra[0].0;
+        let tmp = temp_dir("v2-rename");
+        let data = tmp.path().join("data");
+        let member = Member::new("v2-rename");
+        fixture::build(
+            FixtureSpec::small("3.3.25")
+                .text_only()
+                .with_extra_keys(extra),
+            &data,
+            &member,
+            tmp.path(),
+        );
+        let before = fingerprint(&data);
+        Migration::new("3.3.25", &data, &member)
+            .bundled("3.3.25")
+            .arg("--target-storage")
+            .arg("etcd2")
+            .run()
+            .assert_refused_untouched(&data, &before, &[&format!("key {key:?} has {problem}")]);
+    }
+}
+
+/// etcd3 data at 3.5.30 whose v2 store holds flannel's config: refused
+/// offline before a plan that reaches 3.6 (which refuses to start on it,
+/// see `present::v2_content_*` for 3.6.14 itself), naming the content;
+/// once the content is removed through the v2 API, the same data passes
+/// the check. 3.6.14 is only named in the bundle: the refusal comes
+/// before any binary is needed.
+#[test]
+fn v2_content_in_etcd3_data_is_refused_by_name_before_a_release_without_a_v2_store() {
+    let tmp = temp_dir("v2-content");
+    let data = tmp.path().join("data");
+    let member = Member::new("v2-content");
+    fixture::build(FixtureSpec::small("3.5.30"), &data, &member, tmp.path());
+    add_v2_keys_with(
+        "3.5.30",
+        &data,
+        &member,
+        tmp.path(),
+        &[
+            V2Key::plain(FLANNEL, r#"{"Network":"10.1.0.0/16"}"#),
+            V2Key::plain(NESTED, "old"),
+        ],
+    );
+    let before = fingerprint(&data);
+    Migration::new("3.6.14", &data, &member)
+        .bundled("3.5.30,3.6.14")
+        .run()
+        .assert_refused_untouched(
+            &data,
+            &before,
+            &[
+                "holds content (/coreos.com, /legacy; keys e.g. [\"/coreos.com/network/config\", \"/legacy/tool/state\"])",
+                "etcd 3.6.14, a step of this plan, has no v2 store",
+                "with an etcd of 3.5.30 serving the data",
+            ],
+        );
+
+    // Removed as the message says (the dirs too: an empty dir is still
+    // content to 3.6), the data passes: what stops the run now is the
+    // missing 3.6.14 binary, after the data checks.
+    let mut etcd = EtcdProcess::start_with(
+        "3.5.30",
+        &member,
+        &data,
+        free_port(),
+        tmp.path(),
+        v2_flags("3.5.30"),
+    );
+    block_on(async {
+        etcd.wait_ready_v2().await;
+        let client = v2::http_client();
+        for dir in ["/coreos.com", "/legacy"] {
+            v2::delete_dir(&client, &etcd.endpoint(), dir)
+                .await
+                .unwrap_or_else(|err| panic!("remove {dir}: {err}"));
+        }
+    });
+    etcd.stop();
+    let run = Migration::new("3.6.14", &data, &member)
+        .bundled("3.5.30,3.6.14")
+        .bin_dir(tmp.path())
+        .run();
+    run.assert_code(2);
+    assert!(
+        !run.stderr.contains("holds content"),
+        "the content is gone\n{}",
+        run.explain()
+    );
+    run.assert_stderr_has("etcd-3.6.14");
 }

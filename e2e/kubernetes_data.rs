@@ -8,6 +8,7 @@ use std::path::Path;
 
 use crate::harness::etcd::{connect, read_back, EtcdProcess};
 use crate::harness::migrator::Migration;
+use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, V2Key};
 use crate::harness::{block_on, free_port, read_version_txt, temp_dir, Member};
 
@@ -119,12 +120,19 @@ fn a_v2_key_that_would_land_on_a_v3_key_of_etcd2_data_is_refused_by_name() {
         "/registry/ranges/serviceips",
         &["from v3"],
     );
-    let run = Migration::new("3.4.23", &data, &member)
+    // Found offline, before any etcd runs: nothing touched.
+    let before = fingerprint(&data);
+    Migration::new("3.4.23", &data, &member)
         .bundled("3.3.25,3.4.23")
-        .run();
-    run.assert_code(3);
-    run.assert_stderr_has("\"/registry/ranges/serviceips\"");
-    run.assert_stderr_has("would be written over v3 keys of the same name");
+        .run()
+        .assert_refused_untouched(
+            &data,
+            &before,
+            &[
+                "\"/registry/ranges/serviceips\"",
+                "would be written over v3 keys of the same name",
+            ],
+        );
     assert_eq!(read_version_txt(&data), "3.3.25/etcd2", "nothing recorded");
     assert!(!data.join(".etcd-migrate.hold").exists(), "no hold");
 }

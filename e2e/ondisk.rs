@@ -858,3 +858,81 @@ fn a_data_dir_whose_etcd_was_killed_mid_write_reads() {
         );
     }
 }
+
+/// The live v3 keys read offline from bolt (`Want::v3_keys`) are the
+/// keyspace the release served: every key with its value and lease, a
+/// rewritten key at its last value, a deleted one gone. With the delete
+/// still only in the WAL (etcd SIGKILLed before bolt committed it), the
+/// read says bolt alone is not the keyspace instead of answering.
+#[test]
+fn v3_keys_read_offline_are_the_keyspace_the_release_served() {
+    let want = ondisk::Want {
+        v2_names: None,
+        v3_keys: true,
+    };
+    for version in ["3.3.25", "3.4.23", "3.5.16"] {
+        let tmp = temp_dir("ondisk-v3-keys");
+        let data = tmp.path().join("data");
+        let member = Member::new("ondisk-v3-keys");
+        let spec = crate::harness::fixture::FixtureSpec::small(version).with_rewrites(5);
+        let fixture = crate::harness::fixture::build(spec, &data, &member, tmp.path());
+        let gone = fixture
+            .keyspace
+            .entries
+            .keys()
+            .next()
+            .cloned()
+            .expect("a key");
+        let mut etcd = EtcdProcess::start(version, &member, &data, free_port(), tmp.path());
+        block_on(async {
+            etcd.wait_ready().await;
+            let mut client = connect(&etcd.endpoint()).await.expect("connect");
+            client.delete(gone.clone(), None).await.expect("delete");
+        });
+        etcd.stop();
+        let keys = ondisk::read_with(&data, &want)
+            .expect("read")
+            .v3_keys
+            .expect("asked for")
+            .unwrap_or_else(|why| {
+                panic!("{version}: bolt is the keyspace after a clean stop: {why}")
+            });
+        let offline: BTreeMap<Vec<u8>, (Vec<u8>, i64)> = keys
+            .into_iter()
+            .map(|k| (k.key, (k.value, k.lease)))
+            .collect();
+        let mut served: BTreeMap<Vec<u8>, (Vec<u8>, i64)> = fixture
+            .keyspace
+            .entries
+            .iter()
+            .map(|(k, e)| (k.clone(), (e.value.clone(), e.lease)))
+            .collect();
+        served.remove(&gone);
+        assert_eq!(offline.len(), served.len(), "{version}: key count");
+        assert!(
+            offline == served,
+            "{version}: the offline keys differ from the served ones"
+        );
+
+        // A put acknowledged, then SIGKILL before bolt's batch commits
+        // (100 ms): the WAL holds it past bolt's consistent index.
+        let mut etcd = EtcdProcess::start(version, &member, &data, free_port(), tmp.path());
+        block_on(async {
+            etcd.wait_ready().await;
+            let mut client = connect(&etcd.endpoint()).await.expect("connect");
+            client
+                .put("late", "in the WAL only", None)
+                .await
+                .expect("put");
+        });
+        drop(etcd); // SIGKILL, reaped
+        match ondisk::read_with(&data, &want).expect("read").v3_keys {
+            Some(Err(why)) => assert!(why.contains("past what bolt holds"), "{why}"),
+            Some(Ok(keys)) => assert!(
+                keys.iter().any(|k| k.key == b"late"),
+                "{version}: bolt committed the put before the kill, so it must hold it"
+            ),
+            None => panic!("asked for"),
+        }
+    }
+}

@@ -261,7 +261,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     // What the data records, read once, when anything may change it.
     let on_disk = match state {
         DirState::Recorded(current) if current != config.target || marked.is_some() => {
-            preconditions::read_data(config)
+            preconditions::read_data(config, &preconditions::wanted(current, config.target))
         }
         _ => None,
     };

@@ -16,10 +16,12 @@ use nix::sys::signal::Signal;
 use crate::backup::{self, BackupError};
 use crate::config::{Config, DataElsewhere, Mode};
 use crate::datadir::{self, DataDirError, DirState};
+use crate::keyspace::Entry;
 use crate::log;
 use crate::ondisk::{self, OnDisk};
 use crate::paths;
 use crate::plan::{Plan, Step};
+use crate::steps::{storage_migration, to_etcd2};
 use crate::supervisor;
 use crate::version::{Storage, Version, VersionPair};
 
@@ -111,6 +113,35 @@ pub enum PreconditionError {
     /// will not look (each item says which setting and how to proceed).
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; and: "))]
     DataElsewhere(Vec<DataElsewhere>),
+    /// The data's v2 store holds content, and a step runs a release that
+    /// refuses to start on it (3.6) or cannot read it (3.7).
+    #[error("the v2 store of the data in {data_dir} holds content ({}; keys e.g. {keys:?}), and etcd {release}, a step of this plan, has no v2 store: 3.6 refuses to start on custom v2 content, 3.7 cannot read it; nothing was run; move what it holds into the v3 keyspace if it is still used, then remove it with an etcd of {recorded} serving the data (ETCDCTL_API=2 etcdctl rm --recursive <dir>; 3.4 and 3.5 serve the v2 API only with --enable-v2=true), and rerun; etcd 3.6's `etcdutl check v2store` checks the stopped data", .nodes.join(", "))]
+    V2Content {
+        /// The data dir.
+        data_dir: String,
+        /// The first step's release without a v2 store.
+        release: Version,
+        /// What version.txt records.
+        recorded: Version,
+        /// The top-level nodes that are content (v2 paths; `/2/…` ones are
+        /// v2 auth users and roles).
+        nodes: Vec<String>,
+        /// Some of the keys under them.
+        keys: Vec<String>,
+    },
+    /// The keys the data holds cannot be carried to the target storage as
+    /// they are (found offline, before any etcd ran).
+    #[error("the keys of the data in {data_dir} cannot all be carried from {from} to {to} storage: {detail}; nothing was run")]
+    KeysUnfit {
+        /// The data dir.
+        data_dir: String,
+        /// The storage the data has.
+        from: Storage,
+        /// The storage asked for.
+        to: Storage,
+        /// Which keys, why, and what to do.
+        detail: String,
+    },
     /// A stop signal came while waiting for an earlier run's processes.
     #[error("stopped by {0}")]
     Interrupted(Signal),
@@ -307,6 +338,8 @@ pub fn check_recorded_data(
     }
     check_alone(config, plan, on_disk)?;
     check_auth_off(config, plan, on_disk)?;
+    check_v2_content(config, plan, on_disk)?;
+    check_keys_fit(config, plan, on_disk)?;
     let recorded_name = on_disk
         .members
         .iter()
@@ -326,11 +359,29 @@ pub fn check_recorded_data(
     Ok(recorded_name)
 }
 
-/// What the data records, read offline; `None` (with a warning) when it
-/// cannot be read: etcd reads the same files and will say what is wrong,
-/// in its own words, when it first starts on them.
-pub fn read_data(config: &Config) -> Option<OnDisk> {
-    match ondisk::read(&config.data_dir) {
+/// What the offline read must hold for the checks of a run from
+/// `recorded` to `target`: the v3 keys for a storage change; the v2
+/// store's names when they are carried to etcd2, when they may land on
+/// v3 keys (only those names), or when a release without a v2 store
+/// comes.
+pub fn wanted(recorded: VersionPair, target: VersionPair) -> ondisk::Want {
+    let v2_names = match (recorded.storage, target.storage) {
+        (Storage::Etcd2, Storage::Etcd3) => Some(ondisk::Keep::V3Names),
+        (Storage::Etcd3, Storage::Etcd2) => Some(ondisk::Keep::All),
+        (Storage::Etcd3, Storage::Etcd3) if !target.version.has_v2_api() => Some(ondisk::Keep::All),
+        _ => None,
+    };
+    ondisk::Want {
+        v2_names,
+        v3_keys: recorded.storage != target.storage,
+    }
+}
+
+/// What the data records, read offline with what `want` asks for; `None`
+/// (with a warning) when it cannot be read: etcd reads the same files and
+/// will say what is wrong, in its own words, when it first starts on them.
+pub fn read_data(config: &Config, want: &ondisk::Want) -> Option<OnDisk> {
+    match ondisk::read_with(&config.data_dir, want) {
         Ok(on_disk) => Some(on_disk),
         Err(err) => {
             log::warn(
@@ -361,6 +412,97 @@ fn check_alone(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), Pre
         },
         count: on_disk.members.len(),
         members: on_disk.members_text(),
+    })
+}
+
+/// Refuses etcd3 data whose v2 store holds content when a step runs a
+/// release without a v2 store, as that release would at its start (3.6)
+/// or by losing it (3.7). Names the content.
+fn check_v2_content(
+    config: &Config,
+    plan: &Plan,
+    on_disk: &OnDisk,
+) -> Result<(), PreconditionError> {
+    // A cluster's members must never refuse one by one (each refusal
+    // would cost the cluster a member); its roll decides in its own way.
+    if plan.current.storage != Storage::Etcd3 || plan.cluster.is_some() {
+        return Ok(());
+    }
+    let Some(release) = plan.steps.iter().map(Step::runs).find(|v| !v.has_v2_api()) else {
+        return Ok(());
+    };
+    let Some(names) = &on_disk.v2_names else {
+        return Ok(());
+    };
+    let nodes = names.custom_content();
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    Err(PreconditionError::V2Content {
+        data_dir: config.data_dir.display().to_string(),
+        release,
+        recorded: plan.current.version,
+        nodes: nodes
+            .iter()
+            .map(|n| n.strip_prefix("/1").unwrap_or(n).to_string())
+            .collect(),
+        keys: names.keys().take(10).map(str::to_string).collect(),
+    })
+}
+
+/// Refuses, offline, the keys a storage change cannot carry: etcd2 ->
+/// etcd3, a v2 key that would land on a v3 key of the same name; etcd3 ->
+/// etcd2, a v3 key the v2 store cannot hold or would rename, or one that
+/// falls on a key of the data's own v2 store. The same checks as the
+/// steps make on what etcd serves; offline they need bolt to be the
+/// keyspace (nothing in the WAL past it), else they are left to the step.
+fn check_keys_fit(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), PreconditionError> {
+    let to = plan.target.storage;
+    if plan.current.storage == to {
+        return Ok(());
+    }
+    let v3 = match &on_disk.v3_keys {
+        Some(Ok(keys)) => keys,
+        Some(Err(why)) => {
+            log::info(
+                "keys checked by the step, not offline",
+                &[("why", why.as_str().into())],
+            );
+            return Ok(());
+        }
+        None => return Ok(()),
+    };
+    let v3: Vec<Entry> = v3
+        .iter()
+        .map(|k| Entry {
+            key: k.key.clone(),
+            value: k.value.clone(),
+            ttl: None,
+            lease: k.lease,
+        })
+        .collect();
+    let v2: Vec<Entry> = on_disk
+        .v2_names
+        .iter()
+        .flat_map(|names| names.keys())
+        .map(|path| Entry {
+            key: path.as_bytes().to_vec(),
+            value: Vec::new(),
+            ttl: None,
+            lease: 0,
+        })
+        .collect();
+    let fits = match to {
+        Storage::Etcd3 => storage_migration::check_no_clash(&v2, &v3),
+        Storage::Etcd2 => {
+            to_etcd2::check_v2_compatible(&v3).and_then(|()| to_etcd2::check_v2_side_fits(&v3, &v2))
+        }
+    };
+    fits.map_err(|detail| PreconditionError::KeysUnfit {
+        data_dir: config.data_dir.display().to_string(),
+        from: plan.current.storage,
+        to,
+        detail,
     })
 }
 

@@ -110,6 +110,18 @@ pub async fn delete(client: &reqwest::Client, endpoint: &str, path: &str) -> Res
         .map(drop)
 }
 
+/// Deletes the dir `path` and everything below it.
+pub async fn delete_dir(
+    client: &reqwest::Client,
+    endpoint: &str,
+    path: &str,
+) -> Result<(), String> {
+    let url = format!("{}?dir=true&recursive=true", key_url(endpoint, path));
+    send(client.delete(&url), &format!("v2 DELETE {url}"))
+        .await
+        .map(drop)
+}
+
 /// One v2 write and its undo: the proof that etcd serves etcd2 data.
 pub async fn probe(endpoint: String) -> Result<(), String> {
     let client = http_client_within(PROBE_TIMEOUT);

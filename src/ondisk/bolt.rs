@@ -233,7 +233,7 @@ impl Db {
         })
     }
 
-    fn damaged(&self, what: String) -> OnDiskError {
+    pub(super) fn damaged(&self, what: String) -> OnDiskError {
         OnDiskError::BoltDamaged {
             path: self.path.clone(),
             what,

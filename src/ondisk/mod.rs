@@ -14,6 +14,8 @@
 //! - `snap`: the newest `.snap` that decodes, its v2 store streamed.
 //! - `bolt`: a read-only bolt page reader.
 //! - `state`: what etcd's appliers make of the snapshot, bolt and log.
+//! - `keys`: the keys themselves (bolt's live v3 keys, the v2 store's
+//!   node names), only when a check asks for them ([`Want`]).
 //!
 //! Cost: the WAL is read once, record by record (reading starts at the
 //! segment holding the snapshot's index, as etcd's does); only entries
@@ -23,6 +25,7 @@
 //! on this project's machines: see [`read`].
 
 mod bolt;
+mod keys;
 mod proto;
 mod snap;
 mod state;
@@ -32,6 +35,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use self::state::{Replay, V2State, V3State};
+
+pub use self::keys::{Keep, V2Names, V3Key};
 
 /// One member of the cluster, as the data records it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -92,6 +97,14 @@ pub struct OnDisk {
     /// cluster-version updates) needs a snapshot taken by 3.6 past them
     /// before 3.7 may start on it. `None`: none there.
     pub v2_requests_past_snapshot: Option<u64>,
+    /// The names of the v2 store's nodes, when [`Want::v2_names`] asked
+    /// for them: from the newest snapshot, changed by the log's v2 writes.
+    /// Never a name the store lacks; see [`V2Names`] for what is left out.
+    pub v2_names: Option<V2Names>,
+    /// bolt's live v3 keys, when [`Want::v3_keys`] asked for them: `Err`
+    /// (why) when the log changes keys past bolt's consistent index, so
+    /// that bolt alone is not the keyspace etcd will serve.
+    pub v3_keys: Option<Result<Vec<V3Key>, String>>,
     /// What was read around, one line each: a torn WAL tail, broken newer
     /// snapshots passed over, log entries or member records that did not
     /// decode.
@@ -214,6 +227,15 @@ fn file_names(dir: &Path) -> Result<Vec<String>, OnDiskError> {
         .collect()
 }
 
+/// What [`read_with`] reads beyond the small state every read gives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Want {
+    /// The v2 store's node names, kept as [`Keep`] says.
+    pub v2_names: Option<Keep>,
+    /// bolt's live v3 keys (every page of the keyspace is read).
+    pub v3_keys: bool,
+}
+
 /// Reads what the etcd data in `data_dir` records, without changing
 /// anything. See [`OnDisk`] for where each answer comes from.
 ///
@@ -229,11 +251,18 @@ fn file_names(dir: &Path) -> Result<Vec<String>, OnDiskError> {
 /// The time grows linearly with the log and the snapshot; memory does
 /// not grow with either.
 pub fn read(data_dir: &Path) -> Result<OnDisk, OnDiskError> {
+    read_with(data_dir, &Want::default())
+}
+
+/// [`read`], and the keys `want` asks for. The v2 names cost memory in
+/// proportion to the names kept; the v3 keys, to the live keyspace, and a
+/// read of every page of bolt's `key` bucket.
+pub fn read_with(data_dir: &Path, want: &Want) -> Result<OnDisk, OnDiskError> {
     let Some(member_dir) = member_dir(data_dir) else {
         return Ok(OnDisk::default());
     };
     let mut notes = Vec::new();
-    let sources = Sources::open(&member_dir, &mut notes)?;
+    let sources = Sources::open(&member_dir, want, &mut notes)?;
     let replayed = replay(sources, &mut notes)?;
     Ok(replayed.into_on_disk(notes))
 }
@@ -244,13 +273,40 @@ struct Sources {
     v2: V2State,
     snap_index: u64,
     bolt: Option<BoltState>,
+    v3_keys: Option<Vec<V3Key>>,
     segments: Vec<wal::Segment>,
 }
 
 impl Sources {
-    fn open(member_dir: &Path, notes: &mut Vec<String>) -> Result<Self, OnDiskError> {
+    fn open(member_dir: &Path, want: &Want, notes: &mut Vec<String>) -> Result<Self, OnDiskError> {
         let snap_dir = member_dir.join("snap");
-        let newest = snap::newest(&snap_dir)?;
+        // bolt first: the v2 names kept may be those of its v3 keys.
+        let db_path = snap_dir.join("db");
+        let (bolt, v3_keys) = if db_path.exists() {
+            let db = bolt::Db::open(&db_path)?;
+            let wants_keys = want.v3_keys || want.v2_names == Some(Keep::V3Names);
+            let keys = if wants_keys {
+                Some(keys::read_v3_keys(&db)?)
+            } else {
+                None
+            };
+            (Some(read_bolt(&db, &db_path, notes)?), keys)
+        } else {
+            (None, want.v3_keys.then(Vec::new))
+        };
+        let keep = match &want.v2_names {
+            Some(Keep::V3Names) => Some(Keep::Only(
+                v3_keys
+                    .iter()
+                    .flatten()
+                    .filter_map(|k| String::from_utf8(k.key.clone()).ok())
+                    .collect(),
+            )),
+            other => other.clone(),
+        };
+        let mut fresh = V2State::default();
+        fresh.names = keep.map(V2Names::new);
+        let newest = snap::newest(&snap_dir, &fresh)?;
         for (path, why) in &newest.skipped {
             notes.push(format!(
                 "passed over the broken snapshot {}: {why}",
@@ -259,13 +315,7 @@ impl Sources {
         }
         let (v2, snap_index) = match newest.snapshot {
             Some(snapshot) => (snapshot.v2, snapshot.index),
-            None => (V2State::default(), 0),
-        };
-        let db_path = snap_dir.join("db");
-        let bolt = if db_path.exists() {
-            Some(read_bolt(&db_path, notes)?)
-        } else {
-            None
+            None => (fresh, 0),
         };
         let segments = match wal::segments(&member_dir.join("wal"), snap_index) {
             // With every snapshot broken, a WAL that starts after one cannot
@@ -289,6 +339,7 @@ impl Sources {
             v2,
             snap_index,
             bolt,
+            v3_keys,
             segments,
         })
     }
@@ -298,6 +349,7 @@ impl Sources {
 struct Replayed {
     ids: Option<(u64, u64)>,
     bolt: Option<BoltState>,
+    v3_keys: Option<Vec<V3Key>>,
     v2: V2State,
     v3: Option<V3State>,
     v2_requests_past_snapshot: Option<u64>,
@@ -350,6 +402,7 @@ fn replay(sources: Sources, notes: &mut Vec<String>) -> Result<Replayed, OnDiskE
     Ok(Replayed {
         ids,
         bolt: sources.bolt,
+        v3_keys: sources.v3_keys,
         v2,
         v3,
         v2_requests_past_snapshot,
@@ -363,10 +416,19 @@ impl Replayed {
         let Replayed {
             ids,
             bolt,
+            v3_keys,
             v2,
             v3,
             v2_requests_past_snapshot,
         } = self;
+        let keys_written = v3.as_ref().is_some_and(|v3| v3.keys_written);
+        let v3_keys = v3_keys.map(|keys| {
+            if keys_written {
+                Err("the WAL changes keys past what bolt holds (etcd applies them when it next starts)".to_string())
+            } else {
+                Ok(keys)
+            }
+        });
         let cluster_version = match (&bolt, v2.version_from_wal) {
             (_, true) => v2.cluster_version.clone(),
             (
@@ -398,6 +460,8 @@ impl Replayed {
             leases: v3.map(|v3| v3.leases),
             v2_hidden_paths: v2.hidden.into_iter().collect(),
             v2_requests_past_snapshot,
+            v2_names: v2.names,
+            v3_keys,
             notes,
         }
     }
@@ -412,8 +476,11 @@ struct BoltState {
 }
 
 /// Reads the small buckets of etcd's bolt database (never `key`).
-fn read_bolt(path: &Path, notes: &mut Vec<String>) -> Result<BoltState, OnDiskError> {
-    let db = bolt::Db::open(path)?;
+fn read_bolt(
+    db: &bolt::Db,
+    path: &Path,
+    notes: &mut Vec<String>,
+) -> Result<BoltState, OnDiskError> {
     let damaged = |what: String| OnDiskError::BoltDamaged {
         path: path.to_path_buf(),
         what,
@@ -440,9 +507,9 @@ fn read_bolt(path: &Path, notes: &mut Vec<String>) -> Result<BoltState, OnDiskEr
             .get(&cluster, b"clusterVersion")?
             .map(|v| String::from_utf8_lossy(&v).into_owned());
     }
-    read_bolt_auth(&db, &damaged, &mut state.v3)?;
-    read_bolt_leases(&db, &damaged, &mut state.v3)?;
-    state.members = read_bolt_members(&db, path, notes)?;
+    read_bolt_auth(db, &damaged, &mut state.v3)?;
+    read_bolt_leases(db, &damaged, &mut state.v3)?;
+    state.members = read_bolt_members(db, path, notes)?;
     Ok(state)
 }
 

@@ -69,7 +69,9 @@ impl From<io::Error> for Failure {
 
 /// Reads the newest snapshot in `dir` that decodes. A missing dir, or one
 /// without `.snap` files, gives none.
-pub fn newest(dir: &Path) -> Result<Newest, OnDiskError> {
+/// Each store is read into a clone of `fresh` (which says, for one,
+/// whether node names are kept).
+pub fn newest(dir: &Path, fresh: &V2State) -> Result<Newest, OnDiskError> {
     let mut names: Vec<String> = super::file_names(dir)?
         .into_iter()
         .filter(|name| name.ends_with(".snap"))
@@ -79,7 +81,7 @@ pub fn newest(dir: &Path) -> Result<Newest, OnDiskError> {
     let mut newest = Newest::default();
     for name in names {
         let path = dir.join(&name);
-        match load(&path) {
+        match load(&path, fresh) {
             Ok(snapshot) => {
                 newest.snapshot = Some(snapshot);
                 return Ok(newest);
@@ -166,7 +168,7 @@ fn skip_field(reader: &mut impl Read, wire_type: u64, limit: u64) -> Result<(), 
     Ok(())
 }
 
-fn load(path: &Path) -> Result<Snapshot, Failure> {
+fn load(path: &Path, fresh: &V2State) -> Result<Snapshot, Failure> {
     let file = File::open(path)?;
     let len = file.metadata()?.len();
     if len == 0 {
@@ -194,7 +196,7 @@ fn load(path: &Path) -> Result<Snapshot, Failure> {
                         "its data of {data_len} bytes runs past the end of the file"
                     )));
                 }
-                body = Some(read_body(&mut reader, data_len)?);
+                body = Some(read_body(&mut reader, data_len, fresh.clone())?);
             }
             (_, wire_type) => {
                 let limit = reader.remaining;
@@ -243,7 +245,7 @@ struct Body {
     json_error: Option<String>,
 }
 
-fn read_body(outer: &mut impl Read, len: u64) -> Result<Body, Failure> {
+fn read_body(outer: &mut impl Read, len: u64, v2: V2State) -> Result<Body, Failure> {
     let mut reader = Checked {
         inner: outer,
         remaining: len,
@@ -253,7 +255,7 @@ fn read_body(outer: &mut impl Read, len: u64) -> Result<Body, Failure> {
         len,
         crc: 0,
         index: 0,
-        v2: V2State::default(),
+        v2,
         json_error: None,
     };
     while reader.remaining > 0 {
@@ -378,15 +380,21 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut path: Option<String> = None;
         let mut value: Option<String> = None;
+        let (mut dir, mut expires) = (false, false);
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
                 "Path" => path = Some(map.next_value()?),
+                // Go's zero time, `0001-01-01T00:00:00Z`, is "never".
+                "ExpireTime" => {
+                    let at: Option<String> = map.next_value()?;
+                    expires = at.is_some_and(|at| !at.starts_with("0001-01-01"));
+                }
                 // A value is kept only where it is needed (and, should a
                 // writer ever put it before the path, kept to be safe).
                 "Value" if path.as_deref().is_none_or(wants_value) => {
                     value = Some(map.next_value()?);
                 }
-                "Children" => map.next_value_seed(ChildrenSeed(&mut *self.0))?,
+                "Children" => dir = map.next_value_seed(ChildrenSeed(&mut *self.0))?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -394,46 +402,46 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
         }
         let path = path.ok_or_else(|| serde::de::Error::missing_field("Path"))?;
         let value = value.filter(|_| wants_value(&path));
-        self.0.snapshot_node(&path, value);
+        self.0.snapshot_node(&path, value, dir, expires);
         Ok(())
     }
 }
 
-/// A dir's children (`null` for a key).
+/// A dir's children (`null` for a key); gives whether it was a dir.
 struct ChildrenSeed<'a>(&'a mut V2State);
 
 impl<'de> DeserializeSeed<'de> for ChildrenSeed<'_> {
-    type Value = ();
+    type Value = bool;
 
-    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
         deserializer.deserialize_option(self)
     }
 }
 
 impl<'de> Visitor<'de> for ChildrenSeed<'_> {
-    type Value = ();
+    type Value = bool;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a v2 store dir's children, or null")
     }
 
-    fn visit_none<E: serde::de::Error>(self) -> Result<(), E> {
-        Ok(())
+    fn visit_none<E: serde::de::Error>(self) -> Result<bool, E> {
+        Ok(false)
     }
 
-    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-        Ok(())
+    fn visit_unit<E: serde::de::Error>(self) -> Result<bool, E> {
+        Ok(false)
     }
 
-    fn visit_some<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+    fn visit_some<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
         deserializer.deserialize_map(self)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
         while map.next_key::<IgnoredAny>()?.is_some() {
             map.next_value_seed(NodeSeed(&mut *self.0))?;
         }
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -469,7 +477,7 @@ pub(crate) mod tests {
             snap_file(STORE, 9, 2),
         )
         .unwrap();
-        let newest = newest(dir.path()).unwrap();
+        let newest = newest(dir.path(), &V2State::default()).unwrap();
         let snapshot = newest.snapshot.unwrap();
         assert_eq!(snapshot.index, 9);
         let v2 = snapshot.v2;
@@ -510,7 +518,7 @@ pub(crate) mod tests {
             &good[..good.len() - 3],
         )
         .unwrap();
-        let newest = newest(dir.path()).unwrap();
+        let newest = newest(dir.path(), &V2State::default()).unwrap();
         assert_eq!(newest.snapshot.unwrap().index, 9);
         assert_eq!(newest.skipped.len(), 3, "{:?}", newest.skipped);
     }
@@ -522,7 +530,7 @@ pub(crate) mod tests {
         let path = dir.path().join("0000000000000002-0000000000000009.snap");
         for cut in 0..good.len() {
             std::fs::write(&path, &good[..cut]).unwrap();
-            let newest = newest(dir.path()).unwrap();
+            let newest = newest(dir.path(), &V2State::default()).unwrap();
             assert!(newest.snapshot.is_none(), "cut at {cut} was accepted");
         }
         for at in (0..good.len()).step_by(7) {
@@ -531,7 +539,7 @@ pub(crate) mod tests {
             std::fs::write(&path, &bad).unwrap();
             // Either skipped as broken, or (a flip the checksum cannot
             // see, in the framing) read: never a panic.
-            let _ = newest(dir.path());
+            let _ = newest(dir.path(), &V2State::default());
         }
     }
 
@@ -543,7 +551,7 @@ pub(crate) mod tests {
             snap_file("{\"Root\": 5}", 9, 2),
         )
         .unwrap();
-        let err = newest(dir.path()).unwrap_err();
+        let err = newest(dir.path(), &V2State::default()).unwrap_err();
         assert!(matches!(err, OnDiskError::SnapUnreadable { .. }), "{err}");
     }
 }

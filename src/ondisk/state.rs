@@ -12,6 +12,7 @@ use std::collections::{btree_map, BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
+use super::keys::V2Names;
 use super::proto::{self, Fields, ProtoError};
 use super::wal::{Entry, ENTRY_CONF_CHANGE, ENTRY_NORMAL};
 use super::MemberOnDisk;
@@ -43,6 +44,9 @@ const CONF_ADD_LEARNER: u64 = 3;
 /// `InternalRaftRequest` field numbers (`raft_internal.proto`, v3.0–v3.5).
 mod irr {
     pub const V2: u64 = 2;
+    pub const PUT: u64 = 4;
+    pub const DELETE_RANGE: u64 = 5;
+    pub const TXN: u64 = 6;
     pub const LEASE_GRANT: u64 = 8;
     pub const LEASE_REVOKE: u64 = 9;
     pub const AUTH_ENABLE: u64 = 1000;
@@ -118,6 +122,8 @@ pub struct V2State {
     pub problems: Vec<String>,
     /// Problems beyond [`MAX_PROBLEMS`].
     pub more_problems: u64,
+    /// The names of its nodes, when asked for (`None`: not kept).
+    pub names: Option<V2Names>,
     /// Members' attribute nodes seen in a snapshot before their
     /// `raftAttributes` (the store's children come sorted, so
     /// `attributes` comes first); merged by [`V2State::finish_snapshot`].
@@ -141,9 +147,13 @@ pub fn wants_value(path: &str) -> bool {
 }
 
 impl V2State {
-    /// Takes in one node of a snapshot's v2 store: its full path and, when
-    /// [`wants_value`] asked for it, its value.
-    pub fn snapshot_node(&mut self, path: &str, value: Option<String>) {
+    /// Takes in one node of a snapshot's v2 store: its full path, when
+    /// [`wants_value`] asked for it its value, whether it is a dir and
+    /// whether it has a TTL.
+    pub fn snapshot_node(&mut self, path: &str, value: Option<String>, dir: bool, expires: bool) {
+        if let Some(names) = self.names.as_mut() {
+            names.snapshot_node(path, dir, expires);
+        }
         self.note_hidden(path);
         if path == VERSION_PATH {
             self.cluster_version = value;
@@ -254,6 +264,9 @@ impl V2State {
     }
 
     fn apply_v2(&mut self, request: &V2Request) {
+        if let Some(names) = self.names.as_mut() {
+            names.apply(request);
+        }
         match request.method.as_str() {
             "PUT" => {
                 let conditional = request.prev_exist.is_some()
@@ -360,11 +373,16 @@ pub struct V3State {
     pub root_has_root_role: bool,
     /// Lease id → granted TTL (seconds).
     pub leases: BTreeMap<i64, i64>,
+    /// Whether the log changes keys after bolt's consistent index (a put,
+    /// a delete, a transaction, a lease revoke that deletes its keys):
+    /// bolt's `key` bucket alone is then not the keyspace.
+    pub keys_written: bool,
 }
 
 impl V3State {
     fn apply(&mut self, op: &V3Op) {
         match op {
+            V3Op::KeysWritten => self.keys_written = true,
             V3Op::LeaseGrant { id, ttl } => {
                 // A grant of an existing id is refused; one already in
                 // bolt keeps the TTL etcd stored (raised to its minimum).
@@ -372,6 +390,7 @@ impl V3State {
             }
             V3Op::LeaseRevoke { id } => {
                 self.leases.remove(id);
+                self.keys_written = true;
             }
             V3Op::AuthEnable => {
                 if self.root_exists && self.root_has_root_role {
@@ -414,6 +433,8 @@ pub struct V2Request {
     prev_value: String,
     prev_index: u64,
     prev_exist: Option<bool>,
+    dir: bool,
+    expiration: i64,
 }
 
 impl V2Request {
@@ -427,20 +448,54 @@ impl V2Request {
                 (4, proto::Value::Bytes(b)) => request.val = text(b),
                 (6, proto::Value::Bytes(b)) => request.prev_value = text(b),
                 (7, proto::Value::Varint(v)) => request.prev_index = v,
+                (5, proto::Value::Varint(v)) => request.dir = v != 0,
                 (8, proto::Value::Varint(v)) => request.prev_exist = Some(v != 0),
+                (9, proto::Value::Varint(v)) => request.expiration = v as i64,
                 _ => {}
             }
         }
         Ok(request)
     }
 
-    /// Whether applying it can change anything reported; the others are
-    /// dropped at once so the pending effects stay small.
-    fn matters(&self) -> bool {
+    /// Whether applying it can change anything reported (with `names`,
+    /// every write outside `/0` does); the others are dropped at once so
+    /// the pending effects stay small.
+    fn matters(&self, names: bool) -> bool {
         let path = self.path.as_str();
         path.starts_with("/0/")
             || path == V2_AUTH_PATH
             || (path.starts_with("/1/") && path.contains("/_"))
+            || (names && !path.starts_with("/0/"))
+    }
+
+    /// Its method (`PUT`, `POST`, `DELETE`, `SYNC`, …).
+    pub fn method(&self) -> &str {
+        &self.method
+    }
+
+    /// Its full store path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Whether it creates its node when absent: an unconditional `PUT`
+    /// (or a create, `prevExist=false`); a compare-and-swap or an update
+    /// only changes an existing node.
+    pub fn creates(&self) -> bool {
+        self.method == "PUT"
+            && self.prev_value.is_empty()
+            && self.prev_index == 0
+            && self.prev_exist != Some(true)
+    }
+
+    /// Whether it makes a dir.
+    pub fn dir(&self) -> bool {
+        self.dir
+    }
+
+    /// Whether the node it writes expires.
+    pub fn expires(&self) -> bool {
+        self.expiration != 0
     }
 }
 
@@ -455,8 +510,16 @@ struct ConfChange {
 /// A v3 operation that changes reported state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum V3Op {
-    LeaseGrant { id: i64, ttl: i64 },
-    LeaseRevoke { id: i64 },
+    /// A put, delete or transaction: the keyspace in bolt is not the
+    /// keyspace any more.
+    KeysWritten,
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
+    LeaseRevoke {
+        id: i64,
+    },
     AuthEnable,
     AuthDisable,
     RootAdded,
@@ -488,7 +551,7 @@ fn effects(entry: &Entry<'_>, state: &mut V2State) -> Vec<Effect> {
     let result = match entry.kind {
         ENTRY_CONF_CHANGE => conf_change_effects(entry.data, &mut out),
         ENTRY_NORMAL if entry.data.is_empty() => Ok(()),
-        ENTRY_NORMAL => normal_effects(entry.data, &mut out),
+        ENTRY_NORMAL => normal_effects(entry.data, state.names.is_some(), &mut out),
         // EntryConfChangeV2: etcd never proposes one.
         _ => Ok(()),
     };
@@ -545,10 +608,12 @@ pub fn is_bare_v2_request(data: &[u8]) -> bool {
     !internal
 }
 
-fn normal_effects(data: &[u8], out: &mut Vec<Effect>) -> Result<(), String> {
+/// The effects of a normal entry; `names`: every v2 write matters (the
+/// v2 store's names are being kept).
+fn normal_effects(data: &[u8], names: bool, out: &mut Vec<Effect>) -> Result<(), String> {
     if is_bare_v2_request(data) {
         let request = V2Request::parse(data).map_err(|e| format!("undecodable v2 request: {e}"))?;
-        if request.matters() {
+        if request.matters(names) {
             out.push(Effect::V2(request));
         }
         return Ok(());
@@ -558,7 +623,7 @@ fn normal_effects(data: &[u8], out: &mut Vec<Effect>) -> Result<(), String> {
         let Some(body) = value.bytes() else {
             continue;
         };
-        if let Some(effect) = internal_effect(number, body)? {
+        if let Some(effect) = internal_effect(number, body, names)? {
             out.push(effect);
         }
     }
@@ -572,12 +637,13 @@ fn bad(what: &'static str) -> impl Fn(ProtoError) -> String {
 
 /// The effect of one InternalRaftRequest field (`number`, its `body`), if
 /// it is one this module follows.
-fn internal_effect(number: u64, body: &[u8]) -> Result<Option<Effect>, String> {
+fn internal_effect(number: u64, body: &[u8], names: bool) -> Result<Option<Effect>, String> {
     Ok(match number {
         irr::V2 => {
             let request = V2Request::parse(body).map_err(bad("v2 request"))?;
-            request.matters().then_some(Effect::V2(request))
+            request.matters(names).then_some(Effect::V2(request))
         }
+        irr::PUT | irr::DELETE_RANGE | irr::TXN => Some(Effect::V3(V3Op::KeysWritten)),
         irr::LEASE_GRANT => Some(Effect::V3(V3Op::LeaseGrant {
             ttl: proto::varint_field(body, 1).map_err(bad("lease grant"))? as i64,
             id: proto::varint_field(body, 2).map_err(bad("lease grant"))? as i64,
@@ -890,10 +956,10 @@ mod tests {
     #[test]
     fn hidden_nodes_from_snapshot_and_requests() {
         let mut state = V2State::default();
-        state.snapshot_node("/1/_hidden", None);
-        state.snapshot_node("/1/dir/_h/x", None);
-        state.snapshot_node("/1/visible", None);
-        state.snapshot_node("/0/_internal", None);
+        state.snapshot_node("/1/_hidden", None, false, false);
+        state.snapshot_node("/1/dir/_h/x", None, false, false);
+        state.snapshot_node("/1/visible", None, false, false);
+        state.snapshot_node("/0/_internal", None, false, false);
         let mut replay = Replay::new(state, 0, None, 0);
         let put = v2_request("PUT", "/1/a/_b/c/_d", "v");
         replay.entry(&entry(1, ENTRY_NORMAL, &put));

@@ -1,0 +1,332 @@
+//! This module owns the keys themselves, read offline, for the checks that
+//! must refuse a run before any etcd starts: the live v3 keys of bolt's
+//! `key` bucket (the newest revision of each, deletions applied) and the
+//! names of the v2 store's nodes (the snapshot's store, then the log's v2
+//! writes). Neither is read unless a check asks ([`super::Want`]): the v3
+//! scan reads every page of the keyspace.
+//!
+//! The v2 names err on one side only: a node is left out where the log
+//! alone cannot say it is there (a conditional write, a `POST`'s generated
+//! name, a node with a TTL that may have expired), never invented. A check
+//! that finds a name here is therefore right to refuse; one that finds
+//! none still has the baseline read behind it, which reads the store
+//! through etcd itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::bolt;
+use super::proto::{self, Fields};
+use super::state::V2Request;
+use super::OnDiskError;
+
+/// bolt's bucket of v3 revisions.
+const KEY_BUCKET: &[u8] = b"key";
+/// A revision key: 8 bytes main revision, `_`, 8 bytes sub revision.
+const REVISION_LEN: usize = 17;
+/// A deletion's revision key carries this marker after the revision.
+const TOMBSTONE: u8 = b't';
+
+/// A live v3 key as bolt holds it at its newest revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct V3Key {
+    /// The key.
+    pub key: Vec<u8>,
+    /// Its value.
+    pub value: Vec<u8>,
+    /// The lease it is bound to (0: none).
+    pub lease: i64,
+}
+
+/// Reads every live key of bolt's `key` bucket, in key order. Revisions
+/// come in revision order, so the last record of a key is its state: a
+/// tombstone removes it. Compacted history is simply absent.
+pub fn read_v3_keys(db: &bolt::Db) -> Result<Vec<V3Key>, OnDiskError> {
+    let mut live: BTreeMap<Vec<u8>, (Vec<u8>, i64)> = BTreeMap::new();
+    let Some(bucket) = db.bucket(KEY_BUCKET)? else {
+        return Ok(Vec::new());
+    };
+    db.for_each(&bucket, |revision, record| {
+        let tombstone = match revision.len() {
+            REVISION_LEN => false,
+            n if n == REVISION_LEN + 1 && revision[REVISION_LEN] == TOMBSTONE => true,
+            _ => {
+                return Err(db.damaged(format!(
+                    "key/{revision:02x?} is not a revision (17 bytes, or 18 with a tombstone mark)"
+                )))
+            }
+        };
+        let (key, value, lease) = key_value(record).map_err(|err| {
+            db.damaged(format!("key/{revision:02x?} is no key-value record: {err}"))
+        })?;
+        if tombstone {
+            live.remove(&key);
+        } else {
+            live.insert(key, (value, lease));
+        }
+        Ok(())
+    })?;
+    Ok(live
+        .into_iter()
+        .map(|(key, (value, lease))| V3Key { key, value, lease })
+        .collect())
+}
+
+/// `mvccpb.KeyValue`: key (1), value (5), lease (6).
+fn key_value(record: &[u8]) -> Result<(Vec<u8>, Vec<u8>, i64), proto::ProtoError> {
+    let (mut key, mut value, mut lease) = (Vec::new(), Vec::new(), 0);
+    for field in Fields::new(record) {
+        match field? {
+            (1, proto::Value::Bytes(b)) => key = b.to_vec(),
+            (5, proto::Value::Bytes(b)) => value = b.to_vec(),
+            (6, proto::Value::Varint(v)) => lease = v as i64,
+            _ => {}
+        }
+    }
+    Ok((key, value, lease))
+}
+
+/// Which v2 node names to keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Keep {
+    /// Every node outside etcd's own `/0` (membership, cluster version).
+    All,
+    /// Only user keys at these v2 paths (`/a/b`, without the store's `/1`):
+    /// what a check compares against a few known names, so a large store
+    /// costs no memory.
+    Only(BTreeSet<String>),
+    /// Only user keys named as bolt's live v3 keys are (read first):
+    /// [`Keep::Only`] with those names.
+    V3Names,
+}
+
+/// The names of the v2 store's nodes outside `/0`, by full store path
+/// (`/1/a/b` for the v2 key `/a/b`, `/2/users/x` for a v2 auth user), each
+/// with whether it is a directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct V2Names {
+    keep: Keep,
+    nodes: BTreeMap<String, bool>,
+}
+
+impl V2Names {
+    /// No names yet, keeping what `keep` says.
+    pub fn new(keep: Keep) -> Self {
+        V2Names {
+            keep,
+            nodes: BTreeMap::new(),
+        }
+    }
+
+    fn keeps(&self, path: &str) -> bool {
+        match &self.keep {
+            Keep::All => path.len() > 1 && path != "/0" && !path.starts_with("/0/"),
+            Keep::Only(paths) => path
+                .strip_prefix("/1")
+                .is_some_and(|user| paths.contains(user)),
+            Keep::V3Names => false,
+        }
+    }
+
+    /// Takes in a snapshot node (children come before their dir). A node
+    /// with a TTL may have expired by the time etcd next starts, and its
+    /// children with it: all are left out.
+    pub(super) fn snapshot_node(&mut self, path: &str, dir: bool, expires: bool) {
+        if expires {
+            self.delete(path);
+        } else if self.keeps(path) {
+            self.nodes.insert(path.to_string(), dir);
+        }
+    }
+
+    /// A write that creates `path` (its missing parents become dirs), as
+    /// an unconditional v2 `PUT` does. Nothing when a parent is a key (the
+    /// write failed) or the node exists (its name does not change).
+    pub(super) fn create(&mut self, path: &str, dir: bool, expires: bool) {
+        let mut parent = String::new();
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let Some((_, parents)) = segments.split_last() else {
+            return;
+        };
+        for segment in parents {
+            parent.push('/');
+            parent.push_str(segment);
+            if self.nodes.get(&parent) == Some(&false) {
+                return;
+            }
+        }
+        let mut parent = String::new();
+        for segment in parents {
+            parent.push('/');
+            parent.push_str(segment);
+            if self.keeps(&parent) {
+                self.nodes.entry(parent.clone()).or_insert(true);
+            }
+        }
+        if !expires && self.keeps(path) {
+            self.nodes.entry(path.to_string()).or_insert(dir);
+        }
+    }
+
+    /// Takes in a v2 request from the log, as far as names go: a creating
+    /// `PUT`, a `POST` (its dir; the key's generated name is not known
+    /// here), a `DELETE`. Expiry (`SYNC`) needs nothing: nodes with a TTL
+    /// are never kept.
+    pub(super) fn apply(&mut self, request: &V2Request) {
+        match request.method() {
+            "PUT" if request.creates() => {
+                self.create(request.path(), request.dir(), request.expires())
+            }
+            "POST" => self.create(request.path(), true, false),
+            "DELETE" => self.delete(request.path()),
+            _ => {}
+        }
+    }
+
+    /// A v2 `DELETE` of `path`: it and everything below it. A delete that
+    /// etcd refused (a condition, a non-empty dir without `recursive`) is
+    /// taken as done: leaving a name out is the safe side.
+    pub(super) fn delete(&mut self, path: &str) {
+        self.nodes.remove(path);
+        let below = format!("{path}/");
+        let doomed: Vec<String> = self
+            .nodes
+            .range(below.clone()..)
+            .take_while(|(p, _)| p.starts_with(&below))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for path in doomed {
+            self.nodes.remove(&path);
+        }
+    }
+
+    /// The user keys (not dirs), as v2 paths (`/a/b`), in order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.nodes
+            .iter()
+            .filter(|(_, dir)| !**dir)
+            .filter_map(|(path, _)| path.strip_prefix("/1"))
+            .filter(|user| user.starts_with('/'))
+    }
+
+    /// The nodes that make the store hold custom content in etcd 3.6's
+    /// sense (`membership.IsMetaStoreOnly`): a child of any top-level dir
+    /// but `/0`, except that under `/2` (v2 auth) the `users`/`roles`
+    /// dirs may stay as long as they are empty. As full store paths.
+    pub fn custom_content(&self) -> Vec<&str> {
+        self.nodes
+            .keys()
+            .map(String::as_str)
+            .filter(|path| {
+                let depth = path.split('/').filter(|s| !s.is_empty()).count();
+                if path.starts_with("/2/") {
+                    depth == 3
+                } else {
+                    depth == 2
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(ops: &[(&str, &str)]) -> V2Names {
+        let mut names = V2Names::new(Keep::All);
+        for (op, path) in ops {
+            match *op {
+                "key" => names.snapshot_node(path, false, false),
+                "dir" => names.snapshot_node(path, true, false),
+                "ttl" => names.snapshot_node(path, false, true),
+                "put" => names.create(path, false, false),
+                "mkdir" => names.create(path, true, false),
+                "put-ttl" => names.create(path, false, true),
+                "delete" => names.delete(path),
+                other => panic!("{other}"),
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn custom_content_is_what_etcd_3_6_refuses() {
+        type Ops<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(Ops, &[&str])] = &[
+            // Only membership, the cluster version and an empty /1.
+            (
+                &[
+                    ("key", "/0/version"),
+                    ("dir", "/0/members"),
+                    ("dir", "/0"),
+                    ("dir", "/1"),
+                ],
+                &[],
+            ),
+            // flannel's config: /1 has a child.
+            (
+                &[
+                    ("key", "/1/coreos.com/network/config"),
+                    ("dir", "/1/coreos.com/network"),
+                    ("dir", "/1/coreos.com"),
+                    ("dir", "/1"),
+                ],
+                &["/1/coreos.com"],
+            ),
+            // An empty dir left behind by deleting the last key still counts.
+            (
+                &[("put", "/1/registry/a"), ("delete", "/1/registry/a")],
+                &["/1/registry"],
+            ),
+            // ... until the dir itself goes.
+            (&[("put", "/1/registry/a"), ("delete", "/1/registry")], &[]),
+            // v2 auth's empty users/roles dirs are allowed, a user is not.
+            (
+                &[
+                    ("key", "/2/enabled"),
+                    ("dir", "/2/users"),
+                    ("dir", "/2/roles"),
+                    ("dir", "/2"),
+                ],
+                &[],
+            ),
+            (
+                &[("key", "/2/users/root"), ("dir", "/2/users")],
+                &["/2/users/root"],
+            ),
+            // A key with a TTL may be gone by the next start: left out.
+            (&[("ttl", "/1/lock")], &[]),
+            (&[("put-ttl", "/1/lock")], &[]),
+        ];
+        for (ops, custom) in cases {
+            assert_eq!(names(ops).custom_content(), *custom, "{ops:?}");
+        }
+    }
+
+    #[test]
+    fn keys_follow_puts_and_deletes_and_never_invent_a_name() {
+        let n = names(&[
+            ("key", "/1/a/b"),
+            ("dir", "/1/a"),
+            ("put", "/1/a/c"),
+            ("mkdir", "/1/d"),
+            // A key cannot have children: this write failed in etcd.
+            ("put", "/1/a/b/x"),
+            ("delete", "/1/a/c"),
+            ("put", "/1/e/f"),
+        ]);
+        assert_eq!(n.keys().collect::<Vec<_>>(), ["/a/b", "/e/f"]);
+        // A dir with a TTL takes its children with it.
+        let n = names(&[("key", "/1/t/k"), ("ttl", "/1/t")]);
+        assert_eq!(n.keys().count(), 0);
+    }
+
+    #[test]
+    fn keep_only_remembers_just_the_names_asked_for() {
+        let mut n = V2Names::new(Keep::Only(["/x".to_string()].into()));
+        n.snapshot_node("/1/x", false, false);
+        n.snapshot_node("/1/y", false, false);
+        n.create("/1/z/x", false, false);
+        assert_eq!(n.keys().collect::<Vec<_>>(), ["/x"]);
+    }
+}
