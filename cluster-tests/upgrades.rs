@@ -81,12 +81,12 @@ fn wait_recorded(cluster: &Cluster, i: usize, want: &str, deadline: Duration) {
 
 /// A scenario under way: the cluster at its first release, with the
 /// writer and the monitor running.
-struct Scenario {
-    test: &'static str,
+pub(crate) struct Scenario {
+    pub(crate) test: &'static str,
     started: Instant,
-    cluster: Cluster,
+    pub(crate) cluster: Cluster,
     baseline: Baseline,
-    monitor: Monitor,
+    pub(crate) monitor: Monitor,
     writer: Writer,
     acks: usize,
 }
@@ -94,7 +94,7 @@ struct Scenario {
 impl Scenario {
     /// `size` members at `from`, or None (after saying why) when the image
     /// is not there to test.
-    fn start(
+    pub(crate) fn start(
         test: &'static str,
         style: Style,
         size: usize,
@@ -125,20 +125,20 @@ impl Scenario {
     }
 
     /// More writes acknowledged, with `why` in the failure message.
-    fn writes(&mut self, why: &str) {
+    pub(crate) fn writes(&mut self, why: &str) {
         self.acks = self.writer.wait_acks(self.acks, ACKS, ACK_DEADLINE, why);
     }
 
     /// Member `i` restarted by hand (gracefully) with TARGET_VERSION
     /// `target`, as an operator's rollout of its manifest does.
-    fn retarget(&mut self, i: usize, target: &str) {
+    pub(crate) fn retarget(&mut self, i: usize, target: &str) {
         self.cluster.container(i).stop(STOP_GRACE_S);
         self.cluster.run_member(i, target);
     }
 
     /// Every member, one by one, with TARGET_VERSION `target`: the next
     /// once the previous serves again.
-    fn retarget_one_by_one(&mut self, target: &str) {
+    pub(crate) fn retarget_one_by_one(&mut self, target: &str) {
         for i in 0..self.cluster.members.len() {
             self.retarget(i, target);
             self.cluster.wait_healthy(i, START_DEADLINE);
@@ -147,17 +147,38 @@ impl Scenario {
         }
     }
 
+    /// A roll to `target` reached: every member runs it, its minor is the
+    /// cluster version, every version.txt records it, and writes go on.
+    /// The scenario goes on (another roll may follow).
+    pub(crate) fn reached(&mut self, target: &str) {
+        let took = wait_rolled(&self.cluster, target, ROLL_DEADLINE);
+        say(&format!(
+            "{}: every member runs {target} {:.1} s after the last restart by hand",
+            self.test,
+            took.as_secs_f64()
+        ));
+        for i in 0..self.cluster.members.len() {
+            wait_recorded(
+                &self.cluster,
+                i,
+                &format!("{target}/{}", self.cluster.storage),
+                RECORD_DEADLINE,
+            );
+        }
+        self.writes(&format!("writes once every member runs {target}"));
+    }
+
     /// The roll to `target` is over: every member runs it, its minor is
     /// the cluster version, every version.txt records it, the roll went
     /// through the lock and the proofs, and every invariant holds.
-    fn finish(self, target: &str) {
+    pub(crate) fn finish(self, target: &str) {
         self.finish_with(target, true);
     }
 
     /// [`Scenario::finish`]; `through_lock`: the last wave restarted
     /// members under the lock (a one-minor rollout needs none: each member
     /// starts the next minor when its own container starts).
-    fn finish_with(mut self, target: &str, through_lock: bool) {
+    pub(crate) fn finish_with(mut self, target: &str, through_lock: bool) {
         let took = wait_rolled(&self.cluster, target, ROLL_DEADLINE);
         say(&format!(
             "{}: every member runs {target} {:.1} s after the last restart by hand",
@@ -197,7 +218,7 @@ impl Scenario {
     }
 
     /// The entrypoints' lines about the roll, member by member.
-    fn record(&self) -> String {
+    pub(crate) fn record(&self) -> String {
         let mut record = Vec::new();
         for (i, member) in self.cluster.members.iter().enumerate() {
             for line in self.cluster.container(i).logs().lines() {
@@ -223,7 +244,12 @@ impl Scenario {
 
     /// Waits until some member's log shows `needle` once more than
     /// `before` (per member) says; that member's index.
-    fn wait_for_line(&self, needle: &str, before: &[usize], deadline: Duration) -> usize {
+    pub(crate) fn wait_for_line(
+        &self,
+        needle: &str,
+        before: &[usize],
+        deadline: Duration,
+    ) -> usize {
         let started = Instant::now();
         loop {
             for (i, seen) in before.iter().enumerate() {
@@ -243,14 +269,14 @@ impl Scenario {
     /// Takes the cluster's upgrade lock as an operator would to pause a
     /// roll (a holder that is no member; under a lease or TTL of its own),
     /// once whoever holds it now has let it go.
-    fn hold_lock(&self) -> Hold {
+    pub(crate) fn hold_lock(&self) -> Hold {
         self.operator_lock(false)
     }
 
     /// Takes the upgrade lock as the operator at once, from whoever holds
     /// it (a holder just SIGKILLed: its run is gone), so that nobody else
     /// restarts until [`Scenario::release_lock`].
-    fn seize_lock(&self) -> Hold {
+    pub(crate) fn seize_lock(&self) -> Hold {
         self.operator_lock(true)
     }
 
@@ -313,7 +339,7 @@ impl Scenario {
     }
 
     /// Lets the operator's hold go (through any member that answers).
-    fn release_lock(&self, hold: Hold) {
+    pub(crate) fn release_lock(&self, hold: Hold) {
         let http = writer::v2_http(&self.cluster.client);
         let pki = self.cluster.client.clone();
         let started = Instant::now();
@@ -348,7 +374,7 @@ impl Scenario {
     }
 
     /// How often each member has logged `needle` so far.
-    fn counts(&self, needle: &str) -> Vec<usize> {
+    pub(crate) fn counts(&self, needle: &str) -> Vec<usize> {
         (0..self.cluster.members.len())
             .map(|i| self.cluster.container(i).count_in_log(needle))
             .collect()
@@ -358,7 +384,7 @@ impl Scenario {
 /// The operator's hold on the upgrade lock: a v3 lease, or the v2 key
 /// (with a TTL of its own).
 #[derive(Debug, Clone, Copy)]
-enum Hold {
+pub(crate) enum Hold {
     V2,
     V3(i64),
 }

@@ -9,7 +9,7 @@ use crate::harness::etcd::{read_back, EtcdProcess};
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::migrator::Migration;
 use crate::harness::tree::fingerprint;
-use crate::harness::v2::{self, read_back_v2, v2_flags, V2Key, V2Keyspace};
+use crate::harness::v2::{self, read_back_v2, V2Key, V2Keyspace};
 use crate::harness::{block_on, free_port, read_version_txt, temp_dir, write_version_txt, Member};
 
 /// Leases and TTLs granted 3,600 s shortly before must show more than this.
@@ -24,23 +24,7 @@ const EXPIRING: &str = "/legacy/lock";
 /// Writes v2 keys into the data dir of `member` (etcd3 data's v2 store,
 /// or etcd2 data) with 3.3.25, which serves the v2 API by default.
 fn add_v2_keys(data: &Path, member: &Member, logs: &Path, keys: &[V2Key]) {
-    add_v2_keys_with("3.3.25", data, member, logs, keys);
-}
-
-/// [`add_v2_keys`] with etcd `version` (its v2 API turned on).
-pub fn add_v2_keys_with(version: &str, data: &Path, member: &Member, logs: &Path, keys: &[V2Key]) {
-    let mut etcd =
-        EtcdProcess::start_with(version, member, data, free_port(), logs, v2_flags(version));
-    block_on(async {
-        etcd.wait_ready_v2().await;
-        let client = v2::http_client();
-        for key in keys {
-            v2::put(&client, &etcd.endpoint(), &key.path, &key.value, key.ttl)
-                .await
-                .unwrap_or_else(|err| panic!("write {}: {err}", key.path));
-        }
-    });
-    etcd.stop();
+    v2::write_keys("3.3.25", member, data, logs, keys);
 }
 
 fn v2_side_keys() -> Vec<V2Key> {
@@ -693,10 +677,10 @@ fn v2_content_in_etcd3_data_is_refused_by_name_before_a_release_without_a_v2_sto
     let data = tmp.path().join("data");
     let member = Member::new("v2-content");
     fixture::build(FixtureSpec::small("3.5.30"), &data, &member, tmp.path());
-    add_v2_keys_with(
+    v2::write_keys(
         "3.5.30",
-        &data,
         &member,
+        &data,
         tmp.path(),
         &[
             V2Key::plain(FLANNEL, r#"{"Network":"10.1.0.0/16"}"#),
@@ -720,24 +704,13 @@ fn v2_content_in_etcd3_data_is_refused_by_name_before_a_release_without_a_v2_sto
     // Removed as the message says (the dirs too: an empty dir is still
     // content to 3.6), the data passes: what stops the run now is the
     // missing 3.6.14 binary, after the data checks.
-    let mut etcd = EtcdProcess::start_with(
+    v2::remove_dirs(
         "3.5.30",
         &member,
         &data,
-        free_port(),
         tmp.path(),
-        v2_flags("3.5.30"),
+        &["/coreos.com", "/legacy"],
     );
-    block_on(async {
-        etcd.wait_ready_v2().await;
-        let client = v2::http_client();
-        for dir in ["/coreos.com", "/legacy"] {
-            v2::delete_dir(&client, &etcd.endpoint(), dir)
-                .await
-                .unwrap_or_else(|err| panic!("remove {dir}: {err}"));
-        }
-    });
-    etcd.stop();
     let run = Migration::new("3.6.14", &data, &member)
         .bundled("3.5.30,3.6.14")
         .bin_dir(tmp.path())

@@ -3,7 +3,8 @@
 //! without them): upstream's patch floors refused naming what to bundle,
 //! a flag 3.7 removed refused naming its replacement, and 3.7 never the
 //! first etcd on a WAL it cannot replay (3.5's v2 requests past the newest
-//! snapshot: a 3.6 member that never snapshotted since). The walks
+//! snapshot: a 3.6 member that never snapshotted since), and v2 content
+//! refused offline as 3.6.14 itself refuses it. The walks
 //! themselves are `old_releases`' cases.
 
 use std::io::Write as _;
@@ -15,9 +16,10 @@ use crate::harness::etcd::{read_back, EtcdProcess};
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::migrator::{Migration, Mode};
 use crate::harness::tree::fingerprint;
+use crate::harness::v2::{self, V2Key};
 use crate::harness::{
-    block_on, free_port, linked_bin_dir, missing_releases, read_version_txt, temp_dir,
-    write_version_txt, Member,
+    block_on, copy_dir, etcd_binary, free_port, linked_bin_dir, missing_releases, read_version_txt,
+    temp_dir, write_version_txt, Member,
 };
 
 /// A test: its name, its body, the releases it needs.
@@ -36,6 +38,7 @@ pub fn trials() -> Vec<Trial> {
             needs ["3.5.30", "3.6.10", "3.6.14", "3.7.1"],
         upstreams_patch_floors_are_refused_naming_what_to_bundle needs ["3.6.10", "3.6.14", "3.7.1"],
         a_flag_3_7_removed_is_refused_up_front_naming_its_replacement needs ["3.6.14", "3.7.1"],
+        v2_content_is_refused_offline_as_3_6_itself_refuses_it needs ["3.5.30", "3.6.14"],
     ];
     tests
         .into_iter()
@@ -163,4 +166,117 @@ fn a_flag_3_7_removed_is_refused_up_front_naming_its_replacement() {
                 "use --feature-gates=InitialCorruptCheck=true instead",
             ],
         );
+}
+
+/// How long etcd 3.6 may take to refuse data at its start.
+const REFUSAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Starts `etcd-3.6.14` on `data` as `member` and waits for it to exit;
+/// returns its output. Panics if it is still running after
+/// [`REFUSAL_TIMEOUT`] (it then serves the data: the check would be wrong).
+fn refusal_of_3_6(data: &Path, member: &Member, logs: &Path) -> String {
+    let log = logs.join("etcd-3.6.14-refusal.log");
+    let out = std::fs::File::create(&log).expect("log file");
+    let client = format!("http://127.0.0.1:{}", free_port());
+    let mut child = std::process::Command::new(etcd_binary("3.6.14"))
+        .args(["--name", &member.name, "--data-dir"])
+        .arg(data)
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args(["--listen-peer-urls", &member.peer_url()])
+        .args(["--initial-advertise-peer-urls", &member.peer_url()])
+        .args(["--initial-cluster", &member.initial_cluster()])
+        .stdout(out.try_clone().expect("log file"))
+        .stderr(out)
+        .spawn()
+        .expect("start etcd 3.6.14");
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            assert!(!status.success(), "etcd 3.6.14 exited 0 on v2 content");
+            return std::fs::read_to_string(&log).unwrap_or_default();
+        }
+        if started.elapsed() > REFUSAL_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "etcd 3.6.14 serves data with v2 content:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// 3.5.30 data whose v2 store holds flannel's config: etcd-migrate refuses
+/// it offline before 3.6 (exit 2, untouched), and 3.6.14 itself refuses a
+/// copy of it at start (its own words). Removed through the v2 API, the
+/// same data walks to 3.6.14 with every key, revision and lease.
+fn v2_content_is_refused_offline_as_3_6_itself_refuses_it() {
+    let tmp = temp_dir("present-v2-content");
+    let data = tmp.path().join("data");
+    let member = Member::new("present-v2-content");
+    let fixture = fixture::build(FixtureSpec::small("3.5.30"), &data, &member, tmp.path());
+    v2::write_keys(
+        "3.5.30",
+        &member,
+        &data,
+        tmp.path(),
+        &[V2Key::plain(
+            "/coreos.com/network/config",
+            r#"{"Network":"10.1.0.0/16"}"#,
+        )],
+    );
+    let bin = linked_bin_dir(&["3.5.30", "3.6.14"], tmp.path());
+    let before = fingerprint(&data);
+    Migration::new("3.6.14", &data, &member)
+        .bin_dir(&bin)
+        .run()
+        .assert_refused_untouched(
+            &data,
+            &before,
+            &[
+                "holds content (/coreos.com;",
+                "etcd 3.6.14, a step of this plan",
+            ],
+        );
+
+    // etcd 3.6.14 agrees, on a copy that a baseline-like start of 3.5.30
+    // (a snapshot after every entry) has left with the content in its
+    // newest snapshot, as the step before 3.6 would.
+    let copy = tmp.path().join("copy");
+    copy_dir(&data, &copy);
+    let mut etcd = EtcdProcess::start_with(
+        "3.5.30",
+        &member,
+        &copy,
+        free_port(),
+        tmp.path(),
+        &["--snapshot-count=1", "--enable-v2=true"],
+    );
+    block_on(async {
+        etcd.wait_ready().await;
+        let mut client = crate::harness::etcd::connect(&etcd.endpoint())
+            .await
+            .expect("connect");
+        client.put("snapshot-me", "1", None).await.expect("put");
+    });
+    etcd.stop();
+    let said = refusal_of_3_6(&copy, &member, tmp.path());
+    assert!(
+        said.contains("custom content"),
+        "etcd 3.6.14 refuses for another reason:\n{said}"
+    );
+
+    v2::remove_dirs("3.5.30", &member, &data, tmp.path(), &["/coreos.com"]);
+    let run = Migration::new("3.6.14", &data, &member).bin_dir(&bin).run();
+    run.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.6.14/etcd3");
+    let after = read_back("3.6.14", &member, &data, tmp.path());
+    after.assert_kept(&fixture.keyspace, 3000);
+    after.assert_revisions_kept(&fixture.keyspace);
 }

@@ -24,10 +24,9 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    AlarmAction, AlarmType, Compare, CompareOp, DowngradeOptions, PutOptions, Txn, TxnOp,
-};
+use etcd_client::{AlarmAction, AlarmType, Compare, CompareOp, PutOptions, Txn, TxnOp};
 
+use crate::downgrade;
 use crate::effects::{EtcdApi, Expected, HealthError, LeasePlan};
 use crate::keyspace::{self, Entry, Fingerprint, KeyspaceError, KnownLeases, Ours, Read};
 use crate::log::error_chain;
@@ -51,9 +50,6 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
 /// timeout comes after 5 s, measured on 3.5.30), so a short deadline and
 /// a second call that finds the job in the state asked for are quicker.
 pub const DOWNGRADE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Downgrade cancels tried before their timeouts count as a failure.
-const DOWNGRADE_CALL_ATTEMPTS: u32 = 5;
 
 /// Why a call to a step's etcd failed (or could not be made); each names
 /// the URL or endpoint and the key.
@@ -445,33 +441,13 @@ impl EtcdApi for EtcdHealth {
 
     async fn enable_downgrade(&self, endpoint: &str, target: Minor) -> Result<(), ApiError> {
         let mut client = self.maintenance(endpoint).await?;
-        let version = target.to_string();
-        let failed = |op: &str, source| ApiError::Downgrade {
-            op: format!("{op} {version}"),
-            endpoint: endpoint.to_string(),
-            source,
-        };
-        match client
-            .downgrade(DowngradeOptions::Validate(version.clone()))
+        downgrade::enable(&mut client, target)
             .await
-        {
-            Ok(_) => {}
-            // A run that died after its enable left the job on: the same
-            // one (the plan only ever walks one minor down).
-            Err(err) if is_in_progress(&err) => return Ok(()),
-            Err(source) => return Err(failed("downgrade validate", source)),
-        }
-        match client
-            .downgrade(DowngradeOptions::Enable(version.clone()))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(err) if is_in_progress(&err) => Ok(()),
-            // 3.5 does not answer although the enable applies (measured on
-            // 3.5.30): the wait that follows tells.
-            Err(err) if is_timeout(&err) => Ok(()),
-            Err(source) => Err(failed("downgrade enable", source)),
-        }
+            .map_err(|err| ApiError::Downgrade {
+                op: err.op,
+                endpoint: endpoint.to_string(),
+                source: err.source,
+            })
     }
 
     async fn downgraded(&self, endpoint: &str, target: Minor) -> Result<bool, ApiError> {
@@ -492,45 +468,24 @@ impl EtcdApi for EtcdHealth {
         // it); the downgrade is the job it records, which a 3.4.31+
         // member then starts on. Its validate says whether one is on.
         let mut client = self.maintenance(endpoint).await?;
-        match client
-            .downgrade(DowngradeOptions::Validate(target.to_string()))
+        downgrade::is_on(&mut client, target)
             .await
-        {
-            Ok(_) => Ok(false),
-            Err(err) if is_in_progress(&err) => Ok(true),
-            Err(source) => Err(ApiError::Downgrade {
-                op: format!("downgrade validate {target}"),
+            .map_err(|err| ApiError::Downgrade {
+                op: err.op,
                 endpoint: endpoint.to_string(),
-                source,
-            }),
-        }
+                source: err.source,
+            })
     }
 
     async fn finish_downgrade(&self, endpoint: &str) -> Result<(), ApiError> {
         let mut client = self.maintenance(endpoint).await?;
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            match client.downgrade(DowngradeOptions::Cancel).await {
-                Ok(_) => return Ok(()),
-                Err(err)
-                    if err.to_string().contains("no inflight downgrade job")
-                        || err.to_string().contains("unknown method Downgrade") =>
-                {
-                    return Ok(())
-                }
-                // 3.5 does not answer although the cancel applies
-                // (measured on 3.5.30): the next one says none is left.
-                Err(err) if is_timeout(&err) && attempts < DOWNGRADE_CALL_ATTEMPTS => {}
-                Err(source) => {
-                    return Err(ApiError::Downgrade {
-                        op: "downgrade cancel".to_string(),
-                        endpoint: endpoint.to_string(),
-                        source,
-                    })
-                }
-            }
-        }
+        downgrade::cancel(&mut client)
+            .await
+            .map_err(|err| ApiError::Downgrade {
+                op: err.op,
+                endpoint: endpoint.to_string(),
+                source: err.source,
+            })
     }
 
     fn read_all(
@@ -705,21 +660,6 @@ enum VersionsState {
     NotYet(String),
     /// The server reports another release.
     OtherServer(String),
-}
-
-/// Whether etcd said a downgrade job is under way already.
-fn is_in_progress(err: &etcd_client::Error) -> bool {
-    error_chain(err).contains("downgrade job in progress")
-}
-
-/// Whether a call ended in a timeout (ours, or etcd's own "request timed
-/// out"), not an answer.
-fn is_timeout(err: &etcd_client::Error) -> bool {
-    let text = error_chain(err);
-    text.contains("request timed out")
-        || text.contains("Timeout expired")
-        || text.contains("deadline")
-        || text.contains("timed out")
 }
 
 /// The minor of a version as `/version` spells it (`3.6`, `3.6.0`).

@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod config;
 pub mod datadir;
 pub mod dialect;
+pub mod downgrade;
 pub mod durable;
 pub mod effects;
 pub mod etcd;

@@ -230,6 +230,38 @@ fn start_with_v2(version: &str, member: &Member, data_dir: &Path, log_dir: &Path
     )
 }
 
+/// Writes `keys` through the v2 API of `etcd-<version>` serving
+/// `data_dir` (etcd3 data's v2 store, or etcd2 data), then stops it.
+pub fn write_keys(version: &str, member: &Member, data_dir: &Path, log_dir: &Path, keys: &[V2Key]) {
+    let mut etcd = start_with_v2(version, member, data_dir, log_dir);
+    block_on(async {
+        etcd.wait_ready_v2().await;
+        let client = http_client();
+        for key in keys {
+            put(&client, &etcd.endpoint(), &key.path, &key.value, key.ttl)
+                .await
+                .unwrap_or_else(|err| panic!("write {}: {err}", key.path));
+        }
+    });
+    etcd.stop();
+}
+
+/// Removes the v2 dirs `dirs` (and all below) through the v2 API of
+/// `etcd-<version>` serving `data_dir`, then stops it.
+pub fn remove_dirs(version: &str, member: &Member, data_dir: &Path, log_dir: &Path, dirs: &[&str]) {
+    let mut etcd = start_with_v2(version, member, data_dir, log_dir);
+    block_on(async {
+        etcd.wait_ready_v2().await;
+        let client = http_client();
+        for dir in dirs {
+            delete_dir(&client, &etcd.endpoint(), dir)
+                .await
+                .unwrap_or_else(|err| panic!("remove {dir}: {err}"));
+        }
+    });
+    etcd.stop();
+}
+
 /// Starts `etcd-<version>` as `member` on `data_dir` with the v2 API on,
 /// reads the v2 store, and stops it.
 pub fn read_back_v2(version: &str, member: &Member, data_dir: &Path, log_dir: &Path) -> V2Keyspace {

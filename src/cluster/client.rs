@@ -12,6 +12,7 @@ use etcd_client::{AlarmAction, AlarmType, ConnectOptions};
 use serde::Deserialize;
 
 use crate::cluster::peer::{self, error_text, PeerError, TlsFiles};
+use crate::version::{Minor, Version};
 
 /// Why the cluster's client API could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,15 @@ pub enum ClientError {
         to: u64,
         /// What etcd said.
         reason: String,
+    },
+    /// etcd refused or failed a downgrade call.
+    #[error("{endpoints}: {source}")]
+    Downgrade {
+        /// The client URLs asked.
+        endpoints: String,
+        /// The call and what etcd said.
+        #[source]
+        source: crate::downgrade::DowngradeError,
     },
     /// The TLS files could not be read.
     #[error(transparent)]
@@ -102,14 +112,48 @@ impl V3Cluster {
     }
 
     /// The leader's member id, as the member that answers knows it (`None`
-    /// while there is no leader).
-    pub async fn leader(&mut self) -> Result<Option<u64>, ClientError> {
+    /// while there is no leader), and the target of an enabled downgrade
+    /// job (3.6+ tell; `None` from older members).
+    pub async fn status(&mut self) -> Result<(Option<u64>, Option<Minor>), ClientError> {
         let status = self
             .client
             .status()
             .await
             .map_err(|e| self.unreachable(e))?;
-        Ok((status.leader() != 0).then_some(status.leader()))
+        let downgrade = status
+            .downgrade_info()
+            .filter(|info| info.enabled())
+            .and_then(|info| info.target_version().parse::<Version>().ok())
+            .map(Version::minor_line);
+        Ok(((status.leader() != 0).then_some(status.leader()), downgrade))
+    }
+
+    /// The leader's member id alone (see [`V3Cluster::status`]).
+    pub async fn leader(&mut self) -> Result<Option<u64>, ClientError> {
+        Ok(self.status().await?.0)
+    }
+
+    /// Has etcd downgrade the cluster to `to` (validate, then enable).
+    pub async fn enable_downgrade(&mut self, to: Minor) -> Result<(), ClientError> {
+        let mut maintenance = self.client.maintenance_client();
+        crate::downgrade::enable(&mut maintenance, to)
+            .await
+            .map_err(|source| self.downgrade_failed(source))
+    }
+
+    /// Ends the cluster's downgrade job.
+    pub async fn cancel_downgrade(&mut self) -> Result<(), ClientError> {
+        let mut maintenance = self.client.maintenance_client();
+        crate::downgrade::cancel(&mut maintenance)
+            .await
+            .map_err(|source| self.downgrade_failed(source))
+    }
+
+    fn downgrade_failed(&self, source: crate::downgrade::DowngradeError) -> ClientError {
+        ClientError::Downgrade {
+            endpoints: self.endpoints.join(","),
+            source,
+        }
     }
 
     /// The raised alarms, by name (`NOSPACE`, `CORRUPT`), with the member

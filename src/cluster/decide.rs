@@ -19,7 +19,14 @@
 //!   the cluster has no alarm; the leader hands leadership away first;
 //! - where upstream sets a patch floor before the next minor (3.5.26
 //!   before 3.6, 3.6.11 before 3.7: `plan::PATCH_FLOORS`), no member
-//!   starts that minor before every member runs the floor or later.
+//!   starts that minor before every member runs the floor or later;
+//! - the way back is etcd's own downgrade (3.6+): with every member on
+//!   minor M, one member enables the downgrade to M − 1 under the lock
+//!   (the cluster version drops to M − 1 at once); then each member, once
+//!   its storage version is M − 1, restarts into M − 1 under the lock, one
+//!   at a time; the leader ends the job when all run it. A goal above an
+//!   enabled job's target cancels it (any member; etcd ignores a second
+//!   cancel). A target with no online way back keeps the member serving.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -43,6 +50,8 @@ pub struct Member {
     pub is_learner: bool,
     /// Whether it answered, and with which server version.
     pub reach: Reach,
+    /// Its storage version, as it last told it (3.6+ report one).
+    pub storage: Option<Minor>,
 }
 
 /// What asking a member for its version gave.
@@ -73,6 +82,9 @@ pub struct View {
     /// the member, not to one run of its entrypoint: a holder SIGKILLed and
     /// restarted finds the lock still its own.
     pub lock: Option<u64>,
+    /// The target of an enabled downgrade job, as a 3.6+ member reports
+    /// it (`None`: no job, or the member that answered is older).
+    pub downgrade: Option<Minor>,
 }
 
 /// Where our own member stands.
@@ -117,6 +129,15 @@ pub enum Decision {
         /// The release to start.
         into: Version,
     },
+    /// Under the lock, every member on our minor: have etcd downgrade the
+    /// cluster to this minor (`downgrade validate`, then `enable`).
+    EnableDowngrade {
+        /// The minor one below ours.
+        to: Minor,
+    },
+    /// End the enabled downgrade job: the goal is above its target, or
+    /// every member runs it.
+    CancelDowngrade,
     /// Our restart is done (or nothing more may happen under the lock):
     /// release it so the next member can go.
     ReleaseLock,
@@ -178,6 +199,22 @@ pub enum Waiting {
         members: usize,
         /// The release this member serves.
         running: Version,
+    },
+    /// The downgrade is enabled and our member's storage version is not
+    /// down to its target yet (etcd lowers it once the state is saved).
+    StorageVersion {
+        /// The downgrade's target.
+        want: Minor,
+        /// What our member reports.
+        have: Minor,
+    },
+    /// The downgrade is enabled, and the cluster version has not dropped
+    /// to its target yet.
+    Downgrading {
+        /// The downgrade's target.
+        to: Minor,
+        /// The cluster version now.
+        cluster: Minor,
     },
     /// A member does not run upstream's patch floor before the next minor
     /// yet (or cannot be asked).
@@ -296,7 +333,15 @@ impl fmt::Display for Waiting {
                 running,
             } => write!(
                 f,
-                "TARGET_VERSION {target} is below the cluster version {cluster}: this member keeps serving {running}; etcd-migrate does not yet roll a cluster of {members} members back (etcd's downgrade API, member by member, is still to come), so nothing changes until TARGET_VERSION is {cluster}.x or newer again"
+                "TARGET_VERSION {target} is below the cluster version {cluster}: this member keeps serving {running}; a cluster of {members} members goes back only through etcd's downgrade, which needs a member on 3.6 or later and the release one minor below bundled (3.5 reports no downgrade state to roll on, and 3.4 and older have no downgrade), so nothing changes until TARGET_VERSION is {cluster}.x or newer again, or the image bundles the way down"
+            ),
+            Waiting::StorageVersion { want, have } => write!(
+                f,
+                "waiting for this member's storage version to reach {want} (now {have}) after etcd's downgrade was enabled"
+            ),
+            Waiting::Downgrading { to, cluster } => write!(
+                f,
+                "waiting for the cluster version to drop to {to} (now {cluster}) after etcd's downgrade was enabled"
             ),
             Waiting::PatchFloor { next, need, behind } => write!(
                 f,
@@ -402,6 +447,18 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
             running: own.running,
         });
     }
+    if let Some(job) = view.downgrade {
+        if goal.target.minor_line() > job || all_run(view, job) {
+            return Decision::CancelDowngrade;
+        }
+    }
+    let running = own.running.minor_line();
+    let down = goal
+        .next
+        .filter(|next| next.minor_line() < running && running >= Minor::new(3, 6));
+    if let (Some(next), Some(cluster)) = (down, view.cluster_version) {
+        return downgrade_step(view, own, next, cluster);
+    }
     if let Some(cluster) = view.cluster_version {
         if goal.target.minor_line() < cluster && view.members.len() > 1 {
             return Decision::Wait(Waiting::NoWayBack {
@@ -426,6 +483,68 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
     };
     if let Some(waiting) = version_gate(view, own, next) {
         return Decision::Wait(waiting);
+    }
+    if let Some(waiting) = others_ready(view, own) {
+        return Decision::Wait(waiting);
+    }
+    match view.lock {
+        Some(holder) if holder != own.id => Decision::Wait(Waiting::LockHeld {
+            member: member_label(view, holder),
+        }),
+        _ => Decision::TakeLock,
+    }
+}
+
+/// Whether every member answers on `minor`.
+fn all_run(view: &View, minor: Minor) -> bool {
+    view.members
+        .iter()
+        .all(|m| matches!(m.reach, Reach::Up(v) if v.minor_line() == minor))
+}
+
+/// One member's part of a downgrade to `next`'s minor, one below ours:
+/// with the cluster version still ours, the downgrade is enabled under the
+/// lock; once it has dropped, our restart into `next` waits for our
+/// storage version, the others and the lock, as an upgrade's does.
+fn downgrade_step(view: &View, own: &Own, next: Version, cluster: Minor) -> Decision {
+    let to = next.minor_line();
+    let running = own.running.minor_line();
+    if cluster == running {
+        if view.downgrade == Some(to) {
+            return Decision::Wait(Waiting::Downgrading { to, cluster });
+        }
+        // The downgrade is enabled only with every member on our minor
+        // (one still above is coming down in the wave before).
+        let above = view.members.iter().find(|m| match m.reach {
+            Reach::Up(version) => version.minor_line() != running,
+            Reach::Down(_) => false,
+        });
+        if let Some(member) = above {
+            return Decision::Wait(Waiting::ClusterVersion {
+                want: running,
+                have: Some(cluster),
+                behind: Some(Behind {
+                    member: label(member),
+                    reach: member.reach,
+                }),
+            });
+        }
+    } else if cluster == to {
+        let storage = view
+            .members
+            .iter()
+            .find(|m| m.id == own.id)
+            .and_then(|m| m.storage);
+        if let Some(have) = storage.filter(|s| *s > to) {
+            return Decision::Wait(Waiting::StorageVersion { want: to, have });
+        }
+    } else {
+        // Below our minor's predecessor: the refusals have said so.
+        return Decision::Wait(Waiting::ClusterVersion {
+            want: to,
+            have: Some(cluster),
+            behind: None,
+        });
     }
     if let Some(waiting) = others_ready(view, own) {
         return Decision::Wait(waiting);
@@ -511,31 +630,39 @@ fn others_ready(view: &View, own: &Own) -> Option<Waiting> {
     None
 }
 
-/// Under the lock: hand leadership away if we lead, else restart.
+/// Under the lock: enable a downgrade the cluster version has not taken
+/// yet, else hand leadership away if we lead, else restart.
 fn restart_or_hand_over(view: &View, own: &Own, goal: &Goal) -> Decision {
     let Some(next) = goal.next else {
         return Decision::ReleaseLock;
     };
+    let running = own.running.minor_line();
+    if next.minor_line() < running && view.cluster_version == Some(running) {
+        return Decision::EnableDowngrade {
+            to: next.minor_line(),
+        };
+    }
     if view.leader == Some(own.id) {
-        if let Some(to) = leader_successor(view, own) {
+        if let Some(to) = leader_successor(view, own, next) {
             return Decision::MoveLeader { to };
         }
     }
     Decision::Restart { into: next }
 }
 
-/// The member to lead while we restart: a voter that is up, on the newest
-/// release (it will not restart soon), lowest id among equals.
-fn leader_successor(view: &View, own: &Own) -> Option<u64> {
+/// The member to lead while we restart into `next`: a voter that is up,
+/// one that runs `next`'s minor already if any (it will not restart in
+/// this wave, up or down), then the newest release, lowest id among equals.
+fn leader_successor(view: &View, own: &Own, next: Version) -> Option<u64> {
     view.members
         .iter()
         .filter(|m| m.id != own.id && !m.is_learner)
         .filter_map(|m| match m.reach {
-            Reach::Up(version) => Some((version, m.id)),
+            Reach::Up(version) => Some((version.minor_line() == next.minor_line(), version, m.id)),
             Reach::Down(_) => None,
         })
-        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
-        .map(|(_, id)| id)
+        .max_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(b.2.cmp(&a.2)))
+        .map(|(_, _, id)| id)
 }
 
 fn member_label(view: &View, id: u64) -> String {
@@ -569,11 +696,16 @@ mod tests {
             client_urls: vec![format!("https://10.0.0.{id}:2379")],
             is_learner: false,
             reach,
+            storage: None,
         }
     }
 
     fn up(s: &str) -> Reach {
         Reach::Up(v(s))
+    }
+
+    fn view_of(cluster: &str, running: &str, b: Reach, c: Reach) -> View {
+        view(cluster, running, b, c)
     }
 
     /// Three members, we are A running `running`, B and C as given.
@@ -585,6 +717,7 @@ mod tests {
             leader: Some(B),
             tls_refused: BTreeMap::new(),
             lock: None,
+            downgrade: None,
         }
     }
 
@@ -620,6 +753,14 @@ mod tests {
         };
         let learner = |mut view: View| {
             view.members[2].is_learner = true;
+            view
+        };
+        let job = |mut view: View, to: &str| {
+            view.downgrade = Some(m(to));
+            view
+        };
+        let storage = |mut view: View, minor: &str| {
+            view.members[0].storage = Some(m(minor));
             view
         };
         let unproven = |mut own: Own| {
@@ -711,6 +852,56 @@ mod tests {
             ("rolled back while holding the lock: the lock goes first",
              lock(view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), A), own("3.5.16"), goal("3.4.23", None),
              Decision::ReleaseLock),
+            // The way back through etcd's downgrade.
+            ("3.7 all round, target 3.6: take the lock to enable the downgrade",
+             view("3.7", "3.7.1", up("3.7.1"), up("3.7.1")), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::TakeLock),
+            ("the lock ours: enable the downgrade (not a restart: 3.6 refuses cluster version 3.7)",
+             lead(lock(view("3.7", "3.7.1", up("3.7.1"), up("3.7.1")), A)), own("3.7.1"), goal("3.5.30", Some("3.6.14")),
+             Decision::EnableDowngrade { to: m("3.6") }),
+            ("a member down: no enable either",
+             view("3.7", "3.7.1", up("3.7.1"), down), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::MemberDown { member: "etcd-c (https://10.0.0.12:2380)".to_string(), down_for: Duration::from_secs(45) })),
+            ("enabled, the cluster version not dropped yet: wait",
+             job(view("3.7", "3.7.1", up("3.7.1"), up("3.7.1")), "3.6"), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::Downgrading { to: m("3.6"), cluster: m("3.7") })),
+            ("dropped, our storage still 3.7: wait for it",
+             storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.7.1")), "3.6"), "3.7"), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::StorageVersion { want: m("3.6"), have: m("3.7") })),
+            ("dropped, storage 3.6: take the lock to restart",
+             storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::TakeLock),
+            ("the lock ours and we lead: hand over to the member already on 3.6",
+             lead(lock(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), A)), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::MoveLeader { to: C }),
+            ("the lock ours: restart into 3.6",
+             lock(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), A), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Restart { into: v("3.6.14") }),
+            ("another member restarting: wait for it",
+             lock(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), B), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::LockHeld { member: "etcd-b (https://10.0.0.11:2380)".to_string() })),
+            ("on 3.6 with the others: the job is over, end it",
+             job(view("3.6", "3.6.14", up("3.6.14"), up("3.6.14")), "3.6"), own("3.6.14"), goal("3.6.14", None),
+             Decision::CancelDowngrade),
+            ("3.7 → 3.5: on 3.6 while a member still runs 3.7: wait for it, never enable 3.5 yet",
+             job(view("3.6", "3.6.14", up("3.7.1"), up("3.6.14")), "3.6"), own("3.6.14"), goal("3.5.30", Some("3.5.30")),
+             Decision::Wait(Waiting::ClusterVersion { want: m("3.6"), have: Some(m("3.6")),
+                 behind: Some(Behind { member: "etcd-b (https://10.0.0.11:2380)".to_string(), reach: up("3.7.1") }) })),
+            ("3.7 → 3.5: on 3.6 all round, the next wave enables 3.5",
+             view("3.6", "3.6.14", up("3.6.14"), up("3.6.14")), own("3.6.14"), goal("3.5.30", Some("3.5.30")),
+             Decision::TakeLock),
+            ("target raised mid-downgrade: cancel the job",
+             job(view("3.6", "3.6.14", up("3.7.1"), up("3.6.14")), "3.6"), own("3.6.14"), goal("3.7.1", Some("3.7.1")),
+             Decision::CancelDowngrade),
+            ("cancelled: back up as an upgrade",
+             view("3.6", "3.6.14", up("3.7.1"), up("3.6.14")), own("3.6.14"), goal("3.7.1", Some("3.7.1")),
+             Decision::TakeLock),
+            ("3.5 → 3.4: 3.5 reports no downgrade state, keep serving and say why",
+             view("3.5", "3.5.30", up("3.5.30"), up("3.5.30")), own("3.5.30"), goal("3.4.45", Some("3.4.45")),
+             Decision::Wait(Waiting::NoWayBack { cluster: m("3.5"), target: v("3.4.45"), members: 3, running: v("3.5.30") })),
+            ("a partial upgrade undone: 3.7 back to 3.6 at cluster version 3.6, no job needed",
+             storage(view("3.6", "3.7.1", up("3.6.14"), up("3.6.14")), "3.6"), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::TakeLock),
         ];
         for (name, view, own, goal, want) in rows {
             assert_eq!(decide(&view, &own, &goal), want, "{name}");
@@ -768,8 +959,14 @@ mod tests {
         let mut view = view("3.3", "3.3.25", Reach::Down(Duration::ZERO), up("3.3.25"));
         view.members[1].reach = up("3.4.23");
         view.members[1].is_learner = true;
-        assert_eq!(leader_successor(&view, &own("3.3.25")), Some(C));
+        assert_eq!(
+            leader_successor(&view, &own("3.3.25"), v("3.4.23")),
+            Some(C)
+        );
         view.members[2].reach = Reach::Down(Duration::ZERO);
-        assert_eq!(leader_successor(&view, &own("3.3.25")), None);
+        assert_eq!(leader_successor(&view, &own("3.3.25"), v("3.4.23")), None);
+        // Going down, a member already down there leads, not the newest.
+        let view = view_of("3.6", "3.7.1", up("3.7.1"), up("3.6.14"));
+        assert_eq!(leader_successor(&view, &own("3.7.1"), v("3.6.14")), Some(C));
     }
 }

@@ -151,6 +151,7 @@ mod tests {
                                 .expect("cluster version")
                                 .minor_line(),
                         ),
+                        storage: None,
                     }),
                     None => Err("connection refused".to_string()),
                 };

@@ -297,19 +297,20 @@ impl LiveCluster {
         self.api_client = None;
     }
 
-    async fn leader_and_alarms(&mut self) -> Result<(Option<u64>, Vec<String>), ClusterError> {
+    /// The leader, the alarms and the target of an enabled downgrade job.
+    async fn status(&mut self) -> Result<Status, ClusterError> {
         match self.api() {
             Api::V2 => {
                 let endpoints = self.client_endpoints();
                 let leader =
                     client::v2_leader(&endpoints, self.client_tls.as_ref(), self.timeout).await?;
-                Ok((leader, Vec::new()))
+                Ok((leader, Vec::new(), None))
             }
             Api::V3 => {
                 let api = self.v3().await?;
-                let leader = api.leader().await?;
+                let (leader, downgrade) = api.status().await?;
                 let alarms = api.alarms().await?;
-                Ok((leader, alarms))
+                Ok((leader, alarms, downgrade))
             }
         }
     }
@@ -389,6 +390,9 @@ impl LiveCluster {
     }
 }
 
+/// The leader, the raised alarms, and the target of an enabled downgrade.
+type Status = (Option<u64>, Vec<String>, Option<Minor>);
+
 impl Coordination for LiveCluster {
     type Error = ClusterError;
 
@@ -399,15 +403,16 @@ impl Coordination for LiveCluster {
     async fn observe(&mut self) -> Result<View, ClusterError> {
         let mut view = self.peer_view().await;
         let asked = async {
-            let (leader, alarms) = self.leader_and_alarms().await?;
+            let status = self.status().await?;
             let lock = self.holder().await?;
-            Ok::<_, ClusterError>((leader, alarms, lock))
+            Ok::<_, ClusterError>((status, lock))
         }
         .await;
         match asked {
-            Ok((leader, alarms, lock)) => {
+            Ok(((leader, alarms, downgrade), lock)) => {
                 view.leader = leader;
                 view.alarms = alarms;
+                view.downgrade = downgrade;
                 view.lock = lock;
                 Ok(view)
             }
@@ -502,6 +507,16 @@ impl Coordination for LiveCluster {
             .cloned()
             .ok_or(ClusterError::NoClientUrl)?;
         let result = self.v3().await?.move_leader(from, &leader_url, to).await;
+        result.map_err(Into::into)
+    }
+
+    async fn enable_downgrade(&mut self, to: Minor) -> Result<(), ClusterError> {
+        let result = self.v3().await?.enable_downgrade(to).await;
+        result.map_err(Into::into)
+    }
+
+    async fn cancel_downgrade(&mut self) -> Result<(), ClusterError> {
+        let result = self.v3().await?.cancel_downgrade().await;
         result.map_err(Into::into)
     }
 
@@ -684,5 +699,6 @@ pub fn from_disk(member: &crate::ondisk::MemberOnDisk) -> Member {
         client_urls: member.client_urls.clone(),
         is_learner: member.is_learner,
         reach: Reach::Down(Duration::ZERO),
+        storage: None,
     }
 }

@@ -21,6 +21,8 @@ pub struct VersionInfo {
     pub server: Version,
     /// The cluster version it knows, or `None` while it is `not_decided`.
     pub cluster: Option<Minor>,
+    /// Its storage version (3.6+ report one).
+    pub storage: Option<Minor>,
 }
 
 /// Why a peer endpoint's answer could not be used.
@@ -42,6 +44,8 @@ pub enum ObserveError {
 struct RawVersion {
     etcdserver: String,
     etcdcluster: String,
+    #[serde(default)]
+    storage: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -80,7 +84,17 @@ pub fn parse_version(endpoint: &str, answer: &str) -> Result<VersionInfo, Observ
                 .minor_line(),
         ),
     };
-    Ok(VersionInfo { server, cluster })
+    // 3.6+ (and its peers' `/version`) add the storage version.
+    let storage = raw
+        .storage
+        .as_deref()
+        .and_then(|text| text.parse::<Version>().ok())
+        .map(Version::minor_line);
+    Ok(VersionInfo {
+        server,
+        cluster,
+        storage,
+    })
 }
 
 /// Parses a `/members` answer from `endpoint` into the membership, every
@@ -99,6 +113,7 @@ pub fn parse_members(endpoint: &str, answer: &str) -> Result<Vec<Member>, Observ
             client_urls: m.client_urls,
             is_learner: m.is_learner,
             reach: Reach::Down(Duration::ZERO),
+            storage: None,
         })
         .collect())
 }
@@ -124,6 +139,10 @@ pub fn assemble(
             Some(Err(silent_for)) => Reach::Down(*silent_for),
             None => Reach::Down(Duration::ZERO),
         };
+        member.storage = match answers.get(&member.id) {
+            Some(Ok(info)) => info.storage,
+            _ => None,
+        };
     }
     let cluster_version = answers
         .values()
@@ -136,6 +155,7 @@ pub fn assemble(
         leader,
         tls_refused: BTreeMap::new(),
         lock,
+        downgrade: None,
     }
 }
 
@@ -154,6 +174,13 @@ mod tests {
         .expect("3.3 answer");
         assert_eq!(info.server, Version::new(3, 3, 25));
         assert_eq!(info.cluster, Some(Minor::new(3, 3)));
+        let present = parse_version(
+            "http://a:2380/version",
+            r#"{"etcdserver":"3.7.1","etcdcluster":"3.6.0","storage":"3.6.0"}"#,
+        )
+        .expect("3.6+ answer");
+        assert_eq!(present.storage, Some(Minor::new(3, 6)));
+        assert_eq!(info.storage, None);
         let early = parse_version(
             "http://a:2380/version",
             r#"{"etcdserver":"2.2.1","etcdcluster":"not_decided"}"#,
@@ -190,6 +217,7 @@ mod tests {
             Ok(VersionInfo {
                 server,
                 cluster: Some(cluster),
+                storage: None,
             })
         };
         let answers: Answers = [

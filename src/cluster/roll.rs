@@ -29,7 +29,7 @@ use crate::cluster::lock::Taken;
 use crate::log;
 use crate::plan::{self, Bundle, Step};
 use crate::supervisor::ExitStatus;
-use crate::version::{Version, VersionPair};
+use crate::version::{Minor, Version, VersionPair};
 
 /// How often the loop looks, and how long our own actions may take.
 #[derive(Debug, Clone, Copy)]
@@ -91,6 +91,11 @@ pub trait Coordination {
     async fn release_lock(&mut self) -> Result<(), Self::Error>;
     /// Hands leadership from `from` (us) to `to`.
     async fn move_leader(&mut self, from: u64, to: u64) -> Result<(), Self::Error>;
+    /// Has etcd downgrade the cluster to `to` (validate, then enable; a
+    /// job under way already is the same one).
+    async fn enable_downgrade(&mut self, to: Minor) -> Result<(), Self::Error>;
+    /// Ends the cluster's downgrade job (none left is done).
+    async fn cancel_downgrade(&mut self) -> Result<(), Self::Error>;
     /// Proves our etcd serves `release` as a member: its peer `/version`
     /// names it and a write through its own client URL commits.
     async fn prove(&mut self, release: Version) -> Result<(), Self::Error>;
@@ -251,7 +256,9 @@ pub fn next_release(running: Version, rolling: &Rolling) -> Option<Version> {
     };
     let plan = plan::plan(from, to, &rolling.bundle).ok()?;
     match plan.steps.first()? {
-        Step::PatchUpgrade { to, .. } | Step::MinorUpgrade { to, .. } => Some(*to),
+        Step::PatchUpgrade { to, .. }
+        | Step::MinorUpgrade { to, .. }
+        | Step::MinorDowngrade { to, .. } => Some(*to),
         _ => None,
     }
 }
@@ -335,6 +342,8 @@ fn waiting_kind(waiting: &Waiting) -> String {
         Waiting::LockHeld { member } => format!("lock {member}"),
         Waiting::PatchFloor { behind, .. } => format!("floor {}", behind.member),
         Waiting::NoWayBack { target, .. } => format!("back {target}"),
+        Waiting::StorageVersion { want, have } => format!("storage {want} {have}"),
+        Waiting::Downgrading { to, cluster } => format!("downgrading {to} {cluster}"),
     }
 }
 
@@ -412,7 +421,9 @@ pub async fn choose_start<C: Coordination, L: Ledger>(
     if let Decision::Refuse(refusal) = decide(&view, &own, &goal) {
         return Err(refusal.into());
     }
-    let Some(next) = goal.next else {
+    let Some(next) = goal.next.filter(|next| *next > first) else {
+        // Going down starts where the data is: a downgrade goes through
+        // the cluster (enabled under the lock, member by member).
         return Ok(first);
     };
     let patch = next.minor_line() == first.minor_line();
@@ -770,6 +781,61 @@ where
             Ok(Next::Observe)
         }
         Decision::Restart { into } => restart(rolling, member, etcd, ledger, into).await,
+        Decision::EnableDowngrade { to } => {
+            let started = Instant::now();
+            match cluster.enable_downgrade(to).await {
+                Ok(()) => {
+                    log::info(
+                        "downgrade enabled",
+                        &[
+                            ("to", to.to_string().into()),
+                            ("member", rolling.own_name.as_str().into()),
+                            ("ms", log::ms(started.elapsed())),
+                        ],
+                    );
+                    // The leader lowers the cluster version on its own
+                    // time: look again after a round.
+                    Ok(Next::Pause)
+                }
+                Err(err) => {
+                    reporter.wait(
+                        "enable",
+                        &format!(
+                            "waiting to enable etcd's downgrade to {to}: {}",
+                            crate::cluster::peer::error_text(&err)
+                        ),
+                    );
+                    Ok(Next::Pause)
+                }
+            }
+        }
+        Decision::CancelDowngrade => {
+            let started = Instant::now();
+            match cluster.cancel_downgrade().await {
+                Ok(()) => {
+                    log::info(
+                        "downgrade job ended",
+                        &[
+                            ("target", rolling.target.version.to_string().into()),
+                            ("ms", log::ms(started.elapsed())),
+                        ],
+                    );
+                    // The leader takes a moment to recompute the cluster
+                    // version: look again after a round, not at once.
+                    Ok(Next::Pause)
+                }
+                Err(err) => {
+                    reporter.wait(
+                        "cancel",
+                        &format!(
+                            "waiting to end etcd's downgrade job: {}",
+                            crate::cluster::peer::error_text(&err)
+                        ),
+                    );
+                    Ok(Next::Pause)
+                }
+            }
+        }
         Decision::ReleaseLock => {
             if !member.holding {
                 // The lock is our member's from a run that was killed: its

@@ -55,13 +55,32 @@ struct World {
     replay_blocked: Option<Version>,
     /// A start with a snapshot after every entry clears `replay_blocked`.
     snapshot_cures: bool,
+    /// The target of an enabled downgrade job.
+    downgrade: Option<Minor>,
 }
 
 impl World {
     /// etcd's rule: the cluster version moves up to the lowest release
-    /// only while every member answers, and never down.
+    /// only while every member answers, and never down; an enabled
+    /// downgrade sets it to its target at once (3.6+), and the leader ends
+    /// the job when every member runs it.
     fn cluster_version(&mut self) -> Option<Minor> {
         let all_up = self.own.is_some() && self.others.iter().all(Option::is_some);
+        if let Some(to) = self.downgrade {
+            self.cv = Some(to);
+            let all_there = all_up
+                && self
+                    .others
+                    .iter()
+                    .flatten()
+                    .chain(self.own.iter())
+                    .all(|v| v.minor_line() == to);
+            if all_there {
+                self.downgrade = None;
+                self.log.push("job ended by the leader".into());
+            }
+            return self.cv;
+        }
         if all_up {
             let lowest = self
                 .others
@@ -83,6 +102,11 @@ impl World {
             client_urls: vec![],
             is_learner: false,
             reach: self.own.map_or(Reach::Down(Duration::ZERO), Reach::Up),
+            // etcd lowers the storage version once the cluster version
+            // dropped: at once, here.
+            storage: self
+                .own
+                .map(|own| own.minor_line().min(self.cv.unwrap_or(own.minor_line()))),
         }];
         for (i, release) in self.others.iter().enumerate() {
             members.push(ViewMember {
@@ -92,15 +116,18 @@ impl World {
                 client_urls: vec![],
                 is_learner: false,
                 reach: release.map_or(Reach::Down(Duration::from_secs(30)), Reach::Up),
+                storage: None,
             });
         }
+        let cluster_version = self.cluster_version();
         View {
-            cluster_version: self.cluster_version(),
+            cluster_version,
             members,
             alarms: vec![],
             leader: self.leader,
             tls_refused: self.tls_refused.clone(),
             lock: self.lock,
+            downgrade: self.downgrade,
         }
     }
 }
@@ -173,6 +200,20 @@ impl Coordination for FakeCluster {
         let mut w = self.0.borrow_mut();
         w.leader = Some(to);
         w.log.push(format!("leader->{to}"));
+        Ok(())
+    }
+
+    async fn enable_downgrade(&mut self, to: Minor) -> Result<(), Fail> {
+        let mut w = self.0.borrow_mut();
+        w.downgrade = Some(to);
+        w.log.push(format!("enable {to}"));
+        Ok(())
+    }
+
+    async fn cancel_downgrade(&mut self) -> Result<(), Fail> {
+        let mut w = self.0.borrow_mut();
+        w.downgrade = None;
+        w.log.push("cancel".into());
         Ok(())
     }
 
@@ -531,6 +572,12 @@ fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
         async fn move_leader(&mut self, _: u64, _: u64) -> Result<(), Fail> {
             Ok(())
         }
+        async fn enable_downgrade(&mut self, _: Minor) -> Result<(), Fail> {
+            Err(Fail("unused".into()))
+        }
+        async fn cancel_downgrade(&mut self) -> Result<(), Fail> {
+            Err(Fail("unused".into()))
+        }
         async fn prove(&mut self, _: Version) -> Result<(), Fail> {
             Ok(())
         }
@@ -696,4 +743,103 @@ fn data_still_blocked_after_the_snapshotting_start_ends_the_run_without_3_7() {
     assert!(err.to_string().contains("--config-file"), "{err}");
     assert!(!log.contains(&"start 3.7.1".to_string()), "{log:?}");
     assert_eq!(log.last().map(String::as_str), Some("unlock"), "{log:?}");
+}
+
+/// A roll down through etcd's downgrade, on the releases it passes.
+fn rolling_down(recorded: &str, target: &str) -> Rolling {
+    Rolling {
+        bundle: Bundle::new(["3.5.30", "3.6.14", "3.7.1"].map(v)),
+        ..rolling(recorded, target)
+    }
+}
+
+/// With every member on 3.7, the first member to take the lock enables
+/// the downgrade (never a 3.6 start while the cluster version is 3.7),
+/// lets the lock go, and restarts into 3.6 under it once the cluster
+/// version has dropped, recording 3.6 only once proven, leadership handed
+/// away first.
+#[test]
+fn a_downgrade_is_enabled_under_the_lock_before_any_member_starts_the_older_release() {
+    let world = World {
+        others: vec![Some(v("3.7.1")), Some(v("3.7.1"))],
+        cv: Some(Minor::new(3, 7)),
+        leader: Some(OWN),
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling_down("3.7.1", "3.6.14"));
+    result.expect("rolled");
+    assert_eq!(
+        log,
+        [
+            "start 3.7.1",
+            "record 3.7.1",
+            "lock",
+            "enable 3.6",
+            "unlock",
+            "lock",
+            "leader->2",
+            "stop 3.7.1",
+            "mark 3.6.14",
+            "start 3.6.14",
+            "record 3.6.14",
+            "unlock",
+            "served"
+        ]
+    );
+}
+
+/// 3.7 → 3.5: two waves, each enabled once the one before is over (the
+/// leader ended its job when every member ran its target).
+#[test]
+fn a_two_minor_downgrade_walks_down_one_wave_at_a_time() {
+    let world = World {
+        others: vec![Some(v("3.6.14")), Some(v("3.6.14"))],
+        cv: Some(Minor::new(3, 6)),
+        downgrade: Some(Minor::new(3, 6)),
+        comes_up: Some((0, 8, v("3.5.30"))),
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling_down("3.7.1", "3.5.30"));
+    result.expect("rolled");
+    let pos = |what: &str| {
+        log.iter()
+            .position(|l| l == what)
+            .unwrap_or_else(|| panic!("{what} missing: {log:?}"))
+    };
+    assert!(
+        pos("record 3.6.14") < pos("job ended by the leader"),
+        "{log:?}"
+    );
+    assert!(
+        pos("job ended by the leader") < pos("enable 3.5"),
+        "{log:?}"
+    );
+    assert!(pos("enable 3.5") < pos("start 3.5.30"), "{log:?}");
+    assert_eq!(log.last().map(String::as_str), Some("served"), "{log:?}");
+}
+
+/// The target raised back to 3.7 while the downgrade to 3.6 is on: our
+/// member, down at its start, starts 3.7.1 (one minor ahead of the
+/// cluster version, as etcd allows), is recorded once proven, and cancels
+/// the job, so that the cluster version can rise again.
+#[test]
+fn a_target_raised_mid_downgrade_cancels_the_job_and_rolls_forward() {
+    let world = World {
+        others: vec![Some(v("3.7.1")), Some(v("3.7.1"))],
+        cv: Some(Minor::new(3, 6)),
+        downgrade: Some(Minor::new(3, 6)),
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling_down("3.6.14", "3.7.1"));
+    result.expect("rolled");
+    assert_eq!(
+        log,
+        [
+            "mark 3.7.1",
+            "start 3.7.1",
+            "record 3.7.1",
+            "cancel",
+            "served"
+        ]
+    );
 }

@@ -1,0 +1,152 @@
+//! This module owns the rolling-downgrade scenarios (issue 19): members of
+//! a live 3.7.1 cluster restarted with a lower TARGET_VERSION walk the
+//! whole cluster back through etcd's own downgrade, one minor at a time:
+//! with every member on 3.7, one member enables the downgrade under the
+//! upgrade lock (the cluster version drops at once), then each member,
+//! once its storage version is down too, restarts into the older release
+//! under the lock and is recorded once proven. A client writes throughout
+//! and the monitor checks, every round, that no two members are down at
+//! once and no member runs a release the cluster version does not allow.
+//!
+//! 3.6 and 3.7 are in no registry: these scenarios need an image built
+//! with `ETCD_EXTRA_BIN_DIR` (NOT RUN, and counted as ignored, without).
+
+use std::time::Duration;
+
+use crate::harness::cluster::{Style, START_DEADLINE, STOP_GRACE_S};
+use crate::upgrades::Scenario;
+
+/// What a wave of the downgrade may take to show a line the test waits
+/// for (a member enabling, stopping, restarting): its members' restarts
+/// on a loaded two-core machine.
+const LINE_DEADLINE: Duration = Duration::from_secs(600);
+
+/// The enable, the stop and the restart of a downgrade, in the order a
+/// wave logs them.
+const ENABLED: &str = "downgrade enabled";
+const STOPPED: &str = "member etcd stopped";
+const RESTARTING: &str = "member restarting into the next release";
+
+/// 3.7.1 → 3.5.30 (two waves, each enabled under the lock), then back up
+/// to 3.7.1 (3.6.14's snapshot past what 3.7 cannot replay first): three
+/// members, kubeadm style, one manifest at a time.
+pub(crate) fn kubeadm_three_members_go_back_from_3_7_to_3_5_and_up_again() {
+    let Some((mut s, _ready)) = Scenario::start(
+        "down-kubeadm",
+        Style::Kubeadm,
+        3,
+        "3.7.1",
+        &["3.6.14", "3.5.30"],
+    ) else {
+        return;
+    };
+    s.retarget_one_by_one("3.5.30");
+    s.reached("3.5.30");
+    let enabled: usize = s.counts(ENABLED).iter().sum();
+    assert!(
+        enabled >= 2,
+        "two waves, each enabled once at least (to 3.6, then to 3.5):\n{}",
+        s.record()
+    );
+    s.retarget_one_by_one("3.7.1");
+    s.finish("3.7.1");
+}
+
+/// 3.7.1 → 3.6.14 on five members, GCE style.
+pub(crate) fn gce_five_members_go_back_from_3_7_to_3_6() {
+    let Some((mut s, _ready)) =
+        Scenario::start("down-gce-5", Style::GceHa, 5, "3.7.1", &["3.6.14"])
+    else {
+        return;
+    };
+    s.retarget_one_by_one("3.6.14");
+    s.finish("3.6.14");
+}
+
+/// The member that reaches each point of a downgrade wave next (its enable,
+/// its etcd's stop, its restart into 3.6) is SIGKILLed there, container
+/// and all, then started again as it was: the wave resumes and ends with
+/// every member on 3.6 and every write kept.
+pub(crate) fn downgrade_holders_killed_at_each_point_resume() {
+    let Some((mut s, _ready)) =
+        Scenario::start("down-kills", Style::Kubeadm, 3, "3.7.1", &["3.6.14"])
+    else {
+        return;
+    };
+    // The operator holds the lock while the test is not watching for the
+    // next point, so that no member passes one unseen.
+    let mut hold = Some(s.hold_lock());
+    s.retarget_one_by_one("3.6.14");
+    for point in [ENABLED, STOPPED, RESTARTING] {
+        let before = s.counts(point);
+        if let Some(hold) = hold.take() {
+            s.release_lock(hold);
+        }
+        let victim = s.wait_for_line(point, &before, LINE_DEADLINE);
+        let name = s.cluster.members[victim].name.clone();
+        s.cluster.container(victim).kill();
+        eprintln!("{}: {name} SIGKILLed after {point:?}", s.test);
+        hold = Some(s.seize_lock());
+        s.cluster.container(victim).start();
+        s.cluster.wait_healthy(victim, START_DEADLINE);
+        s.writes(&format!("writes after {name} was killed after {point:?}"));
+    }
+    if let Some(hold) = hold.take() {
+        s.release_lock(hold);
+    }
+    s.finish("3.6.14");
+}
+
+/// The target raised back to 3.7.1 after one member went back to 3.6:
+/// the job is cancelled (`downgrade job ended`) and the cluster rolls
+/// forward to 3.7.1 as an upgrade.
+pub(crate) fn a_target_raised_mid_downgrade_cancels_it_and_rolls_forward() {
+    let Some((mut s, _ready)) =
+        Scenario::start("down-raised", Style::Kubeadm, 3, "3.7.1", &["3.6.14"])
+    else {
+        return;
+    };
+    let hold = s.hold_lock();
+    s.retarget_one_by_one("3.6.14");
+    s.release_lock(hold);
+    s.wait_for_line("member proven release=3.6.14", &[0, 0, 0], LINE_DEADLINE);
+    // Nobody else restarts while the operator holds the lock again.
+    let hold = s.hold_lock();
+    eprintln!("{}: one member runs 3.6.14; raising the target", s.test);
+    let before = s.counts("downgrade job ended");
+    s.retarget_one_by_one("3.7.1");
+    s.release_lock(hold);
+    s.wait_for_line("downgrade job ended", &before, LINE_DEADLINE);
+    s.finish("3.7.1");
+}
+
+/// A member offline when the others get the lower target: nobody enables
+/// the downgrade (every member must be up), the two wait naming it and
+/// keep serving 3.7; once it is back with the lower target, the wave goes.
+pub(crate) fn a_member_offline_holds_the_downgrade_until_it_is_back() {
+    let Some((mut s, _ready)) =
+        Scenario::start("down-offline", Style::Kubeadm, 3, "3.7.1", &["3.6.14"])
+    else {
+        return;
+    };
+    let offline = 2;
+    let name = s.cluster.members[offline].name.clone();
+    s.cluster.container(offline).stop(STOP_GRACE_S);
+    s.monitor.excuse_down(true);
+    for i in 0..2 {
+        s.retarget(i, "3.6.14");
+        s.cluster.wait_healthy(i, START_DEADLINE);
+    }
+    s.monitor.excuse_down(false);
+    let waiting = format!("waiting for member {name}");
+    s.wait_for_line(&waiting, &[0; 3], Duration::from_secs(120));
+    assert_eq!(
+        s.counts(ENABLED),
+        vec![0; 3],
+        "no member enables the downgrade while {name} is offline"
+    );
+    s.writes(&format!("writes while {name} is offline"));
+    s.retarget(offline, "3.6.14");
+    s.cluster.wait_healthy(offline, START_DEADLINE);
+    s.finish("3.6.14");
+}
