@@ -1752,3 +1752,33 @@ fn a_target_that_refuses_the_etcd_flags_is_refused_before_any_step() {
         run.explain()
     );
 }
+
+/// `ETCD_CREDS` goes to every etcd a step runs: a flag one of them refuses
+/// (`--ca-file`, which 3.3 accepts and 3.4 removed) is found by that
+/// release's version check with it, before anything runs, naming
+/// `ETCD_CREDS` and the releases it goes to (issue 18: found before, it
+/// failed the 3.4 step's start).
+#[test]
+fn a_step_release_that_refuses_etcd_creds_is_refused_before_any_step() {
+    let tmp = temp_dir("creds-refused");
+    let fixture = fixture_at(tmp.path(), "3.3.25", "creds-refused");
+    let data = fixture.data_dir.clone();
+    let member = Member::new("creds-refused");
+    let before = fingerprint(&data);
+    let run = Migration::new("3.5.16", &data, &member)
+        .bundled(BUNDLE)
+        .env(
+            "ETCD_CREDS",
+            format!("--ca-file={}", data.join("ca.crt").display()),
+        )
+        .run();
+    run.assert_refused_untouched(
+        &data,
+        &before,
+        &[
+            "(etcd 3.4.23) refuses the etcd flags it is to run with",
+            "flag provided but not defined: -ca-file",
+            "ETCD_CREDS (--etcd-server-extra-args) goes to every etcd a step runs (3.3.25, 3.4.23, 3.5.16)",
+        ],
+    );
+}

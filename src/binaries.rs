@@ -83,7 +83,7 @@ pub enum BinError {
     /// The release refuses the etcd flags it is to run with (the user's,
     /// after `--`): found by its `--version` with those flags, which etcd
     /// parses in full before it answers and touches nothing.
-    #[error("{path} (etcd {version}) refuses the etcd flags it is to run with: {refusal}; {advice}the flags after `--` go to every release that serves this member ({releases}), so each must accept them: drop or replace the flag (e.g. --trusted-ca-file for --ca-file, which etcd 3.4 removed) and rerun; nothing was started and the data dir is as it was")]
+    #[error("{path} (etcd {version}) refuses the etcd flags it is to run with: {refusal}; {advice}{whose}, so each must accept them: drop or replace the flag (e.g. --trusted-ca-file for --ca-file, which etcd 3.4 removed) and rerun; nothing was started and the data dir is as it was")]
     RefusesFlags {
         /// The file.
         path: PathBuf,
@@ -94,8 +94,8 @@ pub enum BinError {
         /// The removed flag's replacement, when known, as a sentence
         /// ending in "; " (empty otherwise).
         advice: String,
-        /// The releases that run with the flags.
-        releases: String,
+        /// Which flags go to which releases, as a clause.
+        whose: String,
     },
     /// The check process could not be run.
     #[error(transparent)]
@@ -177,34 +177,69 @@ pub fn check_present(bin_dir: &Path, binaries: &[Binary]) -> Result<(), BinError
     Ok(())
 }
 
-/// The etcd flags some releases will run with (the user's, after `--`):
-/// each of those releases gets them in its version check, so one that
-/// refuses a flag is found before anything starts.
-#[derive(Debug, Clone, Copy)]
+/// The etcd flags some releases will run with: the user's (after `--`)
+/// for the releases that serve the member, and `ETCD_CREDS` for the etcds
+/// the steps run. Each release gets the flags it will run with in its
+/// version check, so one that refuses a flag is found before anything
+/// starts.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct RunFlags<'a> {
-    /// The flags.
+    /// The user's flags.
     pub args: &'a [String],
-    /// The releases that run with them.
+    /// The releases that serve the member with them.
     pub releases: &'a [Version],
+    /// `ETCD_CREDS`.
+    pub step_args: &'a [String],
+    /// The releases the steps run with it.
+    pub step_releases: &'a [Version],
 }
 
-impl<'a> RunFlags<'a> {
-    /// The flags `binary` is checked with: these, for an etcd server of
-    /// one of these releases; none otherwise.
-    fn for_binary(&self, binary: Binary) -> &'a [String] {
-        if binary.tool == Tool::Etcd && self.releases.contains(&binary.version) {
-            self.args
-        } else {
-            &[]
-        }
+impl RunFlags<'_> {
+    /// Whether any release runs with flags of the user's.
+    pub fn any(&self) -> bool {
+        (!self.args.is_empty() && !self.releases.is_empty())
+            || (!self.step_args.is_empty() && !self.step_releases.is_empty())
     }
 
-    fn releases_text(&self) -> String {
-        self.releases
-            .iter()
-            .map(Version::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+    /// The flags `binary` is checked with: each set whose releases hold
+    /// it, for an etcd server; none for a tool.
+    fn for_binary(&self, binary: Binary) -> Vec<String> {
+        let mut flags = Vec::new();
+        if binary.tool != Tool::Etcd {
+            return flags;
+        }
+        if self.releases.contains(&binary.version) {
+            flags.extend_from_slice(self.args);
+        }
+        if self.step_releases.contains(&binary.version) {
+            flags.extend_from_slice(self.step_args);
+        }
+        flags
+    }
+
+    /// Where `binary`'s flags come from, as a clause for the refusal.
+    fn whose(&self, binary: Binary) -> String {
+        let text = |releases: &[Version]| {
+            releases
+                .iter()
+                .map(Version::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut clauses = Vec::new();
+        if !self.args.is_empty() && self.releases.contains(&binary.version) {
+            clauses.push(format!(
+                "the flags after `--` go to every release that serves this member ({})",
+                text(self.releases)
+            ));
+        }
+        if !self.step_args.is_empty() && self.step_releases.contains(&binary.version) {
+            clauses.push(format!(
+                "ETCD_CREDS (--etcd-server-extra-args) goes to every etcd a step runs ({})",
+                text(self.step_releases)
+            ));
+        }
+        clauses.join(", and ")
     }
 }
 
@@ -303,14 +338,14 @@ pub async fn verify_reported_versions(
     supervisor: &Supervisor,
     bin_dir: &Path,
     binaries: &[Binary],
-    run_flags: Option<RunFlags<'_>>,
+    run_flags: RunFlags<'_>,
     termination: watch::Receiver<Option<Signal>>,
 ) -> Result<(), BinError> {
     let deadline = tokio::time::Instant::now() + VERSION_CHECK_TIMEOUT;
     let mut checks = Vec::new();
     for &binary in binaries {
-        let flags = run_flags.map_or(&[][..], |f| f.for_binary(binary));
-        let (mut command, prefix) = version_command(bin_dir, binary, flags);
+        let flags = run_flags.for_binary(binary);
+        let (mut command, prefix) = version_command(bin_dir, binary, &flags);
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -339,7 +374,6 @@ pub async fn verify_reported_versions(
             closed,
         });
     }
-    let releases = run_flags.map(|f| f.releases_text()).unwrap_or_default();
     let mut first_error = None;
     for i in 0..checks.len() {
         let result = {
@@ -350,9 +384,9 @@ pub async fn verify_reported_versions(
                 signal = termination.wait_for(Option::is_some) => match signal.ok().and_then(|s| *s) {
                     Some(signal) => Err(signal),
                     // No sender, no signal can come: just finish the check.
-                    None => Ok(finish(check, bin_dir, deadline, &releases).await),
+                    None => Ok(finish(check, bin_dir, deadline, &run_flags).await),
                 },
-                outcome = finish(check, bin_dir, deadline, &releases) => Ok(outcome),
+                outcome = finish(check, bin_dir, deadline, &run_flags) => Ok(outcome),
             }
         };
         match result {
@@ -386,7 +420,7 @@ async fn finish(
     check: &mut Check,
     bin_dir: &Path,
     deadline: tokio::time::Instant,
-    releases: &str,
+    run_flags: &RunFlags<'_>,
 ) -> Result<(), BinError> {
     let path = path(bin_dir, check.binary);
     let status = match tokio::time::timeout_at(deadline, check.child.wait()).await {
@@ -424,19 +458,14 @@ async fn finish(
     }
     let output = check.output();
     if check.flagged {
-        refused_flags(&path, check.binary, &output, releases)?;
+        refused_flags(&path, check.binary, &output, &run_flags.whose(check.binary))?;
     }
     check_reported(&path, check.binary, check.prefix, status, &output)
 }
 
 /// The refusal of the flags a release was checked with, if its output
 /// opens with one (etcd parses them before it prints anything else).
-fn refused_flags(
-    path: &Path,
-    binary: Binary,
-    output: &str,
-    releases: &str,
-) -> Result<(), BinError> {
+fn refused_flags(path: &Path, binary: Binary, output: &str, whose: &str) -> Result<(), BinError> {
     let refusal = output
         .lines()
         .find(|line| FLAG_REFUSALS.iter().any(|r| line.contains(r)));
@@ -448,7 +477,7 @@ fn refused_flags(
             advice: crate::dialect::removed_flag_advice(line, binary.version)
                 .map(|advice| format!("{advice}; "))
                 .unwrap_or_default(),
-            releases: releases.to_string(),
+            whose: whose.to_string(),
         }),
         None => Ok(()),
     }
@@ -523,8 +552,13 @@ mod tests {
     fn a_release_refusing_the_flags_is_named_with_its_words() {
         let path = Path::new("/usr/local/bin/etcd-3.4.23");
         let refused = "flag provided but not defined: -ca-file\nUsage:\n\n  etcd [flags]\n";
-        let err = refused_flags(path, binary("3.4.23"), refused, "3.3.25, 3.4.23, 3.5.16")
-            .expect_err("refused");
+        let err = refused_flags(
+            path,
+            binary("3.4.23"),
+            refused,
+            "the flags after `--` go to every release that serves this member (3.3.25, 3.4.23, 3.5.16)",
+        )
+        .expect_err("refused");
         let text = err.to_string();
         for part in [
             "/usr/local/bin/etcd-3.4.23 (etcd 3.4.23) refuses",
@@ -550,12 +584,23 @@ mod tests {
         // them; tools and other releases are checked bare.
         let args = vec!["--ca-file=/ca.crt".to_string()];
         let releases = [v("3.4.23")];
+        let creds = vec!["--debug".to_string()];
+        let steps = [v("3.3.25"), v("3.4.23")];
         let flags = RunFlags {
             args: &args,
             releases: &releases,
+            step_args: &creds,
+            step_releases: &steps,
         };
-        assert_eq!(flags.for_binary(binary("3.4.23")), &args[..]);
-        assert!(flags.for_binary(binary("3.3.25")).is_empty());
+        assert_eq!(
+            flags.for_binary(binary("3.4.23")),
+            ["--ca-file=/ca.crt", "--debug"]
+        );
+        assert_eq!(flags.for_binary(binary("3.3.25")), ["--debug"]);
+        assert!(flags.for_binary(binary("3.5.16")).is_empty());
+        assert!(flags.whose(binary("3.3.25")).starts_with("ETCD_CREDS"));
+        assert!(flags.whose(binary("3.4.23")).contains("after `--`"));
+        assert!(flags.whose(binary("3.4.23")).contains("ETCD_CREDS"));
         assert!(flags
             .for_binary(Binary {
                 tool: Tool::Etcdctl,

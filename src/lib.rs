@@ -546,7 +546,8 @@ fn carry_out(
 /// one touches the data; each etcd that will run with the user's flags
 /// (after `--`) parses them in that check: the target the run execs, or,
 /// when the member rolls with its cluster (`rolls`), every release it
-/// passes through (each runs as the member, with those flags).
+/// passes through (each runs as the member, with those flags); and each
+/// etcd a step runs parses `ETCD_CREDS`, which it will run with.
 fn verify_binaries(
     config: &Config,
     plan: &Plan,
@@ -555,9 +556,15 @@ fn verify_binaries(
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
     let needed = plan.needed_binaries();
-    let waits_only = rolls && !plan.steps.iter().all(plan::Step::is_upgrade);
+    // A roll runs its steps' releases as the member: upgrades, and etcd's
+    // downgrade from 3.6 on; any other step means the member only waits.
+    let rolls_through = |step: &plan::Step| {
+        step.is_upgrade()
+            || matches!(step, plan::Step::MinorDowngrade { serve, .. } if serve.minor_line() >= version::Minor::new(3, 6))
+    };
+    let waits_only = rolls && !plan.steps.iter().all(rolls_through);
     let flagged: Vec<Version> = if waits_only {
-        // A cluster member whose target is below the cluster version runs
+        // A cluster member whose target has no online way back runs
         // nothing but its recorded release (it waits, saying why).
         vec![plan.current.version]
     } else if rolls {
@@ -572,12 +579,30 @@ fn verify_binaries(
     } else {
         vec![plan.target.version]
     };
-    let run_flags = match &config.mode {
-        Mode::Exec { etcd_args } if !etcd_args.is_empty() => Some(binaries::RunFlags {
-            args: etcd_args,
-            releases: &flagged,
-        }),
-        _ => None,
+    // ETCD_CREDS goes to the etcds the steps run (the baseline read's
+    // too): every etcd this plan needs, but in a roll (whose member etcds
+    // get the user's flags, not ETCD_CREDS).
+    let stepped: Vec<Version> = if rolls {
+        Vec::new()
+    } else {
+        let mut releases: Vec<Version> = needed
+            .iter()
+            .filter(|b| b.tool == plan::Tool::Etcd)
+            .map(|b| b.version)
+            .collect();
+        releases.sort();
+        releases.dedup();
+        releases
+    };
+    let user_args: &[String] = match &config.mode {
+        Mode::Exec { etcd_args } => etcd_args,
+        _ => &[],
+    };
+    let run_flags = binaries::RunFlags {
+        args: user_args,
+        releases: &flagged,
+        step_args: &config.member.extra_args,
+        step_releases: &stepped,
     };
     let verifying = Instant::now();
     let verified = runtime.block_on(binaries::verify_reported_versions(
