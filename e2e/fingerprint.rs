@@ -106,6 +106,19 @@ fn a_key_written_after_the_baseline_read_fails_the_upgrade_and_nothing_is_record
     let data = tmp.path().join("data");
     let member = Member::new("fp-upgrade");
     let fixture = fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
+    // A v2 key beside (flannel's config): the baseline is then read by a
+    // start of the recorded release, not offline (issue 21), and that
+    // release serving the data is the window this test writes into.
+    crate::harness::v2::write_keys(
+        "3.3.25",
+        &member,
+        &data,
+        tmp.path(),
+        &[crate::harness::v2::V2Key::plain(
+            "/coreos.com/network/config",
+            "{}",
+        )],
+    );
     let migration = Migration::new("3.4.23", &data, &member).bundled("3.3.25,3.4.23");
 
     // Held after the baseline fingerprint, with the recorded release still
@@ -116,6 +129,7 @@ fn a_key_written_after_the_baseline_read_fails_the_upgrade_and_nothing_is_record
         &format!("sleep({HOLD_MS})"),
     );
     run.assert_code(3)
+        .assert_stderr_has("baseline read by a start of the recorded release")
         .assert_stderr_has("etcd 3.4.23 serves after the step is not the one before it")
         .assert_stderr_has("before: v3 ")
         .assert_stderr_has("keys expected")

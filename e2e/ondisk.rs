@@ -867,8 +867,8 @@ fn a_data_dir_whose_etcd_was_killed_mid_write_reads() {
 #[test]
 fn v3_keys_read_offline_are_the_keyspace_the_release_served() {
     let want = ondisk::Want {
-        v2_names: None,
         v3_keys: true,
+        ..ondisk::Want::default()
     };
     for version in ["3.3.25", "3.4.23", "3.5.16"] {
         let tmp = temp_dir("ondisk-v3-keys");
@@ -935,4 +935,192 @@ fn v3_keys_read_offline_are_the_keyspace_the_release_served() {
             None => panic!("asked for"),
         }
     }
+}
+
+/// etcd's `HashKV` computed offline from bolt is the hash the release
+/// itself gives at the data's revision, with the same live key count:
+/// data with rewrites, deletes, a compaction with a tombstone at its
+/// revision and keys written since (kept revisions superseded), stopped
+/// cleanly. The case etcd-migrate's offline baseline rests on (issue 21).
+#[test]
+fn the_hash_computed_offline_is_the_one_etcd_gives() {
+    let want = ondisk::Want {
+        v3_hash: true,
+        ..ondisk::Want::default()
+    };
+    for version in ["3.3.25", "3.4.23", "3.5.16", "3.5.30"] {
+        if crate::harness::find_binary(&format!("etcd-{version}")).is_none() {
+            eprintln!("ondisk: NOT RUN for {version}: no etcd-{version}");
+            continue;
+        }
+        for compacted in [false, true] {
+            let tmp = temp_dir("ondisk-hash");
+            let data = tmp.path().join("data");
+            let member = Member::new("ondisk-hash");
+            let spec = crate::harness::fixture::FixtureSpec::small(version).with_rewrites(5);
+            crate::harness::fixture::build(spec, &data, &member, tmp.path());
+            let mut etcd = EtcdProcess::start(version, &member, &data, free_port(), tmp.path());
+            block_on(async {
+                etcd.wait_ready().await;
+                let mut client = connect(&etcd.endpoint()).await.expect("connect");
+                client.put("doomed", "x", None).await.expect("put");
+                client
+                    .put("kept-then-rewritten", "1", None)
+                    .await
+                    .expect("put");
+                let deleted = client.delete("doomed", None).await.expect("delete");
+                if compacted {
+                    // Compact at the delete itself: a tombstone at the
+                    // compaction's revision.
+                    let at = deleted.header().expect("header").revision();
+                    client
+                        .compact(
+                            at,
+                            Some(etcd_client::CompactionOptions::new().with_physical()),
+                        )
+                        .await
+                        .expect("compact");
+                    client
+                        .put("kept-then-rewritten", "2", None)
+                        .await
+                        .expect("put");
+                    client.put("after", "y", None).await.expect("put");
+                }
+            });
+            etcd.stop();
+            let offline = ondisk::read_with(&data, &want)
+                .expect("read")
+                .v3_hash
+                .expect("asked for")
+                .unwrap_or_else(|why| panic!("{version}: a clean stop gives the hash: {why}"));
+            let mut etcd = EtcdProcess::start(version, &member, &data, free_port(), tmp.path());
+            let (hash, revision, compact, keys) = block_on(async {
+                etcd.wait_ready().await;
+                let mut client = connect(&etcd.endpoint()).await.expect("connect");
+                let answer = client
+                    .maintenance_client()
+                    .hash_kv(offline.revision)
+                    .await
+                    .expect("HashKV");
+                let count = client
+                    .get(
+                        "",
+                        Some(
+                            etcd_client::GetOptions::new()
+                                .with_all_keys()
+                                .with_count_only()
+                                .with_revision(offline.revision),
+                        ),
+                    )
+                    .await
+                    .expect("count");
+                (
+                    answer.hash(),
+                    answer.header().expect("header").revision(),
+                    answer.compact_version(),
+                    count.count(),
+                )
+            });
+            etcd.stop();
+            let case = format!("{version}, compacted: {compacted}");
+            assert_eq!(offline.hash, hash, "{case}: {offline:?}");
+            assert_eq!(
+                offline.compact_revision,
+                compact.max(0),
+                "{case}: etcd says -1 for none"
+            );
+            assert!(revision >= offline.revision, "{case}");
+            assert_eq!(offline.keys as i64, keys, "{case}");
+        }
+    }
+}
+
+/// The offline baseline (issue 21) of 3.4.23 data before a hop to 3.5.30
+/// is proven by 3.5.30 itself, serving the data as the step does: its
+/// read against the baseline (etcd's hash at the baseline's revision, the
+/// changes since) passes; the same baseline with its hash or its key count
+/// off by one fails, naming the difference: a wrong offline baseline fails
+/// the step closed.
+#[test]
+fn the_offline_baseline_is_proven_by_the_next_release_and_a_wrong_one_fails_closed() {
+    use etcd_migrate::keyspace::{self, Fingerprint, KnownLeases, KvHash, Ours};
+    use etcd_migrate::plan::{self, Bundle};
+    use etcd_migrate::version::{Storage, VersionPair};
+    let (from, to) = ("3.4.23", "3.5.30");
+    if crate::harness::find_binary(&format!("etcd-{to}")).is_none() {
+        eprintln!("ondisk: NOT RUN: no etcd-{to}");
+        return;
+    }
+    let tmp = temp_dir("ondisk-offline-baseline");
+    let data = tmp.path().join("data");
+    let member = Member::new("ondisk-offline-baseline");
+    let spec = crate::harness::fixture::FixtureSpec::small(from).with_rewrites(5);
+    crate::harness::fixture::build(spec, &data, &member, tmp.path());
+    let pair = |v: &str| VersionPair {
+        version: v.parse().expect("version"),
+        storage: Storage::Etcd3,
+    };
+    let bundle = Bundle::new([from, to].map(|v| v.parse().expect("version")));
+    let mut plan = plan::plan(pair(from), pair(to), &bundle).expect("plan");
+    plan.baseline = plan::baseline_reader(&plan, &bundle);
+    let want = etcd_migrate::preconditions::wanted(pair(from), pair(to));
+    let on_disk = ondisk::read_with(&data, &want).expect("read");
+    let baseline = etcd_migrate::baseline::offline(&plan, &on_disk)
+        .unwrap_or_else(|why| panic!("a clean 3.4.23 stop gives an offline baseline: {why}"));
+    let hash = match &on_disk.v3_hash {
+        Some(Ok(hash)) => *hash,
+        other => panic!("{other:?}"),
+    };
+    let leases = on_disk.leases.clone().expect("leases");
+    let wrong = |keys: usize, crc: u32| {
+        Fingerprint::offline(
+            keys,
+            KvHash {
+                revision: hash.revision,
+                hash: crc,
+                compact_revision: hash.compact_revision,
+            },
+            &leases,
+            Some(Fingerprint::of(Storage::Etcd2, &[])),
+        )
+    };
+    let mut etcd = EtcdProcess::start_with(
+        to,
+        &member,
+        &data,
+        free_port(),
+        tmp.path(),
+        &["--enable-v2=true"],
+    );
+    let reads = block_on(async {
+        // Ready by a v2 probe: a v3 one would be a change of its own.
+        etcd.wait_ready_v2().await;
+        let mut reads = Vec::new();
+        for before in [
+            &baseline,
+            &wrong(hash.keys, hash.hash ^ 1),
+            &wrong(hash.keys + 1, hash.hash),
+        ] {
+            let later = keyspace::read_fingerprint_since(
+                &etcd.endpoint(),
+                pair(to),
+                &Ours::for_run("test"),
+                &[],
+                &KnownLeases::new(),
+                Some(before),
+            )
+            .await
+            .expect("read");
+            reads.push(before.check_kept_by(&later));
+        }
+        reads
+    });
+    etcd.stop();
+    reads[0]
+        .as_ref()
+        .unwrap_or_else(|why| panic!("3.5.30 proves the offline baseline: {why}"));
+    let hash_off = reads[1].as_ref().expect_err("a wrong hash fails");
+    assert!(hash_off.contains("hash"), "{hash_off}");
+    let count_off = reads[2].as_ref().expect_err("a wrong key count fails");
+    assert!(count_off.contains("keys"), "{count_off}");
 }

@@ -85,6 +85,9 @@ pub struct Executor<'a, L, A, T, D, P> {
     pub settings: StepSettings<'a>,
     /// Becomes `Some(signal)` when we are told to stop.
     pub termination: watch::Receiver<Option<Signal>>,
+    /// The baseline taken offline from the stopped data (`baseline`), used
+    /// instead of a start of the recorded release.
+    pub offline_baseline: Option<Fingerprint>,
 }
 
 /// The step under way: where it is in the plan, and what version.txt says.
@@ -126,8 +129,18 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         // The keyspace as the last completed step left it; each step must
         // hand on the same. The rebuilding steps read their source first,
         // so without a baseline reader the first of them sets it.
-        let mut before = match (plan.baseline, plan.steps.first()) {
-            (Some(version), Some(first)) => Some(
+        let mut before = match (
+            plan.baseline,
+            plan.steps.first(),
+            self.offline_baseline.take(),
+        ) {
+            (Some(_), Some(_), Some(offline)) => {
+                // The same point as a baseline read by a start: the data
+                // fingerprinted, nothing run on it yet.
+                crate::failpoint!("baseline-read");
+                Some(offline)
+            }
+            (Some(version), Some(first), None) => Some(
                 self.baseline(version, first, plan.current, plan.baseline_by_hash())
                     .await?,
             ),
@@ -410,6 +423,7 @@ fn execute_with_test_settings<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Pro
         keep: 3,
     };
     let mut executor = Executor {
+        offline_baseline: None,
         launcher,
         api,
         tools,

@@ -8,6 +8,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod backup;
+pub mod baseline;
 pub mod binaries;
 pub mod cluster;
 pub mod config;
@@ -46,6 +47,7 @@ use crate::config::{Config, Member, Mode};
 use crate::datadir::{DataDirError, DirLock, DirState, WORK_DIR};
 use crate::exec::ExecTarget;
 use crate::executor::{ExecuteError, Executor, Progress, StepSettings};
+use crate::keyspace::Fingerprint;
 use crate::ondisk::OnDisk;
 use crate::plan::{Binary, Bundle, Plan, PlanError, Refusal, Site, Situation, Work};
 use crate::preconditions::PreconditionError;
@@ -302,7 +304,15 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         return roll_as_member(config, &plan, on_disk, marked, bundle, lock, original_mask);
     }
     log_plan(config, &plan, &member, &bundle);
-    carry_out(config, &plan, &member, lock, original_mask)?;
+    let offline_baseline = offline_baseline(&plan, on_disk.as_ref());
+    carry_out(
+        config,
+        &plan,
+        &member,
+        offline_baseline,
+        lock,
+        original_mask,
+    )?;
     log::info(
         "migrated",
         &[
@@ -312,6 +322,42 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         ],
     );
     finish(config)
+}
+
+/// The plan's baseline taken offline from the stopped data, where the
+/// plan reads one and the data allows it; which way it is read, and why,
+/// is logged either way.
+fn offline_baseline(plan: &Plan, on_disk: Option<&OnDisk>) -> Option<Fingerprint> {
+    let recorded = plan.baseline?;
+    let offline = match on_disk {
+        Some(on_disk) => baseline::offline(plan, on_disk),
+        None => Err("the data could not be read offline".to_string()),
+    };
+    match offline {
+        Ok(fingerprint) => {
+            log::info(
+                "baseline taken offline",
+                &[
+                    ("fingerprint", fingerprint.to_string().into()),
+                    (
+                        "proven_by",
+                        "the first step's etcd hashing the same revision".into(),
+                    ),
+                ],
+            );
+            Some(fingerprint)
+        }
+        Err(why) => {
+            log::info(
+                "baseline read by a start of the recorded release",
+                &[
+                    ("version", recorded.to_string().into()),
+                    ("why", why.into()),
+                ],
+            );
+            None
+        }
+    }
 }
 
 /// A member with no data yet: if `--initial-cluster` (or `INITIAL_CLUSTER`)
@@ -499,6 +545,7 @@ fn carry_out(
     config: &Config,
     plan: &Plan,
     member: &Member,
+    offline_baseline: Option<Fingerprint>,
     lock: Option<DirLock>,
     original_mask: SigSet,
 ) -> Result<(), Error> {
@@ -531,7 +578,14 @@ fn carry_out(
                 ],
             );
         }
-        Work::Steps => execute_steps(config, plan, member, &runtime, &supervisor)?,
+        Work::Steps => execute_steps(
+            config,
+            plan,
+            member,
+            offline_baseline,
+            &runtime,
+            &supervisor,
+        )?,
         // Taken by `roll_as_member` before the plan is carried out here.
         Work::Roll { .. } => {}
     }
@@ -681,6 +735,7 @@ fn execute_steps(
     config: &Config,
     plan: &Plan,
     member: &Member,
+    offline_baseline: Option<Fingerprint>,
     runtime: &tokio::runtime::Runtime,
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
@@ -705,6 +760,7 @@ fn execute_steps(
             keep_v2_keys: config.keep_v2_keys,
         },
         termination: supervisor.termination(),
+        offline_baseline,
     };
     let executed = runtime.block_on(executor.execute(plan));
     if let Err(err @ ExecuteError::Step { .. }) = &executed {

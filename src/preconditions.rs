@@ -365,15 +365,23 @@ pub fn check_recorded_data(
 /// v3 keys (only those names), or when a release without a v2 store
 /// comes.
 pub fn wanted(recorded: VersionPair, target: VersionPair) -> ondisk::Want {
+    // An etcd3 upgrade may take its baseline offline: etcd's hash from
+    // bolt, and the v2 store beside it (empty, or read by a start).
+    let upgrade = recorded.storage == Storage::Etcd3
+        && target.storage == Storage::Etcd3
+        && target.version > recorded.version;
     let v2_names = match (recorded.storage, target.storage) {
         (Storage::Etcd2, Storage::Etcd3) => Some(ondisk::Keep::V3Names),
         (Storage::Etcd3, Storage::Etcd2) => Some(ondisk::Keep::All),
-        (Storage::Etcd3, Storage::Etcd3) if !target.version.has_v2_api() => Some(ondisk::Keep::All),
+        (Storage::Etcd3, Storage::Etcd3) if !target.version.has_v2_api() || upgrade => {
+            Some(ondisk::Keep::All)
+        }
         _ => None,
     };
     ondisk::Want {
         v2_names,
         v3_keys: recorded.storage != target.storage,
+        v3_hash: upgrade,
     }
 }
 
@@ -381,8 +389,20 @@ pub fn wanted(recorded: VersionPair, target: VersionPair) -> ondisk::Want {
 /// (with a warning) when it cannot be read: etcd reads the same files and
 /// will say what is wrong, in its own words, when it first starts on them.
 pub fn read_data(config: &Config, want: &ondisk::Want) -> Option<OnDisk> {
+    let started = Instant::now();
     match ondisk::read_with(&config.data_dir, want) {
-        Ok(on_disk) => Some(on_disk),
+        Ok(on_disk) => {
+            log::info(
+                "data read offline",
+                &[
+                    ("keys", want.v3_keys.into()),
+                    ("hash", want.v3_hash.into()),
+                    ("v2_names", want.v2_names.is_some().into()),
+                    ("ms", log::ms(started.elapsed())),
+                ],
+            );
+            Some(on_disk)
+        }
         Err(err) => {
             log::warn(
                 "cannot read what the data records; its etcd will report it",

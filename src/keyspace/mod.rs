@@ -586,6 +586,26 @@ impl Fingerprint {
         self
     }
 
+    /// A baseline computed offline from the stopped data (`ondisk`): `keys`
+    /// live keys, etcd's hash at the data's revision (which the first
+    /// step's etcd must give too), the leases with their granted TTLs (an
+    /// etcd that starts on the data renews each to its full TTL), and the
+    /// v2 store beside. Like a by-hash read, it is not `whole`.
+    pub fn offline(
+        keys: usize,
+        hash: KvHash,
+        leases: &BTreeMap<i64, i64>,
+        side: Option<Fingerprint>,
+    ) -> Fingerprint {
+        let mut fingerprint = Fingerprint::empty(Storage::Etcd3);
+        fingerprint.keys = keys;
+        fingerprint.hash = Some(hash);
+        fingerprint.whole = false;
+        fingerprint
+            .finish(Some(leases), Instant::now())
+            .with_side(side)
+    }
+
     /// The fingerprint of entries held in memory (no leases, read now).
     pub fn of(storage: Storage, entries: &[Entry]) -> Fingerprint {
         Fingerprint::new(storage, entries, None, Instant::now())

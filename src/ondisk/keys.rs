@@ -12,7 +12,8 @@
 //! none still has the baseline read behind it, which reads the store
 //! through etcd itself.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::bolt;
 use super::proto::{self, Fields};
@@ -71,6 +72,149 @@ pub fn read_v3_keys(db: &bolt::Db) -> Result<Vec<V3Key>, OnDiskError> {
         .collect())
 }
 
+/// etcd's `HashKV` of the data at its current revision, and the live key
+/// count there, computed from bolt alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OfflineHash {
+    /// The data's current revision (the newest in the key bucket, or the
+    /// compaction if newer), as etcd restores it.
+    pub revision: i64,
+    /// The finished compaction's revision (0: none).
+    pub compact_revision: i64,
+    /// The CRC-32C etcd's `HashKV` gives at `revision`.
+    pub hash: u32,
+    /// Live keys at `revision`.
+    pub keys: usize,
+}
+
+/// etcd's `HashKV` at the current revision (`hashByRev`, 3.3 … 3.7): a
+/// CRC-32C (Castagnoli) of the bucket's name, then of each revision key
+/// and record in bucket order up to the revision, where a record at or
+/// below the compaction counts only while it is its key's live revision
+/// (etcd's `kvindex.Keep`; all of them when no key is live), and a
+/// tombstone at the compaction itself never (3.4.34+/3.5.16+ keep it in
+/// bolt, older releases delete it: skipping it makes both agree). Two
+/// passes over the bucket; memory holds a 64-bit digest per key written
+/// since the compaction and per key at or below it.
+///
+/// `Err(why)` where bolt alone does not give etcd's answer: a compaction
+/// scheduled but unfinished (etcd finishes it when it starts), or a key
+/// with two revisions at or below the finished compaction (it was not
+/// finished either).
+pub fn offline_hash(db: &bolt::Db) -> Result<Result<OfflineHash, String>, OnDiskError> {
+    let compact = |name: &[u8]| -> Result<i64, OnDiskError> {
+        let Some(meta) = db.bucket(b"meta")? else {
+            return Ok(0);
+        };
+        Ok(match db.get(&meta, name)? {
+            Some(bytes) if bytes.len() >= 8 => main_revision(&bytes),
+            Some(bytes) => {
+                return Err(db.damaged(format!(
+                    "meta/{} is {} bytes, not a revision",
+                    String::from_utf8_lossy(name),
+                    bytes.len()
+                )))
+            }
+            None => 0,
+        })
+    };
+    let finished = compact(b"finishedCompactRev")?;
+    let scheduled = compact(b"scheduledCompactRev")?;
+    if scheduled > finished {
+        return Ok(Err(format!(
+            "a compaction to revision {scheduled} is scheduled but unfinished (etcd finishes it when it starts)"
+        )));
+    }
+    let Some(bucket) = db.bucket(KEY_BUCKET)? else {
+        return Ok(Ok(OfflineHash {
+            revision: finished,
+            compact_revision: finished,
+            hash: crc32c::crc32c(KEY_BUCKET),
+            keys: 0,
+        }));
+    };
+    let entry = |revision: &[u8], record: &[u8]| -> Result<(i64, bool, u64), OnDiskError> {
+        let tombstone = match revision.len() {
+            REVISION_LEN => false,
+            n if n == REVISION_LEN + 1 && revision[REVISION_LEN] == TOMBSTONE => true,
+            _ => {
+                return Err(db.damaged(format!(
+                    "key/{revision:02x?} is not a revision (17 bytes, or 18 with a tombstone mark)"
+                )))
+            }
+        };
+        let (key, _, _) = key_value(record).map_err(|err| {
+            db.damaged(format!("key/{revision:02x?} is no key-value record: {err}"))
+        })?;
+        Ok((main_revision(revision), tombstone, digest(&key)))
+    };
+    // Pass 1: the newest revision, each key's state after the compaction
+    // (whether its last write deleted it), and the keys kept at or below
+    // it (one revision each, once the compaction finished).
+    let mut newest = finished;
+    let mut since: HashMap<u64, bool> = HashMap::new();
+    let mut kept: HashSet<u64> = HashSet::new();
+    let mut twice = None;
+    db.for_each(&bucket, |revision, record| {
+        let (main, tombstone, key) = entry(revision, record)?;
+        newest = newest.max(main);
+        if main > finished {
+            since.insert(key, tombstone);
+        } else if !tombstone && !kept.insert(key) {
+            twice.get_or_insert(main);
+        }
+        Ok(())
+    })?;
+    if let Some(main) = twice {
+        return Ok(Err(format!(
+            "a key has two revisions at or below the compaction at {finished} (one at {main}): the compaction did not finish"
+        )));
+    }
+    let live_below = kept.iter().filter(|k| !since.contains_key(k)).count();
+    let keys = live_below + since.values().filter(|deleted| !**deleted).count();
+    // Pass 2: the hash.
+    let mut hash = crc32c::crc32c(KEY_BUCKET);
+    db.for_each(&bucket, |revision, record| {
+        let (main, tombstone, key) = entry(revision, record)?;
+        let counts = if main > finished {
+            true
+        } else if tombstone {
+            // Below the compaction a tombstone is never a live revision;
+            // at it, etcd skips it explicitly.
+            keys == 0 && main != finished
+        } else {
+            // The key's live revision unless written since; all when no
+            // key is live (etcd's "don't skip if there isn't one").
+            keys == 0 || !since.contains_key(&key)
+        };
+        if counts {
+            hash = crc32c::crc32c_append(hash, revision);
+            hash = crc32c::crc32c_append(hash, record);
+        }
+        Ok(())
+    })?;
+    Ok(Ok(OfflineHash {
+        revision: newest,
+        compact_revision: finished,
+        hash,
+        keys,
+    }))
+}
+
+/// The main revision of a revision key (its first 8 bytes, big-endian).
+fn main_revision(bytes: &[u8]) -> i64 {
+    let mut main = [0u8; 8];
+    main.copy_from_slice(&bytes[..8]);
+    i64::from_be_bytes(main)
+}
+
+/// A 64-bit digest of a key, for the sets [`offline_hash`] keeps.
+fn digest(key: &[u8]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// `mvccpb.KeyValue`: key (1), value (5), lease (6).
 fn key_value(record: &[u8]) -> Result<(Vec<u8>, Vec<u8>, i64), proto::ProtoError> {
     let (mut key, mut value, mut lease) = (Vec::new(), Vec::new(), 0);
@@ -106,6 +250,7 @@ pub enum Keep {
 pub struct V2Names {
     keep: Keep,
     nodes: BTreeMap<String, bool>,
+    omitted: bool,
 }
 
 impl V2Names {
@@ -114,6 +259,7 @@ impl V2Names {
         V2Names {
             keep,
             nodes: BTreeMap::new(),
+            omitted: false,
         }
     }
 
@@ -132,6 +278,7 @@ impl V2Names {
     /// children with it: all are left out.
     pub(super) fn snapshot_node(&mut self, path: &str, dir: bool, expires: bool) {
         if expires {
+            self.omitted |= self.keeps(path);
             self.delete(path);
         } else if self.keeps(path) {
             self.nodes.insert(path.to_string(), dir);
@@ -197,6 +344,12 @@ impl V2Names {
         for path in doomed {
             self.nodes.remove(&path);
         }
+    }
+
+    /// Whether a node outside `/0` was left out for its TTL: the names
+    /// are then not all there is.
+    pub fn omitted(&self) -> bool {
+        self.omitted
     }
 
     /// The user keys (not dirs), as v2 paths (`/a/b`), in order.

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 
 use self::state::{Replay, V2State, V3State};
 
-pub use self::keys::{Keep, V2Names, V3Key};
+pub use self::keys::{Keep, OfflineHash, V2Names, V3Key};
 
 /// One member of the cluster, as the data records it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,6 +97,15 @@ pub struct OnDisk {
     /// cluster-version updates) needs a snapshot taken by 3.6 past them
     /// before 3.7 may start on it. `None`: none there.
     pub v2_requests_past_snapshot: Option<u64>,
+    /// The cluster version etcd's replay at start begins at: the newest
+    /// snapshot's own (its v2 store, before the log after it), or, with no
+    /// snapshot, the first one the WAL sets.
+    pub replay_cluster_version: Option<String>,
+    /// The raft index of a v2 request past the newest snapshot that etcd
+    /// 3.6 refuses to replay (it converts only a member's attributes
+    /// publish and a cluster-version update): a v2 write of user keys or
+    /// auth, a delete, a TTL sync.
+    pub v2_refused_by_3_6: Option<u64>,
     /// The names of the v2 store's nodes, when [`Want::v2_names`] asked
     /// for them: from the newest snapshot, changed by the log's v2 writes.
     /// Never a name the store lacks; see [`V2Names`] for what is left out.
@@ -105,6 +114,11 @@ pub struct OnDisk {
     /// (why) when the log changes keys past bolt's consistent index, so
     /// that bolt alone is not the keyspace etcd will serve.
     pub v3_keys: Option<Result<Vec<V3Key>, String>>,
+    /// etcd's `HashKV` at the data's current revision and its live key
+    /// count, computed from bolt, when [`Want::v3_hash`] asked: `Err` (why)
+    /// where bolt alone does not give etcd's answer (the WAL changes keys
+    /// past it, a compaction is unfinished).
+    pub v3_hash: Option<Result<OfflineHash, String>>,
     /// What was read around, one line each: a torn WAL tail, broken newer
     /// snapshots passed over, log entries or member records that did not
     /// decode.
@@ -234,6 +248,9 @@ pub struct Want {
     pub v2_names: Option<Keep>,
     /// bolt's live v3 keys (every page of the keyspace is read).
     pub v3_keys: bool,
+    /// etcd's `HashKV` computed from bolt (two reads of every page of the
+    /// keyspace; memory: a digest per key).
+    pub v3_hash: bool,
 }
 
 /// Reads what the etcd data in `data_dir` records, without changing
@@ -272,8 +289,10 @@ pub fn read_with(data_dir: &Path, want: &Want) -> Result<OnDisk, OnDiskError> {
 struct Sources {
     v2: V2State,
     snap_index: u64,
+    snap_version: Option<String>,
     bolt: Option<BoltState>,
     v3_keys: Option<Vec<V3Key>>,
+    v3_hash: Option<Result<OfflineHash, String>>,
     segments: Vec<wal::Segment>,
 }
 
@@ -282,7 +301,7 @@ impl Sources {
         let snap_dir = member_dir.join("snap");
         // bolt first: the v2 names kept may be those of its v3 keys.
         let db_path = snap_dir.join("db");
-        let (bolt, v3_keys) = if db_path.exists() {
+        let (bolt, v3_keys, v3_hash) = if db_path.exists() {
             let db = bolt::Db::open(&db_path)?;
             let wants_keys = want.v3_keys || want.v2_names == Some(Keep::V3Names);
             let keys = if wants_keys {
@@ -290,9 +309,15 @@ impl Sources {
             } else {
                 None
             };
-            (Some(read_bolt(&db, &db_path, notes)?), keys)
+            let hash = if want.v3_hash {
+                Some(keys::offline_hash(&db)?)
+            } else {
+                None
+            };
+            (Some(read_bolt(&db, &db_path, notes)?), keys, hash)
         } else {
-            (None, want.v3_keys.then(Vec::new))
+            let none = || Err("the data has no bolt database".to_string());
+            (None, want.v3_keys.then(Vec::new), want.v3_hash.then(none))
         };
         let keep = match &want.v2_names {
             Some(Keep::V3Names) => Some(Keep::Only(
@@ -317,6 +342,7 @@ impl Sources {
             Some(snapshot) => (snapshot.v2, snapshot.index),
             None => (fresh, 0),
         };
+        let snap_version = v2.cluster_version.clone();
         let segments = match wal::segments(&member_dir.join("wal"), snap_index) {
             // With every snapshot broken, a WAL that starts after one cannot
             // be read from its start: say why the snapshots were passed over.
@@ -338,8 +364,10 @@ impl Sources {
         Ok(Sources {
             v2,
             snap_index,
+            snap_version,
             bolt,
             v3_keys,
+            v3_hash,
             segments,
         })
     }
@@ -350,9 +378,13 @@ struct Replayed {
     ids: Option<(u64, u64)>,
     bolt: Option<BoltState>,
     v3_keys: Option<Vec<V3Key>>,
+    v3_hash: Option<Result<OfflineHash, String>>,
     v2: V2State,
     v3: Option<V3State>,
     v2_requests_past_snapshot: Option<u64>,
+    snap_version: Option<String>,
+    snap_index: u64,
+    v2_refused_by_3_6: Option<u64>,
 }
 
 /// Replays the WAL after the snapshot (and after bolt's consistent index)
@@ -362,9 +394,11 @@ fn replay(sources: Sources, notes: &mut Vec<String>) -> Result<Replayed, OnDiskE
         Some(bolt) => (Some(bolt.v3.clone()), bolt.consistent_index),
         None => (None, 0),
     };
-    let mut replay = Replay::new(sources.v2, sources.snap_index, v3, consistent_index);
+    let snap_index = sources.snap_index;
+    let mut replay = Replay::new(sources.v2, snap_index, v3, consistent_index);
     let mut ids = None;
     let (mut newest_snapshot_record, mut newest_v2_request) = (0, None);
+    let mut refused_by_3_6 = None;
     let end = wal::read(&sources.segments, |record| {
         match record {
             wal::Record::Metadata {
@@ -374,6 +408,12 @@ fn replay(sources: Sources, notes: &mut Vec<String>) -> Result<Replayed, OnDiskE
             wal::Record::Entry(entry) => {
                 if entry.kind == wal::ENTRY_NORMAL && state::is_bare_v2_request(entry.data) {
                     newest_v2_request = Some(entry.index);
+                }
+                if entry.kind == wal::ENTRY_NORMAL
+                    && entry.index > snap_index
+                    && state::v2_request_3_6_refuses(entry.data)
+                {
+                    refused_by_3_6 = Some(entry.index);
                 }
                 replay.entry(&entry)
             }
@@ -403,9 +443,13 @@ fn replay(sources: Sources, notes: &mut Vec<String>) -> Result<Replayed, OnDiskE
         ids,
         bolt: sources.bolt,
         v3_keys: sources.v3_keys,
+        v3_hash: sources.v3_hash,
         v2,
         v3,
         v2_requests_past_snapshot,
+        snap_version: sources.snap_version,
+        snap_index,
+        v2_refused_by_3_6: refused_by_3_6,
     })
 }
 
@@ -417,17 +461,27 @@ impl Replayed {
             ids,
             bolt,
             v3_keys,
+            v3_hash,
             v2,
             v3,
             v2_requests_past_snapshot,
+            snap_version,
+            snap_index,
+            v2_refused_by_3_6,
         } = self;
         let keys_written = v3.as_ref().is_some_and(|v3| v3.keys_written);
+        let past_bolt =
+            "the WAL changes keys past what bolt holds (etcd applies them when it next starts)";
         let v3_keys = v3_keys.map(|keys| {
             if keys_written {
-                Err("the WAL changes keys past what bolt holds (etcd applies them when it next starts)".to_string())
+                Err(past_bolt.to_string())
             } else {
                 Ok(keys)
             }
+        });
+        let v3_hash = v3_hash.map(|hash| match hash {
+            Ok(_) if keys_written => Err(past_bolt.to_string()),
+            other => other,
         });
         let cluster_version = match (&bolt, v2.version_from_wal) {
             (_, true) => v2.cluster_version.clone(),
@@ -460,8 +514,15 @@ impl Replayed {
             leases: v3.map(|v3| v3.leases),
             v2_hidden_paths: v2.hidden.into_iter().collect(),
             v2_requests_past_snapshot,
+            replay_cluster_version: if snap_index > 0 {
+                snap_version
+            } else {
+                v2.first_wal_version.clone()
+            },
+            v2_refused_by_3_6,
             v2_names: v2.names,
             v3_keys,
+            v3_hash,
             notes,
         }
     }

@@ -109,6 +109,8 @@ pub struct V2State {
     pub cluster_version: Option<String>,
     /// Whether a WAL entry set the cluster version (it then outranks bolt).
     pub version_from_wal: bool,
+    /// The first cluster version a WAL entry after the snapshot set.
+    pub first_wal_version: Option<String>,
     /// The current members.
     pub members: BTreeMap<u64, MemberOnDisk>,
     /// Removed member ids.
@@ -259,6 +261,9 @@ impl V2State {
     }
 
     fn set_version(&mut self, version: String) {
+        if !self.version_from_wal {
+            self.first_wal_version = Some(version.clone());
+        }
         self.cluster_version = Some(version);
         self.version_from_wal = true;
     }
@@ -610,6 +615,24 @@ pub fn is_bare_v2_request(data: &[u8]) -> bool {
 
 /// The effects of a normal entry; `names`: every v2 write matters (the
 /// v2 store's names are being kept).
+/// Whether etcd 3.6 panics replaying this normal entry ("detected
+/// disallowed v2 WAL"): a v2 request, bare or wrapped, other than the two
+/// it converts (a member's attributes publish, a cluster-version update).
+pub fn v2_request_3_6_refuses(data: &[u8]) -> bool {
+    let body = if is_bare_v2_request(data) {
+        Some(data)
+    } else {
+        proto::bytes_field(data, irr::V2).ok().flatten()
+    };
+    let Some(request) = body.and_then(|b| V2Request::parse(b).ok()) else {
+        return false;
+    };
+    let converted = request.method == "PUT"
+        && (request.path == VERSION_PATH
+            || matches!(member_path(&request.path), Some((_, "attributes"))));
+    !converted
+}
+
 fn normal_effects(data: &[u8], names: bool, out: &mut Vec<Effect>) -> Result<(), String> {
     if is_bare_v2_request(data) {
         let request = V2Request::parse(data).map_err(|e| format!("undecodable v2 request: {e}"))?;
@@ -840,6 +863,33 @@ mod tests {
         let (v2, _) = replay.finish();
         assert_eq!(v2.cluster_version.as_deref(), Some("3.4.0"));
         assert!(v2.version_from_wal);
+        assert_eq!(v2.first_wal_version.as_deref(), Some("2.3.0"));
+    }
+
+    #[test]
+    fn etcd_3_6_replays_only_the_v2_requests_it_converts() {
+        let converted = [
+            v2_request("PUT", "/0/version", "3.5.0"),
+            v2_request("PUT", "/0/members/8e9e05c52164694d/attributes", "{}"),
+            field_bytes(irr::V2, &v2_request("PUT", "/0/version", "3.5.0")),
+        ];
+        for data in &converted {
+            assert!(!v2_request_3_6_refuses(data));
+        }
+        let refused = [
+            v2_request("PUT", "/1/coreos.com/network/config", "{}"),
+            v2_request("DELETE", "/1/a", ""),
+            v2_request("SYNC", "", ""),
+            field_bytes(irr::V2, &v2_request("PUT", "/2/enabled", "false")),
+        ];
+        for data in &refused {
+            assert!(v2_request_3_6_refuses(data));
+        }
+        // A v3 request is no v2 request at all.
+        assert!(!v2_request_3_6_refuses(&field_bytes(
+            irr::LEASE_REVOKE,
+            &field_varint(1, 7)
+        )));
     }
 
     #[test]

@@ -1,0 +1,262 @@
+//! This module owns the offline baseline (issue 21): the fingerprint the
+//! first step proves itself against, taken from the stopped data instead
+//! of a start of the recorded release, where the data allows it. It is
+//! what that start's by-hash read would give (etcd's `HashKV` at the
+//! data's revision, the live key count, the leases, the v2 store beside),
+//! computed by `ondisk`; the first step's etcd then hashes the same
+//! revision itself, so an offline baseline that were wrong fails that
+//! step closed, never passes it silently.
+//!
+//! The recorded release's start does more than read: it leaves a raft
+//! snapshot taken at its own cluster version (a snapshot after every
+//! entry), which the next release may need. Where it does, the offline
+//! baseline is not taken and [`offline`] says why: 3.7 cannot replay the
+//! v2 requests 3.5 left past the newest snapshot; 3.5 comes up "not
+//! capable" of v3 when its replay begins at a 2.x cluster version; 3.6
+//! refuses v2 requests past the snapshot, and custom v2 content in it.
+
+use crate::keyspace::{Fingerprint, KvHash};
+use crate::ondisk::OnDisk;
+use crate::plan::{Plan, Step};
+use crate::version::{Minor, Storage, Version};
+
+/// The baseline of `plan` from the data as `on_disk` read it (with
+/// `ondisk::Want::v3_hash`, and the v2 names where the recorded release
+/// serves a v2 store or the first step runs 3.6+), or why it must be read
+/// by a start of the recorded release.
+pub fn offline(plan: &Plan, on_disk: &OnDisk) -> Result<Fingerprint, String> {
+    let (Some(recorded), Some(first)) = (plan.baseline, plan.steps.first()) else {
+        return Err("the plan reads no baseline".to_string());
+    };
+    if !plan.baseline_by_hash() {
+        return Err("a step rebuilds the data and compares whole reads".to_string());
+    }
+    let runs = first.runs();
+    if recorded.minor_line() < Minor::new(3, 3) || runs.minor_line() < Minor::new(3, 3) {
+        return Err(format!(
+            "etcd {recorded} or {runs} has no HashKV to prove the step by (3.3+)"
+        ));
+    }
+    let hash = match &on_disk.v3_hash {
+        Some(Ok(hash)) => *hash,
+        Some(Err(why)) => return Err(why.clone()),
+        None => return Err("the hash was not computed".to_string()),
+    };
+    if hash.revision <= hash.compact_revision {
+        return Err(format!(
+            "the data is compacted at its own revision {} (3.4 hashes no compacted revision)",
+            hash.revision
+        ));
+    }
+    let Some(leases) = &on_disk.leases else {
+        return Err("the data's leases were not read".to_string());
+    };
+    replays_without_a_snapshot(recorded, first, on_disk)?;
+    let side = if recorded.has_v2_api() {
+        Some(empty_v2_store(on_disk)?)
+    } else {
+        None
+    };
+    Ok(Fingerprint::offline(
+        hash.keys,
+        KvHash {
+            revision: hash.revision,
+            hash: hash.hash,
+            compact_revision: hash.compact_revision,
+        },
+        leases,
+        side,
+    ))
+}
+
+/// Whether the first step's release starts on the data as it is, without
+/// the snapshot the recorded release's start would have taken.
+fn replays_without_a_snapshot(
+    recorded: Version,
+    first: &Step,
+    on_disk: &OnDisk,
+) -> Result<(), String> {
+    let runs = first.runs();
+    if let (true, Some(index)) = (
+        runs.minor_line() >= Minor::new(3, 6),
+        on_disk.v2_refused_by_3_6,
+    ) {
+        return Err(format!(
+            "etcd {runs} refuses the v2 request at raft index {index} past the newest snapshot; the recorded release's start snapshots past it"
+        ));
+    }
+    if let (true, Some(index)) = (
+        runs.replays_only_v3_requests(),
+        on_disk.v2_requests_past_snapshot,
+    ) {
+        return Err(format!(
+            "etcd {runs} cannot replay the v2 request at raft index {index} past the newest snapshot; the recorded release's start snapshots past it"
+        ));
+    }
+    if runs.minor_line() >= Minor::new(3, 6) && recorded.minor_line() < Minor::new(3, 6) {
+        let names = on_disk
+            .v2_names
+            .as_ref()
+            .ok_or("the v2 store's names were not read")?;
+        if names.omitted() || !names.custom_content().is_empty() {
+            return Err(format!(
+                "etcd {runs} checks the newest snapshot's v2 store, which holds content or nodes with a TTL"
+            ));
+        }
+    }
+    if runs.minor_line() == Minor::new(3, 5) && recorded.minor_line() < Minor::new(3, 5) {
+        let at_3x = on_disk
+            .replay_cluster_version
+            .as_deref()
+            .is_some_and(|v| !v.starts_with("2."));
+        if !at_3x {
+            return Err(format!(
+                "etcd {runs} would replay from {} (it comes up without v3 capabilities from a 2.x cluster version); the recorded release's start snapshots at its own",
+                on_disk
+                    .replay_cluster_version
+                    .as_deref()
+                    .map_or("a history whose cluster version is unknown".to_string(), |v| {
+                        format!("cluster version {v}")
+                    })
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The fingerprint of the data's v2 store beside its v3 keys, as a
+/// release with a v2 API reads it: offline only when it is empty, and
+/// known to be (no node left out for its TTL, no v2 write past the
+/// snapshot).
+fn empty_v2_store(on_disk: &OnDisk) -> Result<Fingerprint, String> {
+    let names = on_disk
+        .v2_names
+        .as_ref()
+        .ok_or("the v2 store's names were not read")?;
+    if names.keys().next().is_some() || names.omitted() || on_disk.v2_refused_by_3_6.is_some() {
+        return Err("the data's v2 store holds keys, which the recorded release reads".to_string());
+    }
+    Ok(Fingerprint::of(Storage::Etcd2, &[]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ondisk::{Keep, OfflineHash, V2Names};
+    use crate::plan::{self, Bundle};
+    use crate::version::VersionPair;
+    use std::collections::BTreeMap;
+
+    fn plan_of(from: &str, to: &str, bundle: &[&str]) -> Plan {
+        let pair = |s: &str| VersionPair {
+            version: s.parse().expect("version"),
+            storage: Storage::Etcd3,
+        };
+        let bundle = Bundle::new(bundle.iter().map(|v| v.parse().expect("version")));
+        let mut plan = plan::plan(pair(from), pair(to), &bundle).expect("plan");
+        plan.baseline = plan::baseline_reader(&plan, &bundle);
+        plan
+    }
+
+    fn clean() -> OnDisk {
+        OnDisk {
+            v3_hash: Some(Ok(OfflineHash {
+                revision: 120,
+                compact_revision: 100,
+                hash: 0xdead_beef,
+                keys: 42,
+            })),
+            leases: Some(BTreeMap::from([(7, 3600)])),
+            replay_cluster_version: Some("3.4.0".to_string()),
+            v2_names: Some(V2Names::new(Keep::All)),
+            ..OnDisk::default()
+        }
+    }
+
+    #[test]
+    fn a_clean_stop_gives_the_baseline_and_every_hazard_falls_back_saying_why() {
+        let hop = plan_of("3.4.23", "3.5.30", &["3.4.23", "3.5.30"]);
+        let baseline = offline(&hop, &clean()).expect("offline");
+        assert_eq!(baseline.keys, 42);
+        let cases: Vec<(&str, Plan, OnDisk, &str)> = vec![
+            (
+                "unfinished compaction",
+                hop.clone(),
+                OnDisk {
+                    v3_hash: Some(Err("a compaction to revision 130 is scheduled".into())),
+                    ..clean()
+                },
+                "scheduled",
+            ),
+            (
+                "3.5 from a 2.x snapshot",
+                hop.clone(),
+                OnDisk {
+                    replay_cluster_version: Some("2.3.0".into()),
+                    ..clean()
+                },
+                "without v3 capabilities",
+            ),
+            (
+                "3.5 on an unknown history",
+                hop.clone(),
+                OnDisk {
+                    replay_cluster_version: None,
+                    ..clean()
+                },
+                "unknown",
+            ),
+            (
+                "v2 keys beside",
+                hop.clone(),
+                OnDisk {
+                    v2_refused_by_3_6: Some(77),
+                    ..clean()
+                },
+                "v2 store holds keys",
+            ),
+            (
+                "3.7 on 3.5's requests",
+                plan_of("3.6.14", "3.7.1", &["3.6.14", "3.7.1"]),
+                OnDisk {
+                    v2_requests_past_snapshot: Some(90),
+                    ..clean()
+                },
+                "cannot replay the v2 request at raft index 90",
+            ),
+            (
+                "3.6 on a v2 write",
+                plan_of("3.5.30", "3.6.14", &["3.5.30", "3.6.14"]),
+                OnDisk {
+                    v2_refused_by_3_6: Some(91),
+                    ..clean()
+                },
+                "refuses the v2 request at raft index 91",
+            ),
+            (
+                "compacted at its revision",
+                hop.clone(),
+                OnDisk {
+                    v3_hash: Some(Ok(OfflineHash {
+                        revision: 100,
+                        compact_revision: 100,
+                        hash: 1,
+                        keys: 1,
+                    })),
+                    ..clean()
+                },
+                "compacted at its own revision",
+            ),
+            (
+                "a rollback",
+                plan_of("3.5.30", "3.4.23", &["3.4.23", "3.5.30"]),
+                clean(),
+                "reads no baseline",
+            ),
+        ];
+        for (name, plan, on_disk, why) in cases {
+            let err = offline(&plan, &on_disk).expect_err(name);
+            assert!(err.contains(why), "{name}: {err}");
+        }
+    }
+}
