@@ -93,9 +93,10 @@ pub struct OfflineHash {
 /// below the compaction counts only while it is its key's live revision
 /// (etcd's `kvindex.Keep`; all of them when no key is live), and a
 /// tombstone at the compaction itself never (3.4.34+/3.5.16+ keep it in
-/// bolt, older releases delete it: skipping it makes both agree). Two
-/// passes over the bucket; memory holds a 64-bit digest per key written
-/// since the compaction and per key at or below it.
+/// bolt, older releases delete it: skipping it makes both agree). One pass
+/// over the bucket when nothing was ever compacted, two otherwise; memory
+/// holds a 64-bit digest per key written since the compaction and per key
+/// at or below it.
 ///
 /// `Err(why)` where bolt alone does not give etcd's answer: a compaction
 /// scheduled but unfinished (etcd finishes it when it starts), or a key
@@ -148,6 +149,27 @@ pub fn offline_hash(db: &bolt::Db) -> Result<Result<OfflineHash, String>, OnDisk
         })?;
         Ok((main_revision(revision), tombstone, digest(&key)))
     };
+    if finished == 0 {
+        // Never compacted: every record counts, so one pass gives both the
+        // hash and each key's last state.
+        let mut newest = 0;
+        let mut last: HashMap<u64, bool> = HashMap::new();
+        let mut hash = crc32c::crc32c(KEY_BUCKET);
+        db.for_each(&bucket, |revision, record| {
+            let (main, tombstone, key) = entry(revision, record)?;
+            newest = newest.max(main);
+            last.insert(key, tombstone);
+            hash = crc32c::crc32c_append(hash, revision);
+            hash = crc32c::crc32c_append(hash, record);
+            Ok(())
+        })?;
+        return Ok(Ok(OfflineHash {
+            revision: newest,
+            compact_revision: 0,
+            hash,
+            keys: last.values().filter(|deleted| !**deleted).count(),
+        }));
+    }
     // Pass 1: the newest revision, each key's state after the compaction
     // (whether its last write deleted it), and the keys kept at or below
     // it (one revision each, once the compaction finished).
