@@ -985,10 +985,18 @@ pub async fn read_fingerprint_since(
         _ => None,
     };
     if let (Some(now), Some(before)) = (by_hash, before) {
-        let since = check_since(&client, endpoint, Some(before), Some(now), ours).await?;
+        let counted = v3::count_keys(&client, endpoint, now.revision, ours).await?;
+        let since = check_since(
+            &client,
+            endpoint,
+            Some(before),
+            Some(now),
+            ours,
+            Some(counted),
+        )
+        .await?;
         if let Some((since, changes)) = since {
             let leases = v3::read_leases(&client, endpoint, &BTreeMap::new(), ours).await?;
-            let counted = v3::count_keys(&client, endpoint, now.revision, ours).await?;
             let side = v2::read_v2(endpoint, ours, hidden)
                 .await?
                 .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
@@ -1063,7 +1071,7 @@ async fn read_v3_whole(
     )
     .await?;
     let hash = v3::hash_kv(client, endpoint, revision).await?;
-    let since = check_since(client, endpoint, before, hash, ours).await?;
+    let since = check_since(client, endpoint, before, hash, ours, None).await?;
     let leases = v3::read_leases(client, endpoint, &ttls, ours).await?;
     let since = since.map(|(since, changes)| since.with_strays(&changes, leases.as_ref()));
     let side = match hidden {
@@ -1081,12 +1089,19 @@ async fn read_v3_whole(
 /// What this etcd says of the revision `before` was read at: its hash
 /// there and every change since, up to `now` (this read's revision); `None`
 /// when `before` has no hash or this release none.
+///
+/// `counted` (etcd's count at `now`, ours left out), when given, allows the
+/// quick answer for the usual case: no key but ours written since and the
+/// same count as `before` means no change at all (a key written and
+/// deleted again in between leaves the keyspace as it was); anything else
+/// is read from the history.
 async fn check_since(
     client: &etcd_client::Client,
     endpoint: &str,
     before: Option<&Fingerprint>,
     now: Option<KvHash>,
     ours: &Ours,
+    counted: Option<usize>,
 ) -> Result<Option<(SinceCheck, Vec<v3::Change>)>, KeyspaceError> {
     let (Some(earlier), Some(now)) = (before.and_then(|b| b.hash), now) else {
         return Ok(None);
@@ -1097,7 +1112,17 @@ async fn check_since(
     let Some(there) = v3::hash_kv(client, endpoint, earlier.revision).await? else {
         return Ok(None);
     };
-    let mut changes = v3::changes_since(client, endpoint, earlier.revision, now.revision).await?;
+    let unchanged = match (counted, before) {
+        (Some(counted), Some(before)) if counted == before.keys => {
+            !v3::written_since(client, endpoint, earlier.revision, now.revision, ours).await?
+        }
+        _ => false,
+    };
+    let mut changes = if unchanged {
+        Vec::new()
+    } else {
+        v3::changes_since(client, endpoint, earlier.revision, now.revision).await?
+    };
     changes.retain(|change| !ours.holds_key(&change.key));
     Ok(Some((
         SinceCheck {

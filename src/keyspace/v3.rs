@@ -435,6 +435,36 @@ pub(crate) async fn count_range(
         })
 }
 
+/// Whether any key live at `upto` other than this run's health keys was
+/// written after `after`: a range at `upto` of the keys whose modification
+/// revision is later, keys only, at most a few. A read, answered at once,
+/// where a watch from a past revision waits for etcd's watcher sync (every
+/// 100 ms).
+pub(crate) async fn written_since(
+    client: &etcd_client::Client,
+    endpoint: &str,
+    after: i64,
+    upto: i64,
+    ours: &Ours,
+) -> Result<bool, KeyspaceError> {
+    let options = etcd_client::GetOptions::new()
+        .with_range(TO_THE_END)
+        .with_keys_only()
+        .with_revision(upto)
+        .with_min_mod_revision(after + 1)
+        .with_limit(64);
+    let answer = client
+        .kv_client()
+        .get(vec![0u8], Some(options))
+        .await
+        .map_err(|source| KeyspaceError::Range {
+            endpoint: endpoint.to_string(),
+            key: "\\0".to_string(),
+            source,
+        })?;
+    Ok(answer.more() || answer.kvs().iter().any(|kv| !ours.holds_key(kv.key())))
+}
+
 /// How many keys the keyspace held at `revision`, this run's health keys
 /// left out.
 pub(crate) async fn count_keys(
