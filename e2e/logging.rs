@@ -63,7 +63,7 @@ fn json_log_format_is_one_object_per_line() {
     }
     let ours = our_messages(&lines);
     for message in [
-        "baseline read",
+        "baseline taken offline",
         "step start",
         "etcd started",
         "step done",

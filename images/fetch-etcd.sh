@@ -47,7 +47,7 @@ SOURCES=(
   "3.5.16  debian  trixie       etcd etcdctl etcdutl"
   "3.5.30  debian  sid          etcd etcdctl etcdutl"
 )
-DEFAULT_VERSIONS=(3.3.25 3.4.23 3.5.1 3.5.16)
+DEFAULT_VERSIONS=(3.3.25 3.4.23 3.5.1 3.5.16 3.5.30)
 DEBIAN_PACKAGES=(etcd-server etcd-client)
 DEBIAN_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 

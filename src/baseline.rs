@@ -14,8 +14,16 @@
 //! v2 requests 3.5 left past the newest snapshot; 3.5 comes up "not
 //! capable" of v3 when its replay begins at a 2.x cluster version; 3.6
 //! refuses v2 requests past the snapshot, and custom v2 content in it.
+//! And it finds what must stop the run before any newer release touches
+//! the data (which would raise the cluster version past the recorded
+//! release): an alarm, which only the recorded release can clear.
 
 use crate::keyspace::{Fingerprint, KvHash};
+
+/// A db this large may be refused its next write by etcd's default
+/// backend quota (2 GiB; etcd compares the file's size): the recorded
+/// release's own write meets that first, where it can still be cleared.
+const NEAR_QUOTA_BYTES: u64 = 1_800_000_000;
 use crate::ondisk::OnDisk;
 use crate::plan::{Plan, Step};
 use crate::version::{Minor, Storage, Version};
@@ -46,6 +54,17 @@ pub fn offline(plan: &Plan, on_disk: &OnDisk) -> Result<Fingerprint, String> {
         return Err(format!(
             "the data is compacted at its own revision {} (3.4 hashes no compacted revision)",
             hash.revision
+        ));
+    }
+    if !on_disk.alarms.is_empty() {
+        return Err(format!(
+            "the data holds the alarm {}: the recorded release reports it before a newer release runs on the data (which would raise its cluster version past the recorded release that must clear it)",
+            on_disk.alarms.join(", ")
+        ));
+    }
+    if let Some(bytes) = on_disk.db_bytes.filter(|b| *b >= NEAR_QUOTA_BYTES) {
+        return Err(format!(
+            "the db holds {bytes} bytes, near etcd's default backend quota (2 GiB): a write may raise NOSPACE, which the recorded release must meet first"
         ));
     }
     let Some(leases) = &on_disk.leases else {
@@ -246,6 +265,15 @@ mod tests {
                     ..clean()
                 },
                 "compacted at its own revision",
+            ),
+            (
+                "an alarm raised",
+                hop.clone(),
+                OnDisk {
+                    alarms: vec!["NOSPACE".into()],
+                    ..clean()
+                },
+                "holds the alarm NOSPACE",
             ),
             (
                 "a rollback",

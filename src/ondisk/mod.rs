@@ -119,6 +119,13 @@ pub struct OnDisk {
     /// where bolt alone does not give etcd's answer (the WAL changes keys
     /// past it, a compaction is unfinished).
     pub v3_hash: Option<Result<OfflineHash, String>>,
+    /// The alarms bolt's `alarm` bucket holds (`NOSPACE`, `CORRUPT`), as
+    /// etcd raised them: a member with one refuses writes (NOSPACE) or
+    /// more (CORRUPT) until it is disarmed.
+    pub alarms: Vec<String>,
+    /// The size of `member/snap/db` in bytes (what etcd holds against its
+    /// backend quota), when there is one.
+    pub db_bytes: Option<u64>,
     /// What was read around, one line each: a torn WAL tail, broken newer
     /// snapshots passed over, log entries or member records that did not
     /// decode.
@@ -523,6 +530,8 @@ impl Replayed {
             v2_names: v2.names,
             v3_keys,
             v3_hash,
+            alarms: bolt.as_ref().map(|b| b.alarms.clone()).unwrap_or_default(),
+            db_bytes: bolt.as_ref().map(|b| b.bytes),
             notes,
         }
     }
@@ -530,6 +539,8 @@ impl Replayed {
 
 /// What bolt says, before the log is replayed on it.
 struct BoltState {
+    alarms: Vec<String>,
+    bytes: u64,
     consistent_index: u64,
     cluster_version: Option<String>,
     members: BTreeMap<u64, MemberOnDisk>,
@@ -547,6 +558,8 @@ fn read_bolt(
         what,
     };
     let mut state = BoltState {
+        alarms: Vec::new(),
+        bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
         consistent_index: 0,
         cluster_version: None,
         members: BTreeMap::new(),
@@ -567,6 +580,22 @@ fn read_bolt(
         state.cluster_version = db
             .get(&cluster, b"clusterVersion")?
             .map(|v| String::from_utf8_lossy(&v).into_owned());
+    }
+    if let Some(alarms) = db.bucket(b"alarm")? {
+        db.for_each(&alarms, |member_alarm, _| {
+            // `AlarmMember{MemberID (1), Alarm (2)}` is the key.
+            let kind = proto::varint_field(member_alarm, 2).map_err(|err| {
+                damaged(format!(
+                    "alarm {member_alarm:02x?} is no alarm record: {err}"
+                ))
+            })?;
+            state.alarms.push(match kind {
+                1 => "NOSPACE".to_string(),
+                2 => "CORRUPT".to_string(),
+                other => format!("alarm type {other}"),
+            });
+            Ok(())
+        })?;
     }
     read_bolt_auth(db, &damaged, &mut state.v3)?;
     read_bolt_leases(db, &damaged, &mut state.v3)?;
