@@ -42,6 +42,11 @@ pub(crate) fn kubeadm_three_members_go_back_from_3_7_to_3_5_and_up_again() {
     };
     s.retarget_one_by_one("3.5.30");
     s.reached("3.5.30");
+    eprintln!(
+        "{}: the entrypoints' record going down:\n{}",
+        s.test,
+        s.record()
+    );
     let enabled: usize = s.counts(ENABLED).iter().sum();
     assert!(
         enabled >= 2,

@@ -231,6 +231,7 @@ impl Scenario {
                         "stopped",
                         "waiting",
                         "mark",
+                        "downgrade",
                     ]
                     .iter()
                     .any(|w| line.contains(w));

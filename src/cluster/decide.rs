@@ -85,7 +85,21 @@ pub struct View {
     /// The target of an enabled downgrade job, as a 3.6+ member reports
     /// it (`None`: no job, or the member that answered is older).
     pub downgrade: Option<Minor>,
+    /// How long every member has been up on the release it runs now, as
+    /// the caller's observations saw it (zero when one is down).
+    pub settled: Duration,
+    /// How long that must be before a member restarts into a downgrade's
+    /// older release while another has not reached it
+    /// ([`DOWNGRADE_SETTLE`] in production).
+    pub settle: Duration,
 }
+
+/// How long the cluster must be quiet (every member up, no release
+/// changed) before a member restarts into the older release of a
+/// downgrade while another member has not reached it: an operator's
+/// rollout restarts members one after another, and a restart of ours
+/// between two of theirs would take two members down at once.
+pub const DOWNGRADE_SETTLE: Duration = Duration::from_secs(30);
 
 /// Where our own member stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,6 +221,16 @@ pub enum Waiting {
         want: Minor,
         /// What our member reports.
         have: Minor,
+    },
+    /// A member not on the downgrade's target yet changed or went down a
+    /// moment ago: an operator's rollout may be restarting members.
+    Settling {
+        /// The downgrade's target.
+        to: Minor,
+        /// How long the cluster has been quiet.
+        settled: Duration,
+        /// How long it must be.
+        needed: Duration,
     },
     /// The downgrade is enabled, and the cluster version has not dropped
     /// to its target yet.
@@ -338,6 +362,12 @@ impl fmt::Display for Waiting {
             Waiting::StorageVersion { want, have } => write!(
                 f,
                 "waiting for this member's storage version to reach {want} (now {have}) after etcd's downgrade was enabled"
+            ),
+            Waiting::Settling { to, settled, needed } => write!(
+                f,
+                "waiting for the cluster to settle before this member restarts into {to}: the members have been up on their releases for {} s only (a rollout may be restarting them; a restart of ours goes once every other member runs {to}, or after {} s of quiet)",
+                settled.as_secs(),
+                needed.as_secs()
             ),
             Waiting::Downgrading { to, cluster } => write!(
                 f,
@@ -538,6 +568,18 @@ fn downgrade_step(view: &View, own: &Own, next: Version, cluster: Minor) -> Deci
         if let Some(have) = storage.filter(|s| *s > to) {
             return Decision::Wait(Waiting::StorageVersion { want: to, have });
         }
+        let others_there = view
+            .members
+            .iter()
+            .filter(|m| m.id != own.id)
+            .all(|m| matches!(m.reach, Reach::Up(v) if v.minor_line() == to));
+        if !others_there && view.settled < view.settle && view.lock != Some(own.id) {
+            return Decision::Wait(Waiting::Settling {
+                to,
+                settled: view.settled,
+                needed: view.settle,
+            });
+        }
     } else {
         // Below our minor's predecessor: the refusals have said so.
         return Decision::Wait(Waiting::ClusterVersion {
@@ -718,6 +760,8 @@ mod tests {
             tls_refused: BTreeMap::new(),
             lock: None,
             downgrade: None,
+            settled: Duration::from_secs(3600),
+            settle: DOWNGRADE_SETTLE,
         }
     }
 
@@ -757,6 +801,10 @@ mod tests {
         };
         let job = |mut view: View, to: &str| {
             view.downgrade = Some(m(to));
+            view
+        };
+        let quiet = |mut view: View, secs: u64| {
+            view.settled = Duration::from_secs(secs);
             view
         };
         let storage = |mut view: View, minor: &str| {
@@ -899,6 +947,12 @@ mod tests {
             ("3.5 → 3.4: 3.5 reports no downgrade state, keep serving and say why",
              view("3.5", "3.5.30", up("3.5.30"), up("3.5.30")), own("3.5.30"), goal("3.4.45", Some("3.4.45")),
              Decision::Wait(Waiting::NoWayBack { cluster: m("3.5"), target: v("3.4.45"), members: 3, running: v("3.5.30") })),
+            ("dropped, storage 3.6, but the cluster changed a moment ago and a member is still on 3.7: settle first",
+             quiet(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), 5), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::Settling { to: m("3.6"), settled: Duration::from_secs(5), needed: DOWNGRADE_SETTLE })),
+            ("every other member on 3.6 already: the last one goes at once",
+             quiet(storage(job(view("3.6", "3.7.1", up("3.6.14"), up("3.6.14")), "3.6"), "3.6"), 0), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::TakeLock),
             ("a partial upgrade undone: 3.7 back to 3.6 at cluster version 3.6, no job needed",
              storage(view("3.6", "3.7.1", up("3.6.14"), up("3.6.14")), "3.6"), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
              Decision::TakeLock),

@@ -687,6 +687,18 @@ impl Ledger for DataLedger {
             )
         }))
     }
+
+    fn storage_version(&mut self) -> Result<Option<Minor>, DataDirError> {
+        let on_disk =
+            crate::ondisk::read(&self.dir).map_err(|source| DataDirError::Unreadable {
+                dir: self.dir.display().to_string(),
+                source,
+            })?;
+        Ok(on_disk
+            .storage_version
+            .and_then(|v| v.parse::<Version>().ok())
+            .map(Version::minor_line))
+    }
 }
 
 /// A member as the data records it, for the first view (before any peer

@@ -156,6 +156,8 @@ pub fn assemble(
         tls_refused: BTreeMap::new(),
         lock,
         downgrade: None,
+        settled: Duration::ZERO,
+        settle: crate::cluster::decide::DOWNGRADE_SETTLE,
     }
 }
 

@@ -46,6 +46,10 @@ pub struct Timing {
     /// How long a release started under the lock may take to serve a
     /// write as a member before the run gives up on it.
     pub prove_deadline: Duration,
+    /// How long the cluster must be quiet before a member restarts into a
+    /// downgrade's older release while another has not reached it
+    /// ([`crate::cluster::decide::DOWNGRADE_SETTLE`] in production).
+    pub settle: Duration,
 }
 
 /// What this member's run works from.
@@ -136,6 +140,9 @@ pub trait Ledger {
     /// updates) and panics replaying one past the WAL's newest snapshot
     /// record. `None`: nothing stops it.
     fn replay_blocker(&mut self, release: Version) -> Result<Option<String>, Self::Error>;
+    /// The storage version the data records (3.6+ write one), read
+    /// offline while no etcd runs on it.
+    fn storage_version(&mut self) -> Result<Option<Minor>, Self::Error>;
 }
 
 /// How the member's run ended.
@@ -281,6 +288,43 @@ struct State {
     /// The running release was started once already to take that
     /// snapshot.
     readied: bool,
+    /// The members' reach as last observed (id, version or down), and
+    /// since when it has been so.
+    quiet: Option<(Vec<(u64, Option<Version>)>, Instant)>,
+    /// Refusals decided in a row (see [`REFUSALS_TO_END`]).
+    refusals: u32,
+}
+
+/// Observations in a row that must refuse before a member ends its roll
+/// on a refusal: a member that just restarted reports the cluster version
+/// its data held for a moment (seen: 8 ms), and the lowest version told
+/// is the view's, so one observation may show a member two minors ahead.
+const REFUSALS_TO_END: u32 = 3;
+
+impl State {
+    /// Sets `view.settled`: how long every member has been up on the same
+    /// release, by this loop's observations (any member down, or any
+    /// release changed, starts it again).
+    fn settle<'v>(&mut self, view: &'v mut View, needed: Duration) -> &'v View {
+        let now = Instant::now();
+        let reach: Vec<(u64, Option<Version>)> = view
+            .members
+            .iter()
+            .map(|m| match m.reach {
+                crate::cluster::Reach::Up(version) => (m.id, Some(version)),
+                crate::cluster::Reach::Down(_) => (m.id, None),
+            })
+            .collect();
+        let all_up = reach.iter().all(|(_, version)| version.is_some());
+        let since = match &self.quiet {
+            Some((last, since)) if *last == reach && all_up => *since,
+            _ => now,
+        };
+        self.quiet = Some((reach, since));
+        view.settled = now.duration_since(since);
+        view.settle = needed;
+        view
+    }
 }
 
 /// Rate-limits the progress lines: a line when the reason changes, or
@@ -344,6 +388,7 @@ fn waiting_kind(waiting: &Waiting) -> String {
         Waiting::NoWayBack { target, .. } => format!("back {target}"),
         Waiting::StorageVersion { want, have } => format!("storage {want} {have}"),
         Waiting::Downgrading { to, cluster } => format!("downgrading {to} {cluster}"),
+        Waiting::Settling { to, .. } => format!("settling {to}"),
     }
 }
 
@@ -421,11 +466,32 @@ pub async fn choose_start<C: Coordination, L: Ledger>(
     if let Decision::Refuse(refusal) = decide(&view, &own, &goal) {
         return Err(refusal.into());
     }
-    let Some(next) = goal.next.filter(|next| *next > first) else {
-        // Going down starts where the data is: a downgrade goes through
-        // the cluster (enabled under the lock, member by member).
+    let Some(next) = goal.next else {
         return Ok(first);
     };
+    if next < first {
+        // Going down: one hop down only where the cluster's downgrade is
+        // on (its version already dropped) and this member's data is in
+        // the older schema already; else where the data is, the downgrade
+        // going through the cluster (enabled under the lock, then member
+        // by member).
+        let to = next.minor_line();
+        let storage = ledger
+            .storage_version()
+            .map_err(|e| RollError::action("reading this member's storage version", &e))?;
+        if view.cluster_version == Some(to) && storage == Some(to) {
+            log::info(
+                "starting this member one hop down: it is down already, the cluster's downgrade is on and its data is in the older schema",
+                &[
+                    ("from", first.to_string().into()),
+                    ("release", next.to_string().into()),
+                    ("storage_version", to.to_string().into()),
+                ],
+            );
+            return Ok(next);
+        }
+        return Ok(first);
+    }
     let patch = next.minor_line() == first.minor_line();
     let floor_met =
         crate::cluster::decide::patch_floor_unmet(&view, rolling.own_id, next).is_none();
@@ -503,6 +569,8 @@ where
         last_proof_error: String::new(),
         readying: None,
         readied: false,
+        quiet: None,
+        refusals: 0,
     };
     if let Err(err) = roll(
         rolling,
@@ -621,9 +689,9 @@ where
             }
         }
         let decided = match cluster.observe().await {
-            Ok(view) => Decided {
+            Ok(mut view) => Decided {
                 decision: decide(
-                    &view,
+                    member.settle(&mut view, rolling.timing.settle),
                     &own(rolling, member.running, member.proven),
                     &Goal {
                         target: rolling.target.version,
@@ -702,6 +770,9 @@ where
     E: MemberEtcd,
     L: Ledger,
 {
+    if !matches!(decided.decision, Decision::Refuse(_)) {
+        member.refusals = 0;
+    }
     match decided.decision {
         Decision::Wait(waiting) => {
             match &waiting {
@@ -880,6 +951,20 @@ where
         Decision::Stay(reason) => {
             log::warn(&reason, &[("release", member.running.to_string().into())]);
             Ok(Next::Finished)
+        }
+        Decision::Refuse(refusal) if member.refusals + 1 < REFUSALS_TO_END => {
+            // A member that just restarted reports the cluster version its
+            // data held until it catches up (milliseconds): one
+            // observation must not end the roll.
+            member.refusals += 1;
+            reporter.wait(
+                "refusal",
+                &format!(
+                    "{refusal} (seen {} time(s) in a row; this member ends its roll only if it holds for {REFUSALS_TO_END} observations)",
+                    member.refusals
+                ),
+            );
+            Ok(Next::Pause)
         }
         Decision::Refuse(refusal) => {
             // Our etcd serves as a member: stopping it now would only cost

@@ -126,6 +126,9 @@ pub struct OnDisk {
     /// The size of `member/snap/db` in bytes (what etcd holds against its
     /// backend quota), when there is one.
     pub db_bytes: Option<u64>,
+    /// bolt's `meta/storageVersion` (3.6+ write it: the schema the data is
+    /// in, which a downgrade lowers before an older release may start).
+    pub storage_version: Option<String>,
     /// What was read around, one line each: a torn WAL tail, broken newer
     /// snapshots passed over, log entries or member records that did not
     /// decode.
@@ -532,6 +535,7 @@ impl Replayed {
             v3_hash,
             alarms: bolt.as_ref().map(|b| b.alarms.clone()).unwrap_or_default(),
             db_bytes: bolt.as_ref().map(|b| b.bytes),
+            storage_version: bolt.as_ref().and_then(|b| b.storage_version.clone()),
             notes,
         }
     }
@@ -541,6 +545,7 @@ impl Replayed {
 struct BoltState {
     alarms: Vec<String>,
     bytes: u64,
+    storage_version: Option<String>,
     consistent_index: u64,
     cluster_version: Option<String>,
     members: BTreeMap<u64, MemberOnDisk>,
@@ -560,6 +565,7 @@ fn read_bolt(
     let mut state = BoltState {
         alarms: Vec::new(),
         bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        storage_version: None,
         consistent_index: 0,
         cluster_version: None,
         members: BTreeMap::new(),
@@ -575,6 +581,9 @@ fn read_bolt(
             })?;
             state.consistent_index = u64::from_be_bytes(bytes);
         }
+        state.storage_version = db
+            .get(&meta, b"storageVersion")?
+            .map(|v| String::from_utf8_lossy(&v).into_owned());
     }
     if let Some(cluster) = db.bucket(b"cluster")? {
         state.cluster_version = db
