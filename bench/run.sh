@@ -27,6 +27,23 @@
 #   BENCH_SCALE_RUNS=3    rounds per size up to ~300 MB of values
 #   BENCH_BIG_RUNS=1      rounds per larger size
 #   BENCH_FLOOR_TIMEOUT_S=60   the floor's wait for its write (raise it for GBs)
+#   BENCH_ROLL=1          the roll bench instead (issue 21): 3 members on
+#                         loopback rolled 3.3.25 -> 3.5.16 by their
+#                         etcd-migrate entrypoints (each restarted once with
+#                         TARGET_VERSION=3.5.16, as a rollout does) against the
+#                         same rolling restarts done by hand with plain etcd,
+#                         writes and per-member probes running (bench/roll.py);
+#                         writes roll-3.3.25-3.5.16.{md,json,svg} to BENCH_OUT
+#                         (default <repo>/bench/results)
+#   BENCH_ROLL_RUNS=3     rounds (each: ours and the floor, on fresh data)
+#   BENCH_ROLL_PORT=24100 first of the ports used (up to +24; keep them below
+#                         the ephemeral range)
+#   BENCH_ROLL_DEADLINE_S=300  what a roll (or any wait in it) may take before
+#                         the round fails with the members' logs
+#   BENCH_ROLL_KEYS=1000  keys seeded before each roll (BENCH_VALUE_BYTES,
+#                         BENCH_LEASED as above)
+#   BENCH_ROLL_COMMIT     how the table names the build measured (default: the
+#                         checkout's commit, flagged when src/ has changes)
 #
 # Needs: cargo (+ protoc for etcd-client), python3 (stdlib only), and
 # etcd-3.3.25, etcd-3.4.23, etcd-3.5.16 in the bin dir.
@@ -105,6 +122,18 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+if [[ ${BENCH_ROLL:-0} == 1 ]]; then
+  roll_port=${BENCH_ROLL_PORT:-24100}
+  echo "bench: scratch dir $work; ports $((roll_port + 1))-$((roll_port + 24))" >&2
+  "$python" "$repo/bench/roll.py" \
+    --root "$work" --bin-dir "$bin_dir" --migrate "$migrate" --floor "$floor" --repo "$repo" \
+    --out "${BENCH_OUT:-$repo/bench/results}" --runs "${BENCH_ROLL_RUNS:-3}" \
+    --base-port "$roll_port" --deadline-s "${BENCH_ROLL_DEADLINE_S:-300}" \
+    --keys "${BENCH_ROLL_KEYS:-1000}" --leased "${BENCH_LEASED:-100}" \
+    --value-bytes "${BENCH_VALUE_BYTES:-512}" --poll-ms "$poll_ms" \
+    ${BENCH_ROLL_COMMIT:+--commit-label "$BENCH_ROLL_COMMIT"}
+  exit 0
+fi
 echo "bench: scratch dir $work; ports client $client_port, peer $peer_port" >&2
 if [[ -n ${BENCH_WALK:-} ]]; then
   "$python" "$repo/bench/driver.py" \
