@@ -290,10 +290,13 @@ struct State {
     readied: bool,
     /// The members' reach as last observed (id, version or down), and
     /// since when it has been so.
-    quiet: Option<(Vec<(u64, Option<Version>)>, Instant)>,
+    quiet: Option<(Vec<Reached>, Instant)>,
     /// Refusals decided in a row (see [`REFUSALS_TO_END`]).
     refusals: u32,
 }
+
+/// A member's id and the release it answered with (`None`: down).
+type Reached = (u64, Option<Version>);
 
 /// Observations in a row that must refuse before a member ends its roll
 /// on a refusal: a member that just restarted reports the cluster version
@@ -307,7 +310,7 @@ impl State {
     /// release changed, starts it again).
     fn settle<'v>(&mut self, view: &'v mut View, needed: Duration) -> &'v View {
         let now = Instant::now();
-        let reach: Vec<(u64, Option<Version>)> = view
+        let reach: Vec<Reached> = view
             .members
             .iter()
             .map(|m| match m.reach {
