@@ -122,7 +122,10 @@ pub(crate) fn a_target_raised_mid_downgrade_cancels_it_and_rolls_forward() {
     s.retarget_one_by_one("3.7.1");
     s.release_lock(hold);
     s.wait_for_line("downgrade job ended", &before, LINE_DEADLINE);
-    s.finish("3.7.1");
+    // Each member, restarted with the raised target while the cluster
+    // version is 3.6, starts 3.7.1 at once (one minor ahead, as etcd
+    // allows): the way up needs no restart under the lock.
+    s.finish_with("3.7.1", false);
 }
 
 /// A member offline when the others get the lower target: nobody enables
