@@ -4,48 +4,12 @@
 //! served holds that v3 key beside the v2 store. Its storage migration
 //! failed ("51 keys expected, 52 found") and put the data on hold.
 
-use std::path::Path;
-
-use crate::harness::etcd::{connect, read_back, EtcdProcess};
+use crate::harness::etcd::read_back;
+use crate::harness::fixture::{etcd2_data_with_the_health_key, put_v3};
 use crate::harness::migrator::Migration;
 use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, V2Key};
-use crate::harness::{block_on, free_port, read_version_txt, temp_dir, Member};
-
-/// Puts `key` = `values[i]` through the v3 API of `etcd-<version>` serving
-/// `data` (etcd2 data: 3.x serves v3 beside v2), one write after another,
-/// as the Kubernetes tool's health check overwrote `etcd_version`.
-fn put_v3(version: &str, data: &Path, member: &Member, logs: &Path, key: &str, values: &[&str]) {
-    let mut etcd = EtcdProcess::start(version, member, data, free_port(), logs);
-    block_on(async {
-        etcd.wait_ready_v2().await;
-        let mut client = connect(&etcd.endpoint())
-            .await
-            .unwrap_or_else(|err| panic!("v3 connect: {err}"));
-        for value in values {
-            client
-                .put(key, *value, None)
-                .await
-                .unwrap_or_else(|err| panic!("v3 put {key}: {err}"));
-        }
-    });
-    etcd.stop();
-}
-
-/// Ten v2 keys, then `etcd_version` written twelve times through v3: its
-/// last write has revision 13, the modifiedIndex of one of the v2 keys,
-/// and `etcdctl migrate` writes each v2 key at revision = its
-/// modifiedIndex, over the record there (measured on 3.3.25: the key came
-/// back as its second value).
-fn etcd2_data_with_the_health_key(version: &str, data: &Path, member: &Member, logs: &Path) {
-    let keys: Vec<V2Key> = (1..=10)
-        .map(|i| V2Key::plain(format!("/registry/pods/default/p{i}"), format!("pod {i}")))
-        .collect();
-    v2::build(version, data, member, logs, &[keys]);
-    let values: Vec<String> = (1..=12).map(|i| format!("{version} #{i}")).collect();
-    let values: Vec<&str> = values.iter().map(String::as_str).collect();
-    put_v3(version, data, member, logs, "etcd_version", &values);
-}
+use crate::harness::{read_version_txt, temp_dir, Member};
 
 #[test]
 fn etcd2_data_holding_the_kubernetes_tools_v3_health_key_migrates_to_etcd3_with_it() {

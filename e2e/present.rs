@@ -4,7 +4,8 @@
 //! a flag 3.7 removed refused naming its replacement, and 3.7 never the
 //! first etcd on a WAL it cannot replay (3.5's v2 requests past the newest
 //! snapshot: a 3.6 member that never snapshotted since), and v2 content
-//! refused offline as 3.6.14 itself refuses it. The walks
+//! refused offline as 3.6.14 itself refuses it; and the Kubernetes
+//! tool's v3 health key in 3.1.20/etcd2 data (issue 20.1). The walks
 //! themselves are `old_releases`' cases.
 
 use std::io::Write as _;
@@ -39,6 +40,7 @@ pub fn trials() -> Vec<Trial> {
         upstreams_patch_floors_are_refused_naming_what_to_bundle needs ["3.6.10", "3.6.14", "3.7.1"],
         a_flag_3_7_removed_is_refused_up_front_naming_its_replacement needs ["3.6.14", "3.7.1"],
         v2_content_is_refused_offline_as_3_6_itself_refuses_it needs ["3.5.30", "3.6.14"],
+        kubernetes_tools_health_key_on_3_1_etcd2_data_migrates_with_it needs ["3.1.20", "3.2.32"],
     ];
     tests
         .into_iter()
@@ -279,4 +281,39 @@ fn v2_content_is_refused_offline_as_3_6_itself_refuses_it() {
     let after = read_back("3.6.14", &member, &data, tmp.path());
     after.assert_kept(&fixture.keyspace, 3000);
     after.assert_revisions_kept(&fixture.keyspace);
+}
+
+/// Issue 20.1 as reproduced on old releases: 3.1.20/etcd2 data holding
+/// the Kubernetes tool's v3 health key `etcd_version` (its last write at
+/// the revision `etcdctl migrate` gives one of the v2 keys) walks to
+/// 3.2.32/etcd3 with every v2 key and the v3 key at its last value; it once
+/// failed the storage migration ("11 keys expected, 12 found") and put the
+/// data on hold. Also the old releases' own test: not one of today's, but
+/// it needs releases no registry has.
+fn kubernetes_tools_health_key_on_3_1_etcd2_data_migrates_with_it() {
+    let tmp = temp_dir("present-k8s-health-3-1");
+    let data = tmp.path().join("data");
+    let member = Member::new("present-k8s-health-3-1");
+    fixture::etcd2_data_with_the_health_key("3.1.20", &data, &member, tmp.path());
+    assert_eq!(read_version_txt(&data), "3.1.20/etcd2");
+    let bin = linked_bin_dir(&["3.1.20", "3.2.32"], tmp.path());
+    let run = Migration::new("3.2.32", &data, &member).bin_dir(&bin).run();
+    run.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.2.32/etcd3");
+    assert!(!data.join(".etcd-migrate.hold").exists(), "no hold");
+    let keyspace = read_back("3.2.32", &member, &data, tmp.path());
+    let value = |key: &str| {
+        keyspace
+            .entries
+            .get(key.as_bytes())
+            .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+    };
+    assert_eq!(value("etcd_version").as_deref(), Some("3.1.20 #12"));
+    for i in 1..=10 {
+        assert_eq!(
+            value(&format!("/registry/pods/default/p{i}")),
+            Some(format!("pod {i}"))
+        );
+    }
+    assert_eq!(keyspace.entries.len(), 11, "{:?}", keyspace.entries.keys());
 }

@@ -9,6 +9,7 @@ use etcd_client::{PutOptions, Txn, TxnOp};
 
 use super::etcd::{connect, EtcdProcess};
 use super::keyspace::Keyspace;
+use super::v2::{self, V2Key};
 use super::{block_on, free_port, set_mode, write_version_txt, Member};
 
 /// TTL of the fixture's leases: long enough that a lease that survives a
@@ -219,4 +220,46 @@ pub fn build(spec: FixtureSpec, data_dir: &Path, member: &Member, log_dir: &Path
         member: member.clone(),
         keyspace,
     }
+}
+
+/// Puts `key` = `values[i]` through the v3 API of `etcd-<version>` serving
+/// `data` (etcd2 data: 3.x serves v3 beside v2), one write after another,
+/// as the Kubernetes tool's health check overwrote `etcd_version`.
+pub fn put_v3(
+    version: &str,
+    data: &Path,
+    member: &Member,
+    logs: &Path,
+    key: &str,
+    values: &[&str],
+) {
+    let mut etcd = EtcdProcess::start(version, member, data, free_port(), logs);
+    block_on(async {
+        etcd.wait_ready_v2().await;
+        let mut client = connect(&etcd.endpoint())
+            .await
+            .unwrap_or_else(|err| panic!("v3 connect: {err}"));
+        for value in values {
+            client
+                .put(key, *value, None)
+                .await
+                .unwrap_or_else(|err| panic!("v3 put {key}: {err}"));
+        }
+    });
+    etcd.stop();
+}
+
+/// Ten v2 keys, then `etcd_version` written twelve times through v3: its
+/// last write has revision 13, the modifiedIndex of one of the v2 keys,
+/// and `etcdctl migrate` writes each v2 key at revision = its
+/// modifiedIndex, over the record there (measured on 3.3.25: the key came
+/// back as its second value).
+pub fn etcd2_data_with_the_health_key(version: &str, data: &Path, member: &Member, logs: &Path) {
+    let keys: Vec<V2Key> = (1..=10)
+        .map(|i| V2Key::plain(format!("/registry/pods/default/p{i}"), format!("pod {i}")))
+        .collect();
+    v2::build(version, data, member, logs, &[keys]);
+    let values: Vec<String> = (1..=12).map(|i| format!("{version} #{i}")).collect();
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
+    put_v3(version, data, member, logs, "etcd_version", &values);
 }
