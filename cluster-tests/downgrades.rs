@@ -57,14 +57,50 @@ pub(crate) fn kubeadm_three_members_go_back_from_3_7_to_3_5_and_up_again() {
     s.finish("3.7.1");
 }
 
-/// 3.7.1 → 3.6.14 on five members, GCE style.
-pub(crate) fn gce_five_members_go_back_from_3_7_to_3_6() {
+/// 3.7.1 → 3.5.30 and back up to 3.7.1 on five members, GCE style.
+pub(crate) fn gce_five_members_go_back_from_3_7_to_3_5_and_up_again() {
+    let Some((mut s, _ready)) = Scenario::start(
+        "down-gce-5",
+        Style::GceHa,
+        5,
+        "3.7.1",
+        &["3.6.14", "3.5.30"],
+    ) else {
+        return;
+    };
+    s.retarget_one_by_one("3.5.30");
+    s.reached("3.5.30");
+    s.retarget_one_by_one("3.7.1");
+    s.finish("3.7.1");
+}
+
+/// A member cut off from the others while the downgrade to 3.6 is
+/// enabled: the wave waits for it (never two members down: the cut-off one
+/// counts as down), writes go on through the other two, and once it is
+/// back every member ends on 3.6 with every write kept.
+pub(crate) fn a_member_cut_off_while_the_downgrade_is_enabled_rejoins_the_wave() {
     let Some((mut s, _ready)) =
-        Scenario::start("down-gce-5", Style::GceHa, 5, "3.7.1", &["3.6.14"])
+        Scenario::start("down-cut", Style::Kubeadm, 3, "3.7.1", &["3.6.14"])
     else {
         return;
     };
+    let hold = s.hold_lock();
     s.retarget_one_by_one("3.6.14");
+    let before = s.counts(ENABLED);
+    s.release_lock(hold);
+    let enabler = s.wait_for_line(ENABLED, &before, LINE_DEADLINE);
+    // Cut off a member other than the one that enabled.
+    let victim = (enabler + 1) % 3;
+    let name = s.cluster.members[victim].name.clone();
+    let network = s.cluster.network.name.clone();
+    s.cluster.container(victim).disconnect(&network);
+    eprintln!("{}: {name} cut off after the downgrade was enabled", s.test);
+    s.writes(&format!("writes while {name} is cut off"));
+    let waiting = format!("waiting for member {name}");
+    let seen = s.counts(&waiting);
+    s.wait_for_line(&waiting, &seen, Duration::from_secs(120));
+    let ip = s.cluster.members[victim].ip.clone();
+    s.cluster.container(victim).connect(&network, &ip);
     s.finish("3.6.14");
 }
 

@@ -20,7 +20,8 @@
 //!   target lowered mid-wave).
 //! - `downgrades`: the way back through etcd's downgrade (3.7 → 3.6 →
 //!   3.5 and up again, 3 and 5 members, holders killed at each point, a
-//!   target raised mid-downgrade, a member offline through a wave).
+//!   target raised mid-downgrade, a member offline through a wave, a member
+//!   cut off while the downgrade is enabled).
 //! - `restarts`: restarts, kills and cuts at one version (no version
 //!   change) keep quorum and every write; the monitor proven to catch a
 //!   member run by hand two minors ahead.
@@ -85,7 +86,8 @@ fn main() {
         upgrades::from_3_5::holder_cut_off,
         upgrades::from_3_5::target_lowered,
         downgrades::kubeadm_three_members_go_back_from_3_7_to_3_5_and_up_again,
-        downgrades::gce_five_members_go_back_from_3_7_to_3_6,
+        downgrades::gce_five_members_go_back_from_3_7_to_3_5_and_up_again,
+        downgrades::a_member_cut_off_while_the_downgrade_is_enabled_rejoins_the_wave,
         downgrades::downgrade_holders_killed_at_each_point_resume,
         downgrades::a_target_raised_mid_downgrade_cancels_it_and_rolls_forward,
         downgrades::a_member_offline_holds_the_downgrade_until_it_is_back,
