@@ -684,9 +684,10 @@ fn failures() {
         log_line(&c, " error ")
     );
 
-    // An etcd that cannot start (a flag it does not know, through
-    // ETCD_CREDS): exit 3, the error quotes etcd's own words, version.txt
-    // unchanged, no exec.
+    // A flag the steps' etcds do not know, through ETCD_CREDS: found by
+    // their version checks before anything starts (exit 2), the error
+    // quotes etcd's own words and names ETCD_CREDS, version.txt unchanged,
+    // no exec.
     let c = t.run_d(&[
         "-v",
         &volume(&w),
@@ -700,8 +701,10 @@ fn failures() {
         "ETCD_CREDS=--no-such-flag",
         image,
     ]);
-    assert_eq!(wait_exit(&c, 60), 3, "exit code, etcd cannot start");
-    assert!(has_log(&c, "exit=3"), "no exit=3 in the logs: {}", all(&c));
+    assert_eq!(wait_exit(&c, 60), 2, "exit code, a flag the steps' etcds refuse");
+    assert!(has_log(&c, "exit=2"), "no exit=2 in the logs: {}", all(&c));
+    assert!(has_log(&c, "ETCD_CREDS"), "the error names ETCD_CREDS: {}", all(&c));
+    assert!(!has_log(&c, "etcd started"), "an etcd was started");
     let text = all(&c);
     let from_error = text
         .find(" error ")
@@ -714,15 +717,15 @@ fn failures() {
     );
     assert!(
         !has_log(&c, "exec program="),
-        "etcd was exec'd after a failed step"
+        "etcd was exec'd after a refusal"
     );
     assert_eq!(
         version_txt(&data),
         "3.3.25/etcd3",
-        "version.txt after a failed step"
+        "version.txt after a refusal"
     );
     eprintln!(
-        "image-tests:   etcd cannot start: {}",
+        "image-tests:   a flag the steps' etcds refuse: {}",
         log_line(&c, " error ")
     );
 }
