@@ -701,9 +701,17 @@ fn failures() {
         "ETCD_CREDS=--no-such-flag",
         image,
     ]);
-    assert_eq!(wait_exit(&c, 60), 2, "exit code, a flag the steps' etcds refuse");
+    assert_eq!(
+        wait_exit(&c, 60),
+        2,
+        "exit code, a flag the steps' etcds refuse"
+    );
     assert!(has_log(&c, "exit=2"), "no exit=2 in the logs: {}", all(&c));
-    assert!(has_log(&c, "ETCD_CREDS"), "the error names ETCD_CREDS: {}", all(&c));
+    assert!(
+        has_log(&c, "ETCD_CREDS"),
+        "the error names ETCD_CREDS: {}",
+        all(&c)
+    );
     assert!(!has_log(&c, "etcd started"), "an etcd was started");
     let text = all(&c);
     let from_error = text
