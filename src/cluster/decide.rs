@@ -541,7 +541,10 @@ fn downgrade_step(view: &View, own: &Own, next: Version, cluster: Minor) -> Deci
     let running = own.running.minor_line();
     if cluster == running {
         if view.downgrade == Some(to) {
-            return Decision::Wait(Waiting::Downgrading { to, cluster });
+            // etcd lowers the cluster version only with every member
+            // answering: name the one it waits for, if any.
+            let waiting = others_ready(view, own).unwrap_or(Waiting::Downgrading { to, cluster });
+            return Decision::Wait(waiting);
         }
         // The downgrade is enabled only with every member on our minor
         // (one still above is coming down in the wave before).
@@ -913,6 +916,9 @@ mod tests {
             ("enabled, the cluster version not dropped yet: wait",
              job(view("3.7", "3.7.1", up("3.7.1"), up("3.7.1")), "3.6"), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
              Decision::Wait(Waiting::Downgrading { to: m("3.6"), cluster: m("3.7") })),
+            ("enabled, a member cut off: etcd keeps the cluster version until it answers; name it",
+             job(view("3.7", "3.7.1", up("3.7.1"), down), "3.6"), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::MemberDown { member: "etcd-c (https://10.0.0.12:2380)".to_string(), down_for: Duration::from_secs(45) })),
             ("dropped, our storage still 3.7: wait for it",
              storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.7.1")), "3.6"), "3.7"), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
              Decision::Wait(Waiting::StorageVersion { want: m("3.6"), have: m("3.7") })),
