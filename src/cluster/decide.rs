@@ -571,6 +571,11 @@ fn downgrade_step(view: &View, own: &Own, next: Version, cluster: Minor) -> Deci
         if let Some(have) = storage.filter(|s| *s > to) {
             return Decision::Wait(Waiting::StorageVersion { want: to, have });
         }
+        // A member down is named first: the quiet the rule waits for
+        // cannot begin while one is.
+        if let Some(waiting) = others_ready(view, own) {
+            return Decision::Wait(waiting);
+        }
         let others_there = view
             .members
             .iter()
@@ -956,6 +961,9 @@ mod tests {
             ("dropped, storage 3.6, but the cluster changed a moment ago and a member is still on 3.7: settle first",
              quiet(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), 5), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
              Decision::Wait(Waiting::Settling { to: m("3.6"), settled: Duration::from_secs(5), needed: DOWNGRADE_SETTLE })),
+            ("dropped, a member cut off: name it, not the quiet it breaks",
+             quiet(storage(job(view("3.6", "3.7.1", up("3.6.14"), down), "3.6"), "3.6"), 0), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::MemberDown { member: "etcd-c (https://10.0.0.12:2380)".to_string(), down_for: Duration::from_secs(45) })),
             ("every other member on 3.6 already: the last one goes at once",
              quiet(storage(job(view("3.6", "3.7.1", up("3.6.14"), up("3.6.14")), "3.6"), "3.6"), 0), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
              Decision::TakeLock),
