@@ -514,6 +514,12 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
     if let Some(waiting) = version_gate(view, own, next) {
         return Decision::Wait(waiting);
     }
+    ready_then_lock(view, own)
+}
+
+/// With every other member ready, the lock (unless another member holds
+/// it): the last gate of every restart, up or down.
+fn ready_then_lock(view: &View, own: &Own) -> Decision {
     if let Some(waiting) = others_ready(view, own) {
         return Decision::Wait(waiting);
     }
@@ -596,15 +602,7 @@ fn downgrade_step(view: &View, own: &Own, next: Version, cluster: Minor) -> Deci
             behind: None,
         });
     }
-    if let Some(waiting) = others_ready(view, own) {
-        return Decision::Wait(waiting);
-    }
-    match view.lock {
-        Some(holder) if holder != own.id => Decision::Wait(Waiting::LockHeld {
-            member: member_label(view, holder),
-        }),
-        _ => Decision::TakeLock,
-    }
+    ready_then_lock(view, own)
 }
 
 /// A patch restart may go at any cluster version our release accepts; the

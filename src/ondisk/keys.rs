@@ -47,18 +47,7 @@ pub fn read_v3_keys(db: &bolt::Db) -> Result<Vec<V3Key>, OnDiskError> {
         return Ok(Vec::new());
     };
     db.for_each(&bucket, |revision, record| {
-        let tombstone = match revision.len() {
-            REVISION_LEN => false,
-            n if n == REVISION_LEN + 1 && revision[REVISION_LEN] == TOMBSTONE => true,
-            _ => {
-                return Err(db.damaged(format!(
-                    "key/{revision:02x?} is not a revision (17 bytes, or 18 with a tombstone mark)"
-                )))
-            }
-        };
-        let (key, value, lease) = key_value(record).map_err(|err| {
-            db.damaged(format!("key/{revision:02x?} is no key-value record: {err}"))
-        })?;
+        let (tombstone, (key, value, lease)) = revision_record(db, revision, record)?;
         if tombstone {
             live.remove(&key);
         } else {
@@ -135,18 +124,7 @@ pub fn offline_hash(db: &bolt::Db) -> Result<Result<OfflineHash, String>, OnDisk
         }));
     };
     let entry = |revision: &[u8], record: &[u8]| -> Result<(i64, bool, u64), OnDiskError> {
-        let tombstone = match revision.len() {
-            REVISION_LEN => false,
-            n if n == REVISION_LEN + 1 && revision[REVISION_LEN] == TOMBSTONE => true,
-            _ => {
-                return Err(db.damaged(format!(
-                    "key/{revision:02x?} is not a revision (17 bytes, or 18 with a tombstone mark)"
-                )))
-            }
-        };
-        let (key, _, _) = key_value(record).map_err(|err| {
-            db.damaged(format!("key/{revision:02x?} is no key-value record: {err}"))
-        })?;
+        let (tombstone, (key, _, _)) = revision_record(db, revision, record)?;
         Ok((main_revision(revision), tombstone, digest(&key)))
     };
     if finished == 0 {
@@ -237,8 +215,31 @@ fn digest(key: &[u8]) -> u64 {
     hasher.finish()
 }
 
+/// One record of bolt's `key` bucket: whether its revision key marks a
+/// tombstone, and its key, value and lease. Anything else is damage,
+/// named by its revision key.
+type KeyValue = (Vec<u8>, Vec<u8>, i64);
+fn revision_record(
+    db: &bolt::Db,
+    revision: &[u8],
+    record: &[u8],
+) -> Result<(bool, KeyValue), OnDiskError> {
+    let tombstone = match revision.len() {
+        REVISION_LEN => false,
+        n if n == REVISION_LEN + 1 && revision[REVISION_LEN] == TOMBSTONE => true,
+        _ => {
+            return Err(db.damaged(format!(
+                "key/{revision:02x?} is not a revision (17 bytes, or 18 with a tombstone mark)"
+            )))
+        }
+    };
+    let kv = key_value(record)
+        .map_err(|err| db.damaged(format!("key/{revision:02x?} is no key-value record: {err}")))?;
+    Ok((tombstone, kv))
+}
+
 /// `mvccpb.KeyValue`: key (1), value (5), lease (6).
-fn key_value(record: &[u8]) -> Result<(Vec<u8>, Vec<u8>, i64), proto::ProtoError> {
+fn key_value(record: &[u8]) -> Result<KeyValue, proto::ProtoError> {
     let (mut key, mut value, mut lease) = (Vec::new(), Vec::new(), 0);
     for field in Fields::new(record) {
         match field? {
