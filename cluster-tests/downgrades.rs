@@ -114,27 +114,9 @@ pub(crate) fn downgrade_holders_killed_at_each_point_resume() {
     else {
         return;
     };
-    // The operator holds the lock while the test is not watching for the
-    // next point, so that no member passes one unseen.
-    let mut hold = Some(s.hold_lock());
+    let hold = s.hold_lock();
     s.retarget_one_by_one("3.6.14");
-    for point in [ENABLED, STOPPED, RESTARTING] {
-        let before = s.counts(point);
-        if let Some(hold) = hold.take() {
-            s.release_lock(hold);
-        }
-        let victim = s.wait_for_line(point, &before, LINE_DEADLINE);
-        let name = s.cluster.members[victim].name.clone();
-        s.cluster.container(victim).kill();
-        eprintln!("{}: {name} SIGKILLed after {point:?}", s.test);
-        hold = Some(s.seize_lock());
-        s.cluster.container(victim).start();
-        s.cluster.wait_healthy(victim, START_DEADLINE);
-        s.writes(&format!("writes after {name} was killed after {point:?}"));
-    }
-    if let Some(hold) = hold.take() {
-        s.release_lock(hold);
-    }
+    s.kill_at_each(hold, &[ENABLED, STOPPED, RESTARTING]);
     s.finish("3.6.14");
 }
 

@@ -217,6 +217,33 @@ impl Scenario {
         cluster.finish_scenario(test, started, &baseline, writer, monitor);
     }
 
+    /// Each point of a holder's restart, in the order they come: the
+    /// member that reaches it next is SIGKILLed there (container and all:
+    /// the entrypoint and its etcd), then started again as it was. `hold`
+    /// is the operator's lock, taken before the wave so that no member
+    /// passes a point unseen; the dead holder's lock becomes the
+    /// operator's while the victim comes back, and is let go at the end.
+    pub(crate) fn kill_at_each(&mut self, hold: Hold, points: &[&str]) {
+        let mut hold = Some(hold);
+        for point in points {
+            let before = self.counts(point);
+            if let Some(hold) = hold.take() {
+                self.release_lock(hold);
+            }
+            let victim = self.wait_for_line(point, &before, ROLL_DEADLINE);
+            let name = self.cluster.members[victim].name.clone();
+            self.cluster.container(victim).kill();
+            eprintln!("{}: {name} SIGKILLed after {point:?}", self.test);
+            hold = Some(self.seize_lock());
+            self.cluster.container(victim).start();
+            self.cluster.wait_healthy(victim, START_DEADLINE);
+            self.writes(&format!("writes after {name} was killed after {point:?}"));
+        }
+        if let Some(hold) = hold.take() {
+            self.release_lock(hold);
+        }
+    }
+
     /// The entrypoints' lines about the roll, member by member.
     pub(crate) fn record(&self) -> String {
         let mut record = Vec::new();
@@ -625,34 +652,16 @@ fn holders_killed(test: &'static str, line: Line) {
     // next point, so that no member passes it unseen: through the first
     // wave (no restart there needs the lock) and while a killed holder
     // comes back.
-    let mut hold = Some(s.hold_lock());
+    let hold = s.hold_lock();
     s.retarget_one_by_one(line.to);
-    // Each point of a holder's restart, in the order they come; the member
-    // that reaches it next is SIGKILLed there (container and all: the
-    // entrypoint and its etcd), then started again as it was.
-    for point in [
-        "upgrade lock taken",
-        "member etcd stopped",
-        "member restarting into the next release",
-    ] {
-        let before = s.counts(point);
-        if let Some(hold) = hold.take() {
-            s.release_lock(hold);
-        }
-        let victim = s.wait_for_line(point, &before, ROLL_DEADLINE);
-        let name = s.cluster.members[victim].name.clone();
-        s.cluster.container(victim).kill();
-        eprintln!("{}: {name} SIGKILLed after {point:?}", s.test);
-        // The dead holder's lock becomes the operator's: the others wait
-        // until the victim serves again and the test watches again.
-        hold = Some(s.seize_lock());
-        s.cluster.container(victim).start();
-        s.cluster.wait_healthy(victim, START_DEADLINE);
-        s.writes(&format!("writes after {name} was killed after {point:?}"));
-    }
-    if let Some(hold) = hold.take() {
-        s.release_lock(hold);
-    }
+    s.kill_at_each(
+        hold,
+        &[
+            "upgrade lock taken",
+            "member etcd stopped",
+            "member restarting into the next release",
+        ],
+    );
     s.finish(line.to);
 }
 
