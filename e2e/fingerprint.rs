@@ -200,3 +200,29 @@ fn a_rollback_whose_restored_copy_differs_is_not_swapped_in() {
     assert!(!after.entries.contains_key(b"/registry/intruder".as_slice()));
     after.assert_kept(&fixture.keyspace, 3000);
 }
+
+#[test]
+fn a_key_written_while_the_step_serves_fails_the_proof_by_revisions() {
+    let tmp = temp_dir("fp-during-step");
+    let data = tmp.path().join("data");
+    let member = Member::new("fp-during-step");
+    fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
+    // No v2 keys: the baseline is taken offline, and the step proves itself
+    // by etcd's hash at that revision with every revision since ours
+    // (issue 21). A key written behind our back, after the health write,
+    // is a revision that is not: the history is read, and names it.
+    let migration = Migration::new("3.4.23", &data, &member).bundled("3.3.25,3.4.23");
+    let run = run_with_a_key_written_at(
+        migration.clone(),
+        "step-after-health-write",
+        &format!("sleep({HOLD_MS})"),
+    );
+    run.assert_code(3)
+        .assert_stderr_has("baseline taken offline")
+        .assert_stderr_has("etcd 3.4.23 serves after the step is not the one before it")
+        .assert_stderr_has(r#""/registry/intruder" was written at revision"#)
+        .assert_stderr_has("version.txt: 3.3.25/etcd3");
+    assert!(run.lines_with("step done").is_empty(), "{}", run.explain());
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+    assert_held_then_release(&migration);
+}

@@ -337,15 +337,53 @@ impl EtcdHealth {
                 Some(PutOptions::new().with_lease(lease)),
             )]);
         let written = client.txn(put).await.map_err(|err| not_yet("put", &err))?;
+        let put_at = header_revision(written.header());
+        if written.succeeded() {
+            // A transaction that wrote is one revision, and its answer
+            // names it: ours.
+            self.ours.borrow_mut().revisions.extend(put_at);
+        }
         let revoked = client.lease_revoke(lease).await;
         if !written.succeeded() {
             return Err(HealthError::NotYet(format!(
                 "v3 put {endpoint}: {key} exists already; the next attempt uses another key"
             )));
         }
-        revoked
-            .map(|_| ())
-            .map_err(|err| not_yet("lease revoke", &err))
+        let revoked = revoked.map_err(|err| not_yet("lease revoke", &err))?;
+        if let (Some(put_at), Some(revoked_at)) = (put_at, header_revision(revoked.header())) {
+            if still_there(&mut client, &key, revoked_at - 1, put_at).await {
+                // The key lived until just before the revoke's answer and
+                // is gone in it: the revoke deleted it at that revision,
+                // and a revoke of our lease deletes our key alone.
+                self.ours.borrow_mut().revisions.insert(revoked_at);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The store revision an answer's header names, if it has one.
+fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> Option<i64> {
+    header
+        .map(|h| h.revision())
+        .filter(|revision| *revision > 0)
+}
+
+/// True when `key` still held the value put at `put_at` at `revision`
+/// (a local read at that revision; any failure says no, which only costs
+/// a later check a read of the history).
+async fn still_there(
+    client: &mut etcd_client::Client,
+    key: &str,
+    revision: i64,
+    put_at: i64,
+) -> bool {
+    let options = etcd_client::GetOptions::new()
+        .with_revision(revision)
+        .with_serializable();
+    match client.get(key, Some(options)).await {
+        Ok(answer) => answer.kvs().iter().any(|kv| kv.mod_revision() == put_at),
+        Err(_) => false,
     }
 }
 

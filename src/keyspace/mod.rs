@@ -129,6 +129,11 @@ pub struct Ours {
     key_prefix: String,
     /// The v3 leases this run granted for its health keys.
     pub leases: BTreeSet<i64>,
+    /// The v3 revisions this run's health writes made, each proven to
+    /// hold nothing but a health key (see `health`). A revision is one
+    /// transaction, so a run of revisions that are all in here saw no
+    /// change but ours.
+    pub revisions: BTreeSet<i64>,
 }
 
 impl Ours {
@@ -136,7 +141,7 @@ impl Ours {
     pub fn for_run(run: &str) -> Ours {
         Ours {
             key_prefix: format!("/etcd-migrate-health-{run}-"),
-            leases: BTreeSet::new(),
+            ..Ours::default()
         }
     }
 
@@ -158,6 +163,16 @@ impl Ours {
     /// True for one of this run's health leases.
     pub fn holds_lease(&self, lease: i64) -> bool {
         self.leases.contains(&lease)
+    }
+
+    /// True when every revision after `after` up to `upto` is one this run
+    /// made: nothing but our health writes changed the keyspace between.
+    /// (A write whose answer was lost is not in here, so it only ever
+    /// makes this false.)
+    pub fn made_every_revision(&self, after: i64, upto: i64) -> bool {
+        upto >= after
+            && i64::try_from(self.revisions.range(after + 1..=upto).count()).ok()
+                == Some(upto - after)
     }
 }
 
@@ -479,14 +494,17 @@ impl Fingerprint {
     /// there, and `changes` (ours left out) are all that happened since:
     /// keys whose lease ran out are taken out (with the values the history
     /// gives), anything else is a stray the check reports. `counted` is
-    /// etcd's own key count now; `now` its hash now.
+    /// etcd's own key count now, where the history was read (with no change
+    /// but ours, the count is `self`'s); `now` is the hash the next step
+    /// proves itself by: `self`'s own where nothing changed, else this
+    /// etcd's hash now (so no expiry is ever taken out twice).
     fn derived(
         &self,
         now: KvHash,
         since: SinceCheck,
         changes: &[v3::Change],
         leases: Option<&BTreeMap<i64, i64>>,
-        counted: usize,
+        counted: Option<usize>,
         read_started: Instant,
     ) -> Fingerprint {
         let mut derived = self.clone();
@@ -502,7 +520,7 @@ impl Fingerprint {
         }
         derived.hash = Some(now);
         derived.since = Some(SinceCheck {
-            counted: Some(counted),
+            counted,
             ..since.with_strays(changes, leases)
         });
         derived.finish(leases, read_started)
@@ -978,40 +996,14 @@ pub async fn read_fingerprint_since(
             .fingerprint);
     }
     let client = v3::v3_client(endpoint).await?;
-    let by_hash = match before {
-        Some(before) if before.storage == Storage::Etcd3 && before.hash.is_some() => {
-            v3::hash_kv(&client, endpoint, 0).await?
-        }
-        _ => None,
-    };
-    if let (Some(now), Some(before)) = (by_hash, before) {
-        let counted = v3::count_keys(&client, endpoint, now.revision, ours).await?;
-        let since = check_since(
-            &client,
-            endpoint,
-            Some(before),
-            Some(now),
-            ours,
-            Some(counted),
-        )
-        .await?;
-        if let Some((since, changes)) = since {
-            let leases = v3::read_leases(&client, endpoint, &BTreeMap::new(), ours).await?;
-            let side = v2::read_v2(endpoint, ours, hidden)
-                .await?
-                .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
-            crate::log::info(
-                "keyspace proven by etcd's hash",
-                &[
-                    ("revision", since.expected.revision.into()),
-                    ("hash", format!("{:08x}", since.found.hash).into()),
-                    ("changes_since", changes.len().into()),
-                    ("now", now.revision.into()),
-                ],
-            );
-            return Ok(before
-                .derived(now, since, &changes, leases.as_ref(), counted, started)
-                .with_side(side));
+    let anchor = before
+        .filter(|before| before.storage == Storage::Etcd3)
+        .and_then(|before| before.hash);
+    if let (Some(anchor), Some(before)) = (anchor, before) {
+        if let Some(proven) =
+            prove_since(&client, endpoint, before, anchor, ours, hidden, started).await?
+        {
+            return Ok(proven);
         }
     }
     let mut fingerprint = Fingerprint::empty(Storage::Etcd3);
@@ -1033,6 +1025,75 @@ pub async fn read_fingerprint_since(
     Ok(fingerprint
         .finish(whole.leases.as_ref(), started)
         .with_side(side))
+}
+
+/// `before` proven kept by etcd's hash at `anchor` (the revision it was
+/// hashed at), without reading the keyspace; `None` where the release has
+/// no HashKV (then the keyspace is read whole).
+///
+/// The usual case costs one HashKV: every revision since `anchor` is one
+/// of our health writes, so the keyspace is `before`'s, and the next step
+/// proves itself at the same `anchor` (no change since, so nothing is
+/// taken out twice). Anything else is read from etcd's history: its
+/// count, the changes since (leases running out are taken out, anything
+/// else fails the check) and its hash now, the next step's anchor.
+async fn prove_since(
+    client: &etcd_client::Client,
+    endpoint: &str,
+    before: &Fingerprint,
+    anchor: KvHash,
+    ours: &Ours,
+    hidden: &[String],
+    started: Instant,
+) -> Result<Option<Fingerprint>, KeyspaceError> {
+    let Some((there, head)) = v3::hash_kv_and_head(client, endpoint, anchor.revision).await? else {
+        return Ok(None);
+    };
+    let since = SinceCheck {
+        expected: anchor,
+        found: there,
+        strays: Vec::new(),
+        counted: None,
+    };
+    let (now, counted, changes) = if ours.made_every_revision(anchor.revision, head) {
+        (anchor, None, Vec::new())
+    } else {
+        let Some(now) = v3::hash_kv(client, endpoint, head).await? else {
+            return Ok(None);
+        };
+        let counted = v3::count_keys(client, endpoint, now.revision, ours).await?;
+        let changes = changes_since(client, endpoint, before, anchor, now, ours, counted).await?;
+        // No change but ours: the anchor still holds, and stays.
+        let carried = if changes.is_empty() { anchor } else { now };
+        (carried, Some(counted), changes)
+    };
+    let leases = v3::read_leases(client, endpoint, &BTreeMap::new(), ours).await?;
+    let side = v2::read_v2(endpoint, ours, hidden)
+        .await?
+        .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
+    crate::log::info(
+        "keyspace proven by etcd's hash",
+        &[
+            ("revision", anchor.revision.into()),
+            ("hash", format!("{:08x}", there.hash).into()),
+            ("changes_since", changes.len().into()),
+            ("now", head.into()),
+            (
+                "by",
+                if counted.is_none() {
+                    "revisions all ours"
+                } else {
+                    "history"
+                }
+                .into(),
+            ),
+        ],
+    );
+    Ok(Some(
+        before
+            .derived(now, since, &changes, leases.as_ref(), counted, started)
+            .with_side(side),
+    ))
 }
 
 /// What a whole v3 read gives besides its entries: etcd's hash at the
@@ -1071,7 +1132,7 @@ async fn read_v3_whole(
     )
     .await?;
     let hash = v3::hash_kv(client, endpoint, revision).await?;
-    let since = check_since(client, endpoint, before, hash, ours, None).await?;
+    let since = check_since(client, endpoint, before, hash, ours).await?;
     let leases = v3::read_leases(client, endpoint, &ttls, ours).await?;
     let since = since.map(|(since, changes)| since.with_strays(&changes, leases.as_ref()));
     let side = match hidden {
@@ -1089,41 +1150,28 @@ async fn read_v3_whole(
 /// What this etcd says of the revision `before` was read at: its hash
 /// there and every change since, up to `now` (this read's revision); `None`
 /// when `before` has no hash or this release none.
-///
-/// `counted` (etcd's count at `now`, ours left out), when given, allows the
-/// quick answer for the usual case: no key but ours written since and the
-/// same count as `before` means no change at all (a key written and
-/// deleted again in between leaves the keyspace as it was); anything else
-/// is read from the history.
 async fn check_since(
     client: &etcd_client::Client,
     endpoint: &str,
     before: Option<&Fingerprint>,
     now: Option<KvHash>,
     ours: &Ours,
-    counted: Option<usize>,
 ) -> Result<Option<(SinceCheck, Vec<v3::Change>)>, KeyspaceError> {
-    let (Some(earlier), Some(now)) = (before.and_then(|b| b.hash), now) else {
+    let (Some(before), Some(earlier), Some(now)) = (before, before.and_then(|b| b.hash), now)
+    else {
         return Ok(None);
     };
-    if before.map(|b| b.storage) != Some(Storage::Etcd3) {
+    if before.storage != Storage::Etcd3 {
         return Ok(None);
     }
     let Some(there) = v3::hash_kv(client, endpoint, earlier.revision).await? else {
         return Ok(None);
     };
-    let unchanged = match (counted, before) {
-        (Some(counted), Some(before)) if counted == before.keys => {
-            !v3::written_since(client, endpoint, earlier.revision, now.revision, ours).await?
-        }
-        _ => false,
-    };
-    let mut changes = if unchanged {
-        Vec::new()
-    } else {
-        v3::changes_since(client, endpoint, earlier.revision, now.revision).await?
-    };
-    changes.retain(|change| !ours.holds_key(&change.key));
+    let changes = v3::changes_since(client, endpoint, earlier.revision, now.revision)
+        .await?
+        .into_iter()
+        .filter(|change| !ours.holds_key(&change.key))
+        .collect();
     Ok(Some((
         SinceCheck {
             expected: earlier,
@@ -1133,6 +1181,30 @@ async fn check_since(
         },
         changes,
     )))
+}
+
+/// Every change since `anchor` up to `now` but ours. `counted` (etcd's
+/// count at `now`, ours left out) allows the quick answer for a count
+/// equal to `before`'s with no key but ours written since: no change at
+/// all (a key written and deleted again in between leaves the keyspace as
+/// it was); anything else is read from the history.
+async fn changes_since(
+    client: &etcd_client::Client,
+    endpoint: &str,
+    before: &Fingerprint,
+    anchor: KvHash,
+    now: KvHash,
+    ours: &Ours,
+    counted: usize,
+) -> Result<Vec<v3::Change>, KeyspaceError> {
+    if counted == before.keys
+        && !v3::written_since(client, endpoint, anchor.revision, now.revision, ours).await?
+    {
+        return Ok(Vec::new());
+    }
+    let mut changes = v3::changes_since(client, endpoint, anchor.revision, now.revision).await?;
+    changes.retain(|change| !ours.holds_key(&change.key));
+    Ok(changes)
 }
 
 #[cfg(test)]
@@ -1298,6 +1370,25 @@ mod tests {
         let without = [entry("/registry/a", "1")];
         assert!(!Fingerprint::of(Storage::Etcd3, &with)
             .same_content(&Fingerprint::of(Storage::Etcd3, &without)));
+    }
+
+    #[test]
+    fn a_run_of_revisions_is_ours_only_when_every_one_is() {
+        let mut ours = Ours::for_run("abc");
+        assert!(ours.made_every_revision(10, 10), "nothing since");
+        assert!(!ours.made_every_revision(10, 11), "one not ours");
+        ours.revisions.extend([11, 12, 14, 15]);
+        assert!(ours.made_every_revision(10, 12));
+        assert!(
+            !ours.made_every_revision(10, 15),
+            "13 was someone else's (a lease running out, say)"
+        );
+        assert!(ours.made_every_revision(13, 15));
+        assert!(!ours.made_every_revision(9, 12), "10 is not ours");
+        assert!(
+            !ours.made_every_revision(12, 11),
+            "a head behind the anchor"
+        );
     }
 
     #[test]
@@ -1521,7 +1612,7 @@ mod tests {
             since(0xabcd),
             &[],
             Some(&[(7, 1)].into()),
-            2,
+            Some(2),
             now,
         );
         before.check_kept_by(&kept).expect("proven by hash");
@@ -1532,7 +1623,7 @@ mod tests {
             since(0xabcd),
             &[change("b", true, 7)],
             Some(&BTreeMap::new()),
-            1,
+            Some(1),
             now,
         );
         assert_eq!(expired.keys, 1);
@@ -1541,7 +1632,7 @@ mod tests {
             .expect("b expired with its lease");
         // Another hash at the same revision: the history differs.
         let err = before
-            .check_kept_by(&before.derived(kv_hash(14, 1), since(0xbeef), &[], None, 2, now))
+            .check_kept_by(&before.derived(kv_hash(14, 1), since(0xbeef), &[], None, Some(2), now))
             .expect_err("another hash");
         assert!(
             err.contains("etcd's hash of the keyspace at revision 10 differs"),
@@ -1559,7 +1650,7 @@ mod tests {
                     since(0xabcd),
                     &[stray],
                     Some(&[(7, 1)].into()),
-                    2,
+                    Some(2),
                     now,
                 ))
                 .expect_err("a stray change");
@@ -1567,7 +1658,7 @@ mod tests {
         }
         // etcd counts another number of keys than the proof derives.
         let err = before
-            .check_kept_by(&before.derived(kv_hash(14, 1), since(0xabcd), &[], None, 3, now))
+            .check_kept_by(&before.derived(kv_hash(14, 1), since(0xabcd), &[], None, Some(3), now))
             .expect_err("a count that differs");
         assert!(err.contains("etcd counts 3"), "{err}");
     }
@@ -1600,7 +1691,7 @@ mod tests {
             since(0xabcd),
             &[],
             Some(&[(7, 59)].into()),
-            2,
+            Some(2),
             now,
         );
         before.check_kept_by(&kept).expect("proven by hash");
@@ -1614,7 +1705,7 @@ mod tests {
             },
             &[],
             Some(&[(7, 58)].into()),
-            2,
+            Some(2),
             now,
         );
         kept.check_kept_by(&next).expect("the chain goes on");
@@ -1626,7 +1717,7 @@ mod tests {
                 since(0xabcd),
                 &[],
                 Some(&[(7, 59)].into()),
-                1,
+                Some(1),
                 now,
             ))
             .expect_err("a lost key");
@@ -1637,7 +1728,7 @@ mod tests {
                 since(0xbeef),
                 &[],
                 Some(&[(7, 59)].into()),
-                2,
+                Some(2),
                 now,
             ))
             .expect_err("another hash");
@@ -1648,7 +1739,7 @@ mod tests {
                 since(0xabcd),
                 &[],
                 Some(&BTreeMap::new()),
-                2,
+                Some(2),
                 now,
             ))
             .expect_err("a lease lost");

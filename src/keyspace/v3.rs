@@ -309,17 +309,28 @@ pub(crate) async fn hash_kv(
     endpoint: &str,
     revision: i64,
 ) -> Result<Option<KvHash>, KeyspaceError> {
+    Ok(hash_kv_and_head(client, endpoint, revision)
+        .await?
+        .map(|(hash, _)| hash))
+}
+
+/// The same, with the server's current revision when it answered.
+pub(crate) async fn hash_kv_and_head(
+    client: &etcd_client::Client,
+    endpoint: &str,
+    revision: i64,
+) -> Result<Option<(KvHash, i64)>, KeyspaceError> {
     let mut maintenance = client.maintenance_client();
     match maintenance.hash_kv(revision).await {
-        Ok(answer) => Ok(Some(KvHash {
-            revision: if revision == 0 {
-                answer.header().map(|h| h.revision()).unwrap_or(0)
-            } else {
-                revision
-            },
-            hash: answer.hash(),
-            compact_revision: answer.compact_version(),
-        })),
+        Ok(answer) => {
+            let head = answer.header().map(|h| h.revision()).unwrap_or(0);
+            let hash = KvHash {
+                revision: if revision == 0 { head } else { revision },
+                hash: answer.hash(),
+                compact_revision: answer.compact_version(),
+            };
+            Ok(Some((hash, head)))
+        }
         Err(err) if unimplemented(&err) => Ok(None),
         Err(source) => Err(KeyspaceError::Hash {
             endpoint: endpoint.to_string(),
