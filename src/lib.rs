@@ -304,15 +304,11 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         return roll_as_member(config, &plan, on_disk, marked, bundle, lock, original_mask);
     }
     log_plan(config, &plan, &member, &bundle);
-    let offline_baseline = offline_baseline(&plan, on_disk.as_ref());
-    carry_out(
-        config,
-        &plan,
-        &member,
-        offline_baseline,
-        lock,
-        original_mask,
-    )?;
+    let offline = OfflineRead {
+        baseline: offline_baseline(&plan, on_disk.as_ref()),
+        hidden_v2: on_disk.map(|on_disk| on_disk.v2_hidden_paths),
+    };
+    carry_out(config, &plan, &member, offline, lock, original_mask)?;
     log::info(
         "migrated",
         &[
@@ -322,6 +318,14 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         ],
     );
     finish(config)
+}
+
+/// What the run's offline read of the stopped data gives its steps.
+struct OfflineRead {
+    /// The plan's baseline, where the data allows one offline.
+    baseline: Option<Fingerprint>,
+    /// The data's hidden v2 nodes, which the first step's reads ask for.
+    hidden_v2: Option<Vec<String>>,
 }
 
 /// The plan's baseline taken offline from the stopped data, where the
@@ -545,7 +549,7 @@ fn carry_out(
     config: &Config,
     plan: &Plan,
     member: &Member,
-    offline_baseline: Option<Fingerprint>,
+    offline: OfflineRead,
     lock: Option<DirLock>,
     original_mask: SigSet,
 ) -> Result<(), Error> {
@@ -578,14 +582,7 @@ fn carry_out(
                 ],
             );
         }
-        Work::Steps => execute_steps(
-            config,
-            plan,
-            member,
-            offline_baseline,
-            &runtime,
-            &supervisor,
-        )?,
+        Work::Steps => execute_steps(config, plan, member, offline, &runtime, &supervisor)?,
         // Taken by `roll_as_member` before the plan is carried out here.
         Work::Roll { .. } => {}
     }
@@ -735,11 +732,14 @@ fn execute_steps(
     config: &Config,
     plan: &Plan,
     member: &Member,
-    offline_baseline: Option<Fingerprint>,
+    offline: OfflineRead,
     runtime: &tokio::runtime::Runtime,
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
-    let launcher = etcd::ProcessLauncher::new(supervisor.clone(), config.bin_dir.clone());
+    let mut launcher = etcd::ProcessLauncher::new(supervisor.clone(), config.bin_dir.clone());
+    if let Some(hidden) = offline.hidden_v2 {
+        launcher = launcher.knowing_hidden_v2(&config.data_dir, hidden);
+    }
     let health = health::EtcdHealth::new().map_err(|err| Error::Runtime(err.to_string()))?;
     let mut progress = DataDirProgress {
         dir: &config.data_dir,
@@ -760,7 +760,7 @@ fn execute_steps(
             keep_v2_keys: config.keep_v2_keys,
         },
         termination: supervisor.termination(),
-        offline_baseline,
+        offline_baseline: offline.baseline,
     };
     let executed = runtime.block_on(executor.execute(plan));
     if let Err(err @ ExecuteError::Step { .. }) = &executed {

@@ -164,7 +164,13 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     pub(crate) async fn start_serving(&self, run: Run<'_>) -> Result<Serving<L::Etcd>, Failure> {
         let data_dir = run.data_dir.to_string_lossy();
         let spec = self.spec(run, &data_dir);
-        let hidden_v2 = self.launcher.hidden_v2_paths(run.data_dir);
+        // Asked for by the v2 reads only: a release without the v2 API
+        // (3.6+) has none to make.
+        let hidden_v2 = if run.version.has_v2_api() {
+            self.launcher.hidden_v2_paths(run.data_dir)
+        } else {
+            Vec::new()
+        };
         let granted = self.granted_leases(run);
         let started = Instant::now();
         let mut etcd = self.launcher.launch(&spec)?;
