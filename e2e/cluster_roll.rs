@@ -278,7 +278,6 @@ fn roll(
         &all_recorded,
         &mut members,
     );
-    let after = observe(&cluster.peers, &cluster.nodes, Duration::ZERO);
     for (i, name) in names.iter().enumerate() {
         let data = cluster.data(i);
         assert_eq!(
@@ -306,6 +305,18 @@ fn roll(
             .collect();
         m.sort();
         m
+    };
+    // A member that has just restarted publishes its client URLs a moment
+    // after it answers (seen: an empty list once, on a loaded machine):
+    // the membership is compared once every member has, within a deadline.
+    let published = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let after = observe(&cluster.peers, &cluster.nodes, Duration::ZERO);
+        let all_published = after.members.iter().all(|m| !m.client_urls.is_empty());
+        if all_published || Instant::now() >= published {
+            break after;
+        }
+        std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(
         urls(&cluster.before),

@@ -226,3 +226,72 @@ fn a_key_written_while_the_step_serves_fails_the_proof_by_revisions() {
     assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
     assert_held_then_release(&migration);
 }
+
+#[test]
+fn a_key_written_while_the_baseline_is_walked_sends_it_back_to_a_start() {
+    let tmp = temp_dir("fp-walked");
+    let data = tmp.path().join("data");
+    let member = Member::new("fp-walked");
+    let fixture = fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
+    let migration = Migration::new("3.4.23", &data, &member).bundled("3.3.25,3.4.23");
+    let port = migration.port;
+    // The walk of the key bucket (on its own thread) is held once done;
+    // meanwhile the first step's etcd starts on the data and waits for it
+    // before its first write. A key written into that etcd, and committed
+    // to bolt, is a change the walk did not see: the check after the walk
+    // finds the bucket's newest revision moved, the baseline goes back to
+    // a start (here 3.4.23's: 3.3.25 refuses data 3.4.23 has run on), and
+    // the step runs again on the data as it now is.
+    let mut running = migration
+        .clone()
+        .env(
+            "FAILPOINTS",
+            format!("offline-baseline-walked=sleep({HOLD_MS})"),
+        )
+        .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1")
+        .spawn();
+    running.wait_for_line("pass 1 of offline-baseline-walked", REACH_TIMEOUT, |line| {
+        line.starts_with("[etcd-migrate] ") && line.contains("name=offline-baseline-walked")
+    });
+    put_when_up(
+        port,
+        "/registry/intruder",
+        Duration::from_millis(HOLD_MS / 2),
+    );
+    // bolt commits etcd's writes every 100 ms: let this one land there.
+    std::thread::sleep(Duration::from_millis(500));
+    let run = running.wait(REACH_TIMEOUT);
+    run.assert_code(0)
+        .assert_stderr_has("the baseline could not be taken offline")
+        .assert_stderr_has("the key bucket changed while it was hashed")
+        .assert_stderr_has("baseline read");
+    assert_eq!(read_version_txt(&data), "3.4.23/etcd3");
+    let after = read_back("3.4.23", &member, &data, tmp.path());
+    assert!(after.entries.contains_key(b"/registry/intruder".as_slice()));
+    assert_eq!(after.entries.len(), fixture.keyspace.entries.len() + 1);
+}
+
+/// Writes `key` into the etcd on `port` as soon as it takes writes (it
+/// is starting), within `within`.
+fn put_when_up(port: u16, key: &str, within: Duration) {
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + within;
+    block_on(async {
+        loop {
+            let attempt = async {
+                let mut client = connect(&endpoint).await.map_err(|e| e.to_string())?;
+                client
+                    .put(key, "not from the data", None)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            match attempt.await {
+                Ok(_) => return,
+                Err(err) if std::time::Instant::now() >= deadline => {
+                    panic!("put {key} into {endpoint}: {err}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    });
+}

@@ -1000,6 +1000,19 @@ fn the_hash_computed_offline_is_the_one_etcd_gives() {
                 .v3_hash
                 .expect("asked for")
                 .unwrap_or_else(|why| panic!("{version}: a clean stop gives the hash: {why}"));
+            // The same hash, walked later from where it starts (as a run
+            // does, beside the first step's etcd).
+            let later = ondisk::Want {
+                v3_hash_later: true,
+                ..ondisk::Want::default()
+            };
+            let walked = ondisk::read_with(&data, &later)
+                .expect("read")
+                .v3_hash_start
+                .expect("asked for")
+                .and_then(|start| start.hash())
+                .unwrap_or_else(|why| panic!("{version}: the walk gives the hash: {why}"));
+            assert_eq!(walked, offline, "{version}: walked later, the same hash");
             let mut etcd = EtcdProcess::start(version, &member, &data, free_port(), tmp.path());
             let (hash, revision, compact, keys) = block_on(async {
                 etcd.wait_ready().await;
@@ -1072,9 +1085,16 @@ fn the_offline_baseline_is_proven_by_the_next_release_and_a_wrong_one_fails_clos
     plan.baseline = plan::baseline_reader(&plan, &bundle);
     let want = etcd_migrate::preconditions::wanted(pair(from), pair(to));
     let on_disk = ondisk::read_with(&data, &want).expect("read");
+    // The hash as a run takes it: its walk left for later, then done here
+    // (the walk, then the proof that no commit changed the bucket since).
     let baseline = etcd_migrate::baseline::offline(&plan, &on_disk)
+        .and_then(|offline| offline.take())
         .unwrap_or_else(|why| panic!("a clean 3.4.23 stop gives an offline baseline: {why}"));
-    let hash = match &on_disk.v3_hash {
+    let at_once = ondisk::Want {
+        v3_hash: true,
+        ..want.clone()
+    };
+    let hash = match &ondisk::read_with(&data, &at_once).expect("read").v3_hash {
         Some(Ok(hash)) => *hash,
         other => panic!("{other:?}"),
     };

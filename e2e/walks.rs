@@ -61,7 +61,10 @@ fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
     );
     // One fingerprint before and one after each step, all alike but for
     // the health key, which none of them counts.
-    let baseline = run.lines_with("baseline taken offline");
+    // Taken offline: said at the plan, fingerprinted once the walk of the
+    // key bucket (beside the first step's etcd start) is done.
+    assert_eq!(run.lines_with("baseline taken offline").len(), 1);
+    let baseline = run.lines_with("offline baseline hashed");
     let done = run.lines_with("step done");
     assert_eq!((baseline.len(), done.len()), (1, 2), "{}", run.explain());
     let digest = |line: &str| {

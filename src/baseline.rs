@@ -18,7 +18,14 @@
 //! the data (which would raise the cluster version past the recorded
 //! release): an alarm, which only the recorded release can clear.
 
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
 use crate::keyspace::{Fingerprint, KvHash};
+use crate::log;
+use crate::ondisk::{HashStart, OfflineHash};
 
 /// A db this large may be refused its next write by etcd's default
 /// backend quota (2 GiB; etcd compares the file's size): the recorded
@@ -32,7 +39,7 @@ use crate::version::{Minor, Storage, Version};
 /// `ondisk::Want::v3_hash`, and the v2 names where the recorded release
 /// serves a v2 store or the first step runs 3.6+), or why it must be read
 /// by a start of the recorded release.
-pub fn offline(plan: &Plan, on_disk: &OnDisk) -> Result<Fingerprint, String> {
+pub fn offline(plan: &Plan, on_disk: &OnDisk) -> Result<Offline, String> {
     let (Some(recorded), Some(first)) = (plan.baseline, plan.steps.first()) else {
         return Err("the plan reads no baseline".to_string());
     };
@@ -45,15 +52,19 @@ pub fn offline(plan: &Plan, on_disk: &OnDisk) -> Result<Fingerprint, String> {
             "etcd {recorded} or {runs} has no HashKV to prove the step by (3.3+)"
         ));
     }
-    let hash = match &on_disk.v3_hash {
-        Some(Ok(hash)) => *hash,
-        Some(Err(why)) => return Err(why.clone()),
-        None => return Err("the hash was not computed".to_string()),
+    let hash = match (&on_disk.v3_hash, &on_disk.v3_hash_start) {
+        (Some(Ok(hash)), _) => Hash::Done(*hash),
+        (Some(Err(why)), _) | (None, Some(Err(why))) => return Err(why.clone()),
+        (None, Some(Ok(start))) => Hash::Later(start.clone()),
+        (None, None) => return Err("the hash was not computed".to_string()),
     };
-    if hash.revision <= hash.compact_revision {
+    let (revision, compacted) = match &hash {
+        Hash::Done(hash) => (hash.revision, hash.compact_revision),
+        Hash::Later(start) => (start.revision(), start.compact_revision()),
+    };
+    if revision <= compacted {
         return Err(format!(
-            "the data is compacted at its own revision {} (3.4 hashes no compacted revision)",
-            hash.revision
+            "the data is compacted at its own revision {revision} (3.4 hashes no compacted revision)"
         ));
     }
     if !on_disk.alarms.is_empty() {
@@ -76,16 +87,114 @@ pub fn offline(plan: &Plan, on_disk: &OnDisk) -> Result<Fingerprint, String> {
     } else {
         None
     };
-    Ok(Fingerprint::offline(
-        hash.keys,
-        KvHash {
-            revision: hash.revision,
-            hash: hash.hash,
-            compact_revision: hash.compact_revision,
-        },
-        leases,
+    Ok(Offline {
+        hash,
+        leases: leases.clone(),
         side,
-    ))
+    })
+}
+
+/// An offline baseline whose every part is read but, maybe, etcd's hash.
+#[derive(Debug)]
+pub struct Offline {
+    hash: Hash,
+    leases: BTreeMap<i64, i64>,
+    side: Option<Fingerprint>,
+}
+
+/// etcd's hash from bolt: computed, or where its walk of the key bucket
+/// starts.
+#[derive(Debug)]
+enum Hash {
+    Done(OfflineHash),
+    Later(HashStart),
+}
+
+impl Offline {
+    /// The baseline, once the hash is computed (walking the key bucket
+    /// here if it is still to do).
+    pub fn take(self) -> Result<Fingerprint, String> {
+        let hash = match self.hash {
+            Hash::Done(hash) => hash,
+            Hash::Later(start) => start.hash()?,
+        };
+        Ok(Fingerprint::offline(
+            hash.keys,
+            KvHash {
+                revision: hash.revision,
+                hash: hash.hash,
+                compact_revision: hash.compact_revision,
+            },
+            &self.leases,
+            self.side,
+        ))
+    }
+
+    /// [`Offline::take`] on a thread of its own, started now: the walk of
+    /// a large key bucket (0.2 s at 200,000 keys) then runs while the
+    /// binaries are verified and the first step's etcd starts, which waits
+    /// for it before its first write (`HashStart` says why the walk may
+    /// read the db while that etcd has it open).
+    pub fn spawn(self) -> PendingBaseline {
+        let (send, answer) = oneshot::channel();
+        let started = Instant::now();
+        let walk = move || {
+            let taken = self.take();
+            // The receiver is gone only if the run is: nothing to tell.
+            let _ = send.send((taken, started.elapsed()));
+        };
+        if let Err(err) = std::thread::Builder::new()
+            .name("offline-baseline".into())
+            .spawn(walk)
+        {
+            return PendingBaseline::failed(format!("cannot start its thread: {err}"));
+        }
+        PendingBaseline { answer }
+    }
+}
+
+/// An offline baseline being taken ([`Offline::spawn`]).
+#[derive(Debug)]
+pub struct PendingBaseline {
+    answer: oneshot::Receiver<(Result<Fingerprint, String>, Duration)>,
+}
+
+impl PendingBaseline {
+    /// One that is taken already.
+    pub fn ready(fingerprint: Fingerprint) -> Self {
+        Self::answered(Ok(fingerprint))
+    }
+
+    /// One that could not be taken, and why.
+    pub fn failed(why: String) -> Self {
+        Self::answered(Err(why))
+    }
+
+    fn answered(taken: Result<Fingerprint, String>) -> Self {
+        let (send, answer) = oneshot::channel();
+        let _ = send.send((taken, Duration::ZERO));
+        PendingBaseline { answer }
+    }
+
+    /// The baseline, once taken (logged), or why it could not be.
+    pub async fn wait(self) -> Result<Fingerprint, String> {
+        let waiting = Instant::now();
+        let (taken, took) = self
+            .answer
+            .await
+            .map_err(|_| "its thread ended without an answer".to_string())?;
+        if let Ok(fingerprint) = &taken {
+            log::info(
+                "offline baseline hashed",
+                &[
+                    ("fingerprint", fingerprint.to_string().into()),
+                    ("ms", log::ms(took)),
+                    ("waited_ms", log::ms(waiting.elapsed())),
+                ],
+            );
+        }
+        taken
+    }
 }
 
 /// Whether the first step's release starts on the data as it is, without
@@ -195,7 +304,10 @@ mod tests {
     #[test]
     fn a_clean_stop_gives_the_baseline_and_every_hazard_falls_back_saying_why() {
         let hop = plan_of("3.4.23", "3.5.30", &["3.4.23", "3.5.30"]);
-        let baseline = offline(&hop, &clean()).expect("offline");
+        let baseline = offline(&hop, &clean())
+            .expect("offline")
+            .take()
+            .expect("computed");
         assert_eq!(baseline.keys, 42);
         let cases: Vec<(&str, Plan, OnDisk, &str)> = vec![
             (

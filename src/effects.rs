@@ -270,6 +270,15 @@ pub trait Progress {
 /// Why one step failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
+    /// The baseline being hashed offline while the step's etcd started
+    /// could not be finished (the executor then reads it by a start).
+    #[error("the baseline could not be taken offline while etcd {version} started: {reason}")]
+    OfflineBaselineLost {
+        /// The step's release.
+        version: Version,
+        /// Why.
+        reason: String,
+    },
     /// etcd could not be started.
     #[error("cannot start etcd {version}")]
     Launch {
@@ -404,6 +413,16 @@ pub enum StepError {
         #[source]
         source: DataDirError,
     },
+}
+
+impl StepError {
+    /// Why the offline baseline was lost, for this failure only.
+    pub fn offline_baseline_lost(&self) -> Option<&str> {
+        match self {
+            StepError::OfflineBaselineLost { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
 }
 
 /// The error the test fakes of [`EtcdApi`] give: their message.

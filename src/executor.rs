@@ -13,6 +13,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::baseline::PendingBaseline;
 use crate::keyspace::Fingerprint;
 use crate::log;
 use crate::plan::{Plan, Step};
@@ -86,8 +87,10 @@ pub struct Executor<'a, L, A, T, D, P> {
     /// Becomes `Some(signal)` when we are told to stop.
     pub termination: watch::Receiver<Option<Signal>>,
     /// The baseline taken offline from the stopped data (`baseline`), used
-    /// instead of a start of the recorded release.
-    pub offline_baseline: Option<Fingerprint>,
+    /// instead of a start of the recorded release: maybe still being
+    /// hashed, in which case the first step (in place) starts its etcd and
+    /// waits for it before its first write.
+    pub offline_baseline: Option<PendingBaseline>,
 }
 
 /// The step under way: where it is in the plan, and what version.txt says.
@@ -129,16 +132,30 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         // The keyspace as the last completed step left it; each step must
         // hand on the same. The rebuilding steps read their source first,
         // so without a baseline reader the first of them sets it.
+        let mut pending = None;
         let mut before = match (
             plan.baseline,
             plan.steps.first(),
             self.offline_baseline.take(),
         ) {
-            (Some(_), Some(_), Some(offline)) => {
-                // The same point as a baseline read by a start: the data
-                // fingerprinted, nothing run on it yet.
+            (Some(_), Some(first), Some(offline)) if runs_in_place(first) => {
+                // The same point as a baseline read by a start: nothing run
+                // on the data yet (its hash may still be being walked).
                 crate::failpoint!("baseline-read");
-                Some(offline)
+                pending = Some(offline);
+                None
+            }
+            (Some(version), Some(first), Some(offline)) => {
+                let taken = match offline.wait().await {
+                    Ok(taken) => taken,
+                    Err(why) => {
+                        self.offline_lost(version, &why);
+                        self.baseline(version, first, plan.current, plan.baseline_by_hash())
+                            .await?
+                    }
+                };
+                crate::failpoint!("baseline-read");
+                Some(taken)
             }
             (Some(version), Some(first), None) => Some(
                 self.baseline(version, first, plan.current, plan.baseline_by_hash())
@@ -160,7 +177,10 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
             if plan.backup == Some(i) {
                 self.back_up(&at)?;
             }
-            before = Some(self.run_and_record(&at, before.as_ref()).await?);
+            before = Some(match pending.take() {
+                Some(offline) => self.run_first_with(&at, offline, plan).await?,
+                None => self.run_and_record(&at, before.as_ref(), None).await?,
+            });
             recorded = step.result();
         }
         Ok(())
@@ -200,12 +220,52 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         self.stop_if_signalled(at)
     }
 
+    /// Runs the first step, an in-place one, with its baseline `offline`
+    /// (which its etcd waits for before its first write). A baseline that
+    /// could not be finished offline is read by a start instead, after that
+    /// etcd stopped, and the step runs again.
+    async fn run_first_with(
+        &mut self,
+        at: &Position,
+        offline: PendingBaseline,
+        plan: &Plan,
+    ) -> Result<Fingerprint, ExecuteError> {
+        let run = self.run_and_record(at, None, Some(offline)).await;
+        let why = match &run {
+            Err(ExecuteError::Step { source, .. }) => source.offline_baseline_lost(),
+            _ => None,
+        };
+        let Some(why) = why.map(str::to_string) else {
+            return run;
+        };
+        let recorded = at.recorded.version;
+        self.offline_lost(recorded, &why);
+        let before = self
+            .baseline(recorded, &at.step, at.recorded, plan.baseline_by_hash())
+            .await?;
+        self.run_and_record(at, Some(&before), None).await
+    }
+
+    /// Says that the offline baseline could not be taken, and what is done
+    /// instead.
+    fn offline_lost(&self, recorded: Version, why: &str) {
+        log::warn(
+            "the baseline could not be taken offline; it is read by a start of the recorded release",
+            &[
+                ("version", recorded.to_string().into()),
+                ("why", why.into()),
+            ],
+        );
+    }
+
     /// Runs the step `at` and records it; returns the fingerprint of its
-    /// result.
+    /// result. `offline`: its baseline, still being taken (an in-place
+    /// step only).
     async fn run_and_record(
         &mut self,
         at: &Position,
         before: Option<&Fingerprint>,
+        offline: Option<PendingBaseline>,
     ) -> Result<Fingerprint, ExecuteError> {
         let (step, label) = (&at.step, &at.label);
         let started = Instant::now();
@@ -221,7 +281,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         // One span per step: every line inside it (and in the step kinds)
         // carries `step=<label>` without passing the label around.
         let after = match self
-            .run_step(step, before)
+            .run_step(step, before, offline)
             .instrument(log::step_span(label))
             .await
         {
@@ -260,11 +320,12 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
         &self,
         step: &Step,
         before: Option<&Fingerprint>,
+        offline: Option<PendingBaseline>,
     ) -> Result<Fingerprint, Failure> {
         let cx = self.context();
         match *step {
             Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. } => {
-                run_in_place(&cx, step.result(), before).await
+                run_in_place(&cx, step.result(), before, offline).await
             }
             Step::StorageMigration { at } => storage_migration(&cx, at, before).await,
             Step::MinorRollback { serve, to, .. } => minor_rollback(&cx, serve, to, before).await,
@@ -362,6 +423,12 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk, P: Progress> Executor<'_, L, A,
             }),
         }
     }
+}
+
+/// True for the steps that serve the data in place: the ones whose etcd
+/// may start while their offline baseline is still being hashed.
+fn runs_in_place(step: &Step) -> bool {
+    matches!(step, Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. })
 }
 
 /// Refuses the step `at` when the data's v2 store holds keys and the

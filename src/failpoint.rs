@@ -17,6 +17,9 @@
 pub const ALL: &[&str] = &[
     // executor: the read of the data before the first step
     "baseline-read",
+    // ondisk: the offline baseline's walk of the key bucket, done (on its
+    // own thread, beside the first step's etcd start)
+    "offline-baseline-walked",
     // etcd: a step's etcd
     "etcd-before-spawn",
     "etcd-after-spawn",

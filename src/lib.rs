@@ -47,7 +47,6 @@ use crate::config::{Config, Member, Mode};
 use crate::datadir::{DataDirError, DirLock, DirState, WORK_DIR};
 use crate::exec::ExecTarget;
 use crate::executor::{ExecuteError, Executor, Progress, StepSettings};
-use crate::keyspace::Fingerprint;
 use crate::ondisk::OnDisk;
 use crate::plan::{Binary, Bundle, Plan, PlanError, Refusal, Site, Situation, Work};
 use crate::preconditions::PreconditionError;
@@ -323,7 +322,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
 /// What the run's offline read of the stopped data gives its steps.
 struct OfflineRead {
     /// The plan's baseline, where the data allows one offline.
-    baseline: Option<Fingerprint>,
+    baseline: Option<baseline::Offline>,
     /// The data's hidden v2 nodes, which the first step's reads ask for.
     hidden_v2: Option<Vec<String>>,
 }
@@ -331,25 +330,28 @@ struct OfflineRead {
 /// The plan's baseline taken offline from the stopped data, where the
 /// plan reads one and the data allows it; which way it is read, and why,
 /// is logged either way.
-fn offline_baseline(plan: &Plan, on_disk: Option<&OnDisk>) -> Option<Fingerprint> {
+fn offline_baseline(plan: &Plan, on_disk: Option<&OnDisk>) -> Option<baseline::Offline> {
     let recorded = plan.baseline?;
     let offline = match on_disk {
         Some(on_disk) => baseline::offline(plan, on_disk),
         None => Err("the data could not be read offline".to_string()),
     };
     match offline {
-        Ok(fingerprint) => {
+        Ok(offline) => {
             log::info(
                 "baseline taken offline",
                 &[
-                    ("fingerprint", fingerprint.to_string().into()),
+                    (
+                        "hashed",
+                        "from bolt, on a thread, while the binaries are verified and the first step's etcd starts".into(),
+                    ),
                     (
                         "proven_by",
                         "the first step's etcd hashing the same revision".into(),
                     ),
                 ],
             );
-            Some(fingerprint)
+            Some(offline)
         }
         Err(why) => {
             log::info(
@@ -558,6 +560,12 @@ fn carry_out(
         .build()
         .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
     let supervisor = Supervisor::start(original_mask)?;
+    // The baseline's hash is walked from here on, beside the checks.
+    let OfflineRead {
+        baseline,
+        hidden_v2,
+    } = offline;
+    let pending = baseline.map(baseline::Offline::spawn);
     verify_binaries(config, plan, false, &runtime, &supervisor)?;
     let lock = make_ready(config, plan, lock)?;
     match plan.work() {
@@ -582,7 +590,14 @@ fn carry_out(
                 ],
             );
         }
-        Work::Steps => execute_steps(config, plan, member, offline, &runtime, &supervisor)?,
+        Work::Steps => execute_steps(
+            config,
+            plan,
+            member,
+            (pending, hidden_v2),
+            &runtime,
+            &supervisor,
+        )?,
         // Taken by `roll_as_member` before the plan is carried out here.
         Work::Roll { .. } => {}
     }
@@ -732,12 +747,12 @@ fn execute_steps(
     config: &Config,
     plan: &Plan,
     member: &Member,
-    offline: OfflineRead,
+    (pending, hidden_v2): (Option<baseline::PendingBaseline>, Option<Vec<String>>),
     runtime: &tokio::runtime::Runtime,
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
     let mut launcher = etcd::ProcessLauncher::new(supervisor.clone(), config.bin_dir.clone());
-    if let Some(hidden) = offline.hidden_v2 {
+    if let Some(hidden) = hidden_v2 {
         launcher = launcher.knowing_hidden_v2(&config.data_dir, hidden);
     }
     let health = health::EtcdHealth::new().map_err(|err| Error::Runtime(err.to_string()))?;
@@ -760,7 +775,7 @@ fn execute_steps(
             keep_v2_keys: config.keep_v2_keys,
         },
         termination: supervisor.termination(),
-        offline_baseline: offline.baseline,
+        offline_baseline: pending,
     };
     let executed = runtime.block_on(executor.execute(plan));
     if let Err(err @ ExecuteError::Step { .. }) = &executed {

@@ -381,7 +381,9 @@ pub fn wanted(recorded: VersionPair, target: VersionPair) -> ondisk::Want {
     ondisk::Want {
         v2_names,
         v3_keys: recorded.storage != target.storage,
-        v3_hash: upgrade,
+        v3_hash: false,
+        // Walked while the first step's etcd starts (src/baseline.rs).
+        v3_hash_later: upgrade,
     }
 }
 
@@ -396,7 +398,7 @@ pub fn read_data(config: &Config, want: &ondisk::Want) -> Option<OnDisk> {
                 "data read offline",
                 &[
                     ("keys", want.v3_keys.into()),
-                    ("hash", want.v3_hash.into()),
+                    ("hash", (want.v3_hash || want.v3_hash_later).into()),
                     ("v2_names", want.v2_names.is_some().into()),
                     ("ms", log::ms(started.elapsed())),
                 ],

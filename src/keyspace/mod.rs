@@ -1046,7 +1046,14 @@ async fn prove_since(
     hidden: &[String],
     started: Instant,
 ) -> Result<Option<Fingerprint>, KeyspaceError> {
-    let Some((there, head)) = v3::hash_kv_and_head(client, endpoint, anchor.revision).await? else {
+    // etcd's count at the anchor, beside its hash there (one round trip
+    // each, at once): the offline baseline's count, computed by us, is
+    // checked by it too.
+    let (hashed, counted_there) = tokio::join!(
+        v3::hash_kv_and_head(client, endpoint, anchor.revision),
+        v3::count_keys(client, endpoint, anchor.revision, ours)
+    );
+    let Some((there, head)) = hashed? else {
         return Ok(None);
     };
     let since = SinceCheck {
@@ -1055,8 +1062,9 @@ async fn prove_since(
         strays: Vec::new(),
         counted: None,
     };
-    let (now, counted, changes) = if ours.made_every_revision(anchor.revision, head) {
-        (anchor, None, Vec::new())
+    let by_revisions = ours.made_every_revision(anchor.revision, head);
+    let (now, counted, changes) = if by_revisions {
+        (anchor, Some(counted_there?), Vec::new())
     } else {
         let Some(now) = v3::hash_kv(client, endpoint, head).await? else {
             return Ok(None);
@@ -1080,7 +1088,7 @@ async fn prove_since(
             ("now", head.into()),
             (
                 "by",
-                if counted.is_none() {
+                if by_revisions {
                     "revisions all ours"
                 } else {
                     "history"

@@ -58,6 +58,8 @@ pub struct Db {
     /// The high-water mark: no valid page id reaches it.
     pages: u64,
     root: u64,
+    /// The meta page's transaction id: bolt counts every commit.
+    txid: u64,
     /// The parts of the file read last.
     windows: RefCell<Windows>,
 }
@@ -81,9 +83,20 @@ struct Window {
     used: u64,
 }
 
+/// Where a database was read from: its meta page's page size, page
+/// count, root bucket and transaction id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pinned {
+    page_size: u64,
+    pages: u64,
+    root: u64,
+    /// bolt's commit count at that meta page.
+    pub txid: u64,
+}
+
 /// A bucket: a tree of pages, or a leaf page stored inline in its
 /// parent's value.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Bucket {
     /// Root page id.
     Pages(u64),
@@ -258,8 +271,80 @@ impl Db {
             page_size: meta.page_size,
             pages: meta.pages,
             root: meta.root,
+            txid: meta.txid,
             windows: RefCell::new(Windows::default()),
         })
+    }
+
+    /// Opens `path` again as `pinned` was when it was opened: its pages
+    /// as that meta page left them, whatever commits came since. Only
+    /// pages no later commit freed read the same (a bucket no commit
+    /// since has changed): the caller proves that afterwards.
+    pub fn reopen(path: &Path, pinned: Pinned) -> Result<Db, OnDiskError> {
+        let io = |source| OnDiskError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        Ok(Db {
+            file,
+            path: path.to_path_buf(),
+            len,
+            page_size: pinned.page_size,
+            pages: pinned.pages,
+            root: pinned.root,
+            txid: pinned.txid,
+            windows: RefCell::new(Windows::default()),
+        })
+    }
+
+    /// The file read.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What [`Db::reopen`] needs to read the database as now.
+    pub fn pinned(&self) -> Pinned {
+        Pinned {
+            page_size: self.page_size,
+            pages: self.pages,
+            root: self.root,
+            txid: self.txid,
+        }
+    }
+
+    /// The last key of `bucket` (not a sub-bucket's), if any: the rightmost
+    /// path down its tree.
+    pub fn last_key(&self, bucket: &Bucket) -> Result<Option<Vec<u8>>, OnDiskError> {
+        let mut page = match bucket {
+            Bucket::Inline(bytes) => self.inline_page(bytes)?,
+            Bucket::Pages(root) => self.read_page(*root)?,
+        };
+        for _ in 0..MAX_DEPTH {
+            if page.flags & LEAF_PAGE != 0 {
+                for i in (0..page.count).rev() {
+                    let (flags, key, _) = page.leaf(i).ok_or_else(|| {
+                        self.damaged(format!("leaf element {i} points outside its page"))
+                    })?;
+                    if flags & BUCKET_LEAF == 0 {
+                        return Ok(Some(key.to_vec()));
+                    }
+                }
+                return Ok(None);
+            }
+            if page.flags & BRANCH_PAGE == 0 || page.count == 0 {
+                return Err(self.damaged(format!(
+                    "a page with flags {:#x} and {} elements in a bucket's tree",
+                    page.flags, page.count
+                )));
+            }
+            let (_, child) = page
+                .branch(page.count - 1)
+                .ok_or_else(|| self.damaged("a branch element points outside its page".into()))?;
+            page = self.read_page(child)?;
+        }
+        Err(self.damaged("the page tree is impossibly deep".into()))
     }
 
     /// `len` bytes at `offset` (both already checked against the file's

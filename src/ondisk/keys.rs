@@ -92,6 +92,146 @@ pub struct OfflineHash {
 /// with two revisions at or below the finished compaction (it was not
 /// finished either).
 pub fn offline_hash(db: &bolt::Db) -> Result<Result<OfflineHash, String>, OnDiskError> {
+    match HashStart::open(db)? {
+        Ok(start) => walk_key_bucket(db, start.bucket.as_ref(), start.finished),
+        Err(why) => Ok(Err(why)),
+    }
+}
+
+/// Where [`offline_hash`] starts, read before any etcd runs on the data
+/// (a few pages): the database as its meta page was then, the key
+/// bucket, the compactions and the newest revision key. [`HashStart::hash`]
+/// walks the bucket later, while the first step's etcd starts, and then
+/// proves that no commit since has changed it.
+///
+/// Why that proof is enough: bolt copies on write, so a commit never
+/// touches a page the committed tree still uses; a page it frees (the old
+/// copy of what it changed) can be reused by a later commit. The bucket's
+/// pages are freed only by a commit that changes the bucket, and every
+/// change etcd makes to it writes a newer revision key (a put, a delete, a
+/// lease's keys revoked) or, for a compaction, first records the
+/// compaction it schedules in the `meta` bucket. So with the compactions
+/// and the newest revision key as they were, no commit changed the bucket,
+/// and every page the walk read was the one the meta page pinned. etcd's
+/// own commits at start (its cluster and storage versions, the consistent
+/// index) change other buckets only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashStart {
+    path: std::path::PathBuf,
+    pinned: bolt::Pinned,
+    /// `None`: the data has no key bucket.
+    bucket: Option<bolt::Bucket>,
+    finished: i64,
+    scheduled: i64,
+    /// The bucket's last (newest) revision key.
+    last: Option<Vec<u8>>,
+}
+
+impl HashStart {
+    /// Reads where the hash starts from, or why bolt alone cannot give
+    /// etcd's answer (an unfinished compaction).
+    pub fn open(db: &bolt::Db) -> Result<Result<HashStart, String>, OnDiskError> {
+        let (finished, scheduled) = compactions(db)?;
+        if scheduled > finished {
+            return Ok(Err(format!(
+                "a compaction to revision {scheduled} is scheduled but unfinished (etcd finishes it when it starts)"
+            )));
+        }
+        let bucket = db.bucket(KEY_BUCKET)?;
+        let last = match &bucket {
+            Some(bucket) => db.last_key(bucket)?,
+            None => None,
+        };
+        Ok(Ok(HashStart {
+            path: db.path().to_path_buf(),
+            pinned: db.pinned(),
+            bucket,
+            finished,
+            scheduled,
+            last,
+        }))
+    }
+
+    /// The data's current revision, as [`OfflineHash::revision`].
+    pub fn revision(&self) -> i64 {
+        self.last
+            .as_deref()
+            .filter(|key| key.len() >= 8)
+            .map_or(0, main_revision)
+            .max(self.finished)
+    }
+
+    /// The finished compaction's revision (0: none).
+    pub fn compact_revision(&self) -> i64 {
+        self.finished
+    }
+
+    /// Walks the bucket as the meta page pinned it, then proves nothing
+    /// changed it since ([`HashStart`] says why that is enough). `Err`
+    /// names what went wrong; the caller then reads its baseline another
+    /// way.
+    pub fn hash(&self) -> Result<OfflineHash, String> {
+        let db = bolt::Db::reopen(&self.path, self.pinned).map_err(|err| err.to_string())?;
+        let hash = walk_key_bucket(&db, self.bucket.as_ref(), self.finished)
+            .map_err(|err| err.to_string())??;
+        crate::failpoint!("offline-baseline-walked");
+        self.unchanged()?;
+        if hash.revision != self.revision() {
+            return Err(format!(
+                "the walk found revision {}, the newest revision key says {}",
+                hash.revision,
+                self.revision()
+            ));
+        }
+        Ok(hash)
+    }
+
+    /// Fails if a commit since [`HashStart::open`] changed the compactions
+    /// or the newest revision key. Read at the newest meta page, again if a
+    /// commit lands during the read (its freed pages may be reused only by
+    /// a commit after it).
+    fn unchanged(&self) -> Result<(), String> {
+        let io = |err: OnDiskError| err.to_string();
+        for _ in 0..READS_BEFORE_GIVING_UP {
+            let db = bolt::Db::open(&self.path).map_err(io)?;
+            let (finished, scheduled) = compactions(&db).map_err(io)?;
+            let last = match db.bucket(KEY_BUCKET).map_err(io)? {
+                Some(bucket) => db.last_key(&bucket).map_err(io)?,
+                None => None,
+            };
+            let settled = bolt::Db::open(&self.path).map_err(io)?.pinned().txid;
+            if settled != db.pinned().txid {
+                continue;
+            }
+            if (finished, scheduled) != (self.finished, self.scheduled) {
+                return Err(format!(
+                    "the compactions changed while the key bucket was hashed (finished {} -> {finished}, scheduled {} -> {scheduled})",
+                    self.finished, self.scheduled
+                ));
+            }
+            if last != self.last {
+                return Err(format!(
+                    "the key bucket changed while it was hashed (newest revision {} -> {})",
+                    self.revision(),
+                    last.as_deref()
+                        .filter(|key| key.len() >= 8)
+                        .map_or(0, main_revision)
+                ));
+            }
+            return Ok(());
+        }
+        Err(format!(
+            "bolt committed during each of {READS_BEFORE_GIVING_UP} reads of its newest state"
+        ))
+    }
+}
+
+/// How often [`HashStart::unchanged`] reads again when a commit lands
+/// during its read.
+const READS_BEFORE_GIVING_UP: usize = 20;
+
+/// The finished and the scheduled compaction's revisions (0: none).
+fn compactions(db: &bolt::Db) -> Result<(i64, i64), OnDiskError> {
     let compact = |name: &[u8]| -> Result<i64, OnDiskError> {
         let Some(meta) = db.bucket(b"meta")? else {
             return Ok(0);
@@ -108,14 +248,20 @@ pub fn offline_hash(db: &bolt::Db) -> Result<Result<OfflineHash, String>, OnDisk
             None => 0,
         })
     };
-    let finished = compact(b"finishedCompactRev")?;
-    let scheduled = compact(b"scheduledCompactRev")?;
-    if scheduled > finished {
-        return Ok(Err(format!(
-            "a compaction to revision {scheduled} is scheduled but unfinished (etcd finishes it when it starts)"
-        )));
-    }
-    let Some(bucket) = db.bucket(KEY_BUCKET)? else {
+    Ok((
+        compact(b"finishedCompactRev")?,
+        compact(b"scheduledCompactRev")?,
+    ))
+}
+
+/// etcd's `HashKV` of the key bucket `bucket` (`None`: none), compacted at
+/// `finished` (see [`offline_hash`]).
+fn walk_key_bucket(
+    db: &bolt::Db,
+    bucket: Option<&bolt::Bucket>,
+    finished: i64,
+) -> Result<Result<OfflineHash, String>, OnDiskError> {
+    let Some(bucket) = bucket else {
         return Ok(Ok(OfflineHash {
             revision: finished,
             compact_revision: finished,
@@ -133,7 +279,7 @@ pub fn offline_hash(db: &bolt::Db) -> Result<Result<OfflineHash, String>, OnDisk
         let mut newest = 0;
         let mut last: HashMap<u64, bool> = HashMap::new();
         let mut hash = crc32c::crc32c(KEY_BUCKET);
-        db.for_each(&bucket, |revision, record| {
+        db.for_each(bucket, |revision, record| {
             let (main, tombstone, key) = entry(revision, record)?;
             newest = newest.max(main);
             last.insert(key, tombstone);
@@ -155,7 +301,7 @@ pub fn offline_hash(db: &bolt::Db) -> Result<Result<OfflineHash, String>, OnDisk
     let mut since: HashMap<u64, bool> = HashMap::new();
     let mut kept: HashSet<u64> = HashSet::new();
     let mut twice = None;
-    db.for_each(&bucket, |revision, record| {
+    db.for_each(bucket, |revision, record| {
         let (main, tombstone, key) = entry(revision, record)?;
         newest = newest.max(main);
         if main > finished {
@@ -174,7 +320,7 @@ pub fn offline_hash(db: &bolt::Db) -> Result<Result<OfflineHash, String>, OnDisk
     let keys = live_below + since.values().filter(|deleted| !**deleted).count();
     // Pass 2: the hash.
     let mut hash = crc32c::crc32c(KEY_BUCKET);
-    db.for_each(&bucket, |revision, record| {
+    db.for_each(bucket, |revision, record| {
         let (main, tombstone, key) = entry(revision, record)?;
         let counts = if main > finished {
             true

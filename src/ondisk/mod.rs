@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 
 use self::state::{Replay, V2State, V3State};
 
-pub use self::keys::{Keep, OfflineHash, V2Names, V3Key};
+pub use self::keys::{HashStart, Keep, OfflineHash, V2Names, V3Key};
 
 /// One member of the cluster, as the data records it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -119,6 +119,10 @@ pub struct OnDisk {
     /// where bolt alone does not give etcd's answer (the WAL changes keys
     /// past it, a compaction is unfinished).
     pub v3_hash: Option<Result<OfflineHash, String>>,
+    /// Where that hash starts, when [`Want::v3_hash_later`] asked, for a
+    /// walk of the key bucket later, while an etcd starts on the data
+    /// ([`HashStart`] says why that is sound); `Err` as for `v3_hash`.
+    pub v3_hash_start: Option<Result<HashStart, String>>,
     /// The alarms bolt's `alarm` bucket holds (`NOSPACE`, `CORRUPT`), as
     /// etcd raised them: a member with one refuses writes (NOSPACE) or
     /// more (CORRUPT) until it is disarmed.
@@ -261,6 +265,9 @@ pub struct Want {
     /// etcd's `HashKV` computed from bolt (two reads of every page of the
     /// keyspace; memory: a digest per key).
     pub v3_hash: bool,
+    /// Only where etcd's `HashKV` from bolt starts (a few pages): the walk
+    /// is left to [`HashStart::hash`].
+    pub v3_hash_later: bool,
 }
 
 /// Reads what the etcd data in `data_dir` records, without changing
@@ -303,6 +310,7 @@ struct Sources {
     bolt: Option<BoltState>,
     v3_keys: Option<Vec<V3Key>>,
     v3_hash: Option<Result<OfflineHash, String>>,
+    v3_hash_start: Option<Result<HashStart, String>>,
     segments: Vec<wal::Segment>,
 }
 
@@ -311,7 +319,7 @@ impl Sources {
         let snap_dir = member_dir.join("snap");
         // bolt first: the v2 names kept may be those of its v3 keys.
         let db_path = snap_dir.join("db");
-        let (bolt, v3_keys, v3_hash) = if db_path.exists() {
+        let (bolt, v3_keys, v3_hash, v3_hash_start) = if db_path.exists() {
             let db = bolt::Db::open(&db_path)?;
             let wants_keys = want.v3_keys || want.v2_names == Some(Keep::V3Names);
             let keys = if wants_keys {
@@ -324,10 +332,21 @@ impl Sources {
             } else {
                 None
             };
-            (Some(read_bolt(&db, &db_path, notes)?), keys, hash)
+            let start = if want.v3_hash_later {
+                Some(keys::HashStart::open(&db)?)
+            } else {
+                None
+            };
+            (Some(read_bolt(&db, &db_path, notes)?), keys, hash, start)
         } else {
             let none = || Err("the data has no bolt database".to_string());
-            (None, want.v3_keys.then(Vec::new), want.v3_hash.then(none))
+            (
+                None,
+                want.v3_keys.then(Vec::new),
+                want.v3_hash.then(none),
+                want.v3_hash_later
+                    .then(|| Err("the data has no bolt database".to_string())),
+            )
         };
         let keep = match &want.v2_names {
             Some(Keep::V3Names) => Some(Keep::Only(
@@ -378,6 +397,7 @@ impl Sources {
             bolt,
             v3_keys,
             v3_hash,
+            v3_hash_start,
             segments,
         })
     }
@@ -389,6 +409,7 @@ struct Replayed {
     bolt: Option<BoltState>,
     v3_keys: Option<Vec<V3Key>>,
     v3_hash: Option<Result<OfflineHash, String>>,
+    v3_hash_start: Option<Result<HashStart, String>>,
     v2: V2State,
     v3: Option<V3State>,
     v2_requests_past_snapshot: Option<u64>,
@@ -454,6 +475,7 @@ fn replay(sources: Sources, notes: &mut Vec<String>) -> Result<Replayed, OnDiskE
         bolt: sources.bolt,
         v3_keys: sources.v3_keys,
         v3_hash: sources.v3_hash,
+        v3_hash_start: sources.v3_hash_start,
         v2,
         v3,
         v2_requests_past_snapshot,
@@ -472,6 +494,7 @@ impl Replayed {
             bolt,
             v3_keys,
             v3_hash,
+            v3_hash_start,
             v2,
             v3,
             v2_requests_past_snapshot,
@@ -490,6 +513,10 @@ impl Replayed {
             }
         });
         let v3_hash = v3_hash.map(|hash| match hash {
+            Ok(_) if keys_written => Err(past_bolt.to_string()),
+            other => other,
+        });
+        let v3_hash_start = v3_hash_start.map(|start| match start {
             Ok(_) if keys_written => Err(past_bolt.to_string()),
             other => other,
         });
@@ -533,6 +560,7 @@ impl Replayed {
             v2_names: v2.names,
             v3_keys,
             v3_hash,
+            v3_hash_start,
             alarms: bolt.as_ref().map(|b| b.alarms.clone()).unwrap_or_default(),
             db_bytes: bolt.as_ref().map(|b| b.bytes),
             storage_version: bolt.as_ref().and_then(|b| b.storage_version.clone()),

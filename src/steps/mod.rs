@@ -21,6 +21,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
 use crate::backup::{self, BackupError, BackupPolicy};
+use crate::baseline::PendingBaseline;
 use crate::config::{Member, TtlLeases};
 use crate::dialect::StepEtcd;
 use crate::effects::{EtcdApi, Expected, HealthError, Launcher, RunningEtcd, StepError, Tools};
@@ -162,6 +163,18 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     /// succeeds: the proof that this release can serve the data. On any
     /// failure the etcd is stopped before returning.
     pub(crate) async fn start_serving(&self, run: Run<'_>) -> Result<Serving<L::Etcd>, Failure> {
+        Ok(self.start_serving_after(run, None).await?.0)
+    }
+
+    /// [`Context::start_serving`], where the first write also waits for
+    /// `offline`, the baseline being hashed meanwhile, which it returns:
+    /// the walk of bolt's key bucket reads the db while this etcd loads
+    /// it, and a write of ours is what would change the bucket under it.
+    pub(crate) async fn start_serving_after(
+        &self,
+        run: Run<'_>,
+        offline: Option<PendingBaseline>,
+    ) -> Result<(Serving<L::Etcd>, Option<Fingerprint>), Failure> {
         let data_dir = run.data_dir.to_string_lossy();
         let spec = self.spec(run, &data_dir);
         // Asked for by the v2 reads only: a release without the v2 API
@@ -185,6 +198,10 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
             ],
         );
         let endpoint = spec.client_url();
+        let taken = match offline {
+            Some(offline) => Some(self.await_baseline(&mut etcd, run, offline).await?),
+            None => None,
+        };
         self.await_write(&mut etcd, run, &endpoint).await?;
         crate::failpoint!("step-after-health-write");
         if let Err(holder) = etcd.owns_listener(spec.member.client_port) {
@@ -196,7 +213,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
                 holder,
             }));
         }
-        Ok(Serving {
+        let serving = Serving {
             etcd,
             pid,
             version: run.version,
@@ -205,7 +222,35 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
             healthy_after: started.elapsed(),
             hidden_v2,
             known: KnownLeases::granted_at(&granted, started),
-        })
+        };
+        Ok((serving, taken))
+    }
+
+    /// Waits for the baseline being taken `offline` while `etcd` starts,
+    /// unless etcd exits, a stop signal comes or the health deadline
+    /// passes first. On a failure, etcd is stopped (unless it exited).
+    async fn await_baseline(
+        &self,
+        etcd: &mut L::Etcd,
+        run: Run<'_>,
+        offline: PendingBaseline,
+    ) -> Result<Fingerprint, Failure> {
+        let deadline = tokio::time::Instant::now() + self.settings.health_timeout;
+        let ended = match self.race(etcd, deadline, offline.wait()).await {
+            Race::Done(Ok(taken)) => return Ok(taken),
+            Race::Done(Err(reason)) => {
+                stop_quietly(etcd, etcd.pid()).await;
+                return Err(Failure::Step(StepError::OfflineBaselineLost {
+                    version: run.version,
+                    reason,
+                }));
+            }
+            Race::Signal(signal) => Race::Signal(signal),
+            Race::Exited(status) => Race::Exited(status),
+            Race::Deadline => Race::Deadline,
+        };
+        let waited = "waiting for the baseline being hashed offline".to_string();
+        Err(self.write_failure(etcd, run.version, ended, waited).await)
     }
 
     /// How `run`'s etcd is started: its release's flags on the shared
