@@ -1046,12 +1046,17 @@ async fn prove_since(
     hidden: &[String],
     started: Instant,
 ) -> Result<Option<Fingerprint>, KeyspaceError> {
-    // etcd's count at the anchor, beside its hash there (one round trip
-    // each, at once): the offline baseline's count, computed by us, is
-    // checked by it too.
-    let (hashed, counted_there) = tokio::join!(
+    // etcd's count at the anchor beside its hash there (the offline
+    // baseline's count, computed by us, is checked by it too), and the
+    // leases and the v2 store beside: all at once. Where the history must
+    // be read, the leases are read again after it (a lease that ran out
+    // since must not look alive to the history's deletes).
+    let no_ttls = BTreeMap::new();
+    let (hashed, counted_there, leases_beside, side) = tokio::join!(
         v3::hash_kv_and_head(client, endpoint, anchor.revision),
-        v3::count_keys(client, endpoint, anchor.revision, ours)
+        v3::count_keys(client, endpoint, anchor.revision, ours),
+        v3::read_leases(client, endpoint, &no_ttls, ours),
+        v2::read_v2(endpoint, ours, hidden),
     );
     let Some((there, head)) = hashed? else {
         return Ok(None);
@@ -1075,10 +1080,12 @@ async fn prove_since(
         let carried = if changes.is_empty() { anchor } else { now };
         (carried, Some(counted), changes)
     };
-    let leases = v3::read_leases(client, endpoint, &BTreeMap::new(), ours).await?;
-    let side = v2::read_v2(endpoint, ours, hidden)
-        .await?
-        .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
+    let leases = if by_revisions {
+        leases_beside?
+    } else {
+        v3::read_leases(client, endpoint, &BTreeMap::new(), ours).await?
+    };
+    let side = side?.map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
     crate::log::info(
         "keyspace proven by etcd's hash",
         &[
