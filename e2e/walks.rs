@@ -90,12 +90,25 @@ fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
     // In-place steps only: each step proves itself by its etcd's hash
     // against the fingerprint before it, the first against the offline
     // one (issue 12, 21).
+    let proven = run.lines_with("keyspace proven by etcd's hash");
+    assert_eq!(proven.len(), 2, "{}", run.explain());
+    // Nothing but our health writes between: both hash the baseline's
+    // revision (the anchor stays), proven by the revisions alone.
+    let revision = |line: &str| {
+        line.split(' ')
+            .find_map(|field| field.strip_prefix("revision="))
+            .expect("a revision field")
+            .to_string()
+    };
     assert_eq!(
-        run.lines_with("keyspace proven by etcd's hash").len(),
-        2,
+        revision(proven[0]),
+        revision(proven[1]),
         "{}",
         run.explain()
     );
+    for line in &proven {
+        assert!(line.contains("by=\"revisions all ours\""), "{line}");
+    }
     assert_eq!(run.lines_with("migrated").len(), 1, "{}", run.explain());
     run.assert_stderr_has("[etcd-3.4.23] ")
         .assert_stderr_has("[etcd-3.5.16] ");
