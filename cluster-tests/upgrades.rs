@@ -517,6 +517,15 @@ struct Line {
     style: Style,
 }
 
+impl Line {
+    /// The release between as the image runs it: the newest bundled
+    /// patch of `via`'s minor (an image with 3.4.45 beside 3.4.23 passes
+    /// through 3.4.45).
+    fn via(&self) -> String {
+        crate::harness::newest_patch_of(self.via)
+    }
+}
+
 /// The releases CI fetches, kubeadm style.
 const FROM_3_3: Line = Line {
     from: "3.3.25",
@@ -626,7 +635,7 @@ fn offline_through_a_wave(test: &'static str, line: Line) {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             (answer.server.as_str(), monitor::minor(&answer.cluster)),
-            (line.via, monitor::minor(line.from)),
+            (line.via().as_str(), monitor::minor(line.from)),
             "member {i} while {name} was offline"
         );
     }
@@ -703,7 +712,7 @@ fn target_lowered(test: &'static str, line: Line) {
     let hold = s.hold_lock();
     s.retarget_one_by_one(line.to);
     s.wait_for_line(
-        &format!("member proven release={}", line.via),
+        &format!("member proven release={}", line.via()),
         &[0, 0, 0],
         ROLL_DEADLINE,
     );
@@ -711,12 +720,12 @@ fn target_lowered(test: &'static str, line: Line) {
         "{}: the test holds the upgrade lock; lowering the target",
         s.test
     );
-    s.retarget_one_by_one(line.via);
+    s.retarget_one_by_one(&line.via());
     s.release_lock(hold);
     // Nobody reached the target (it would be refused now, a rollback, and
     // never serve the release between again): every member ends there,
     // with one restart each, the rollout's own.
-    s.finish_with(line.via, false);
+    s.finish_with(&line.via(), false);
 }
 
 pub(crate) fn five_members_gce_exec_style_roll_from_3_3_to_3_5() {

@@ -113,6 +113,27 @@ fn bundled(image: &str) -> Result<String, String> {
         .clone()
 }
 
+/// The newest release the image under test bundles of `version`'s minor
+/// (the one a plan passes through: the latest bundled patch of each minor),
+/// or `version` itself when that cannot be asked.
+pub fn newest_patch_of(version: &str) -> String {
+    let minor = |v: &str| v.rsplit_once('.').map(|(m, _)| m.to_string());
+    let patch = |v: &str| {
+        v.rsplit_once('.')
+            .and_then(|(_, p)| p.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    let image = std::env::var(IMAGE_VAR).unwrap_or_default();
+    let Ok(bundled) = bundled(&image) else {
+        return version.to_string();
+    };
+    bundled
+        .split(',')
+        .filter(|b| minor(b) == minor(version))
+        .max_by_key(|b| patch(b))
+        .map_or_else(|| version.to_string(), str::to_string)
+}
+
 /// Whether a scenario needing `versions` can run: an image named, docker
 /// and curl there, and every release bundled (a release no registry has,
 /// absent without `$ETCD_EXTRA_BIN_DIR`, is a NOT RUN; any other missing
