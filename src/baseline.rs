@@ -254,14 +254,14 @@ fn replays_without_a_snapshot(
 
 /// The fingerprint of the data's v2 store beside its v3 keys, as a
 /// release with a v2 API reads it: offline only when it is empty, and
-/// known to be (no node left out for its TTL, no v2 write past the
-/// snapshot).
+/// known to be (no node left out for its TTL, no write in the WAL past
+/// the snapshot whose outcome the names cannot tell).
 fn empty_v2_store(on_disk: &OnDisk) -> Result<Fingerprint, String> {
     let names = on_disk
         .v2_names
         .as_ref()
         .ok_or("the v2 store's names were not read")?;
-    if names.keys().next().is_some() || names.omitted() || on_disk.v2_refused_by_3_6.is_some() {
+    if names.keys().next().is_some() || names.omitted() || names.uncertain() {
         return Err("the data's v2 store holds keys, which the recorded release reads".to_string());
     }
     Ok(Fingerprint::of(Storage::Etcd2, &[]))
@@ -309,6 +309,14 @@ mod tests {
             .take()
             .expect("computed");
         assert_eq!(baseline.keys, 42);
+        // v2 writes past the snapshot whose outcome the names tell (the
+        // deletes of a storage migration's v2 cleanup) leave it offline,
+        // for a release that replays them (below 3.6).
+        let emptied = OnDisk {
+            v2_refused_by_3_6: Some(77),
+            ..clean()
+        };
+        assert!(offline(&hop, &emptied).expect("offline").take().is_ok());
         let cases: Vec<(&str, Plan, OnDisk, &str)> = vec![
             (
                 "unfinished compaction",
@@ -341,7 +349,25 @@ mod tests {
                 "v2 keys beside",
                 hop.clone(),
                 OnDisk {
-                    v2_refused_by_3_6: Some(77),
+                    v2_names: Some(V2Names::for_test(&["/1/a"], &[], false)),
+                    ..clean()
+                },
+                "v2 store holds keys",
+            ),
+            (
+                "a v2 key that may not have expired",
+                hop.clone(),
+                OnDisk {
+                    v2_names: Some(V2Names::for_test(&[], &["/1/lock"], false)),
+                    ..clean()
+                },
+                "v2 store holds keys",
+            ),
+            (
+                "a v2 write whose outcome is unknown",
+                hop.clone(),
+                OnDisk {
+                    v2_names: Some(V2Names::for_test(&[], &[], true)),
                     ..clean()
                 },
                 "v2 store holds keys",

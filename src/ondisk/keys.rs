@@ -419,7 +419,14 @@ pub enum Keep {
 pub struct V2Names {
     keep: Keep,
     nodes: BTreeMap<String, bool>,
-    omitted: bool,
+    /// The nodes left out for their TTL (whether each is a dir), until a
+    /// delete takes them out for sure: a TTL'd key in an older snapshot
+    /// that a later `DELETE` in the WAL removed is gone whatever its TTL.
+    omitted: BTreeMap<String, bool>,
+    /// Whether a write in the log had an outcome these names cannot tell
+    /// (a conditional delete, a `POST`'s generated key, a delete of a dir
+    /// that may have had children): they are then not all there is.
+    uncertain: bool,
 }
 
 impl V2Names {
@@ -428,8 +435,24 @@ impl V2Names {
         V2Names {
             keep,
             nodes: BTreeMap::new(),
-            omitted: false,
+            omitted: BTreeMap::new(),
+            uncertain: false,
         }
+    }
+
+    /// Names holding `keys` (full store paths), `ttl`s left out for their
+    /// TTL, and uncertain if `uncertain`: for other modules' tests.
+    #[cfg(test)]
+    pub fn for_test(keys: &[&str], ttl: &[&str], uncertain: bool) -> Self {
+        let mut names = V2Names::new(Keep::All);
+        for key in keys {
+            names.snapshot_node(key, false, false);
+        }
+        for key in ttl {
+            names.snapshot_node(key, false, true);
+        }
+        names.uncertain = uncertain;
+        names
     }
 
     fn keeps(&self, path: &str) -> bool {
@@ -447,8 +470,10 @@ impl V2Names {
     /// children with it: all are left out.
     pub(super) fn snapshot_node(&mut self, path: &str, dir: bool, expires: bool) {
         if expires {
-            self.omitted |= self.keeps(path);
             self.delete(path);
+            if self.keeps(path) {
+                self.omitted.insert(path.to_string(), dir);
+            }
         } else if self.keeps(path) {
             self.nodes.insert(path.to_string(), dir);
         }
@@ -478,7 +503,14 @@ impl V2Names {
                 self.nodes.entry(parent.clone()).or_insert(true);
             }
         }
-        if !expires && self.keeps(path) {
+        if !self.keeps(path) {
+            return;
+        }
+        if expires {
+            // Left out like a TTL'd node of a snapshot (a node that
+            // existed keeps its name, and the names stay not all there is).
+            self.omitted.insert(path.to_string(), dir);
+        } else {
             self.nodes.entry(path.to_string()).or_insert(dir);
         }
     }
@@ -486,39 +518,79 @@ impl V2Names {
     /// Takes in a v2 request from the log, as far as names go: a creating
     /// `PUT`, a `POST` (its dir; the key's generated name is not known
     /// here), a `DELETE`. Expiry (`SYNC`) needs nothing: nodes with a TTL
-    /// are never kept.
+    /// are never kept. A compare-and-swap or an update changes no name.
     pub(super) fn apply(&mut self, request: &V2Request) {
+        let path = request.path();
         match request.method() {
-            "PUT" if request.creates() => {
-                self.create(request.path(), request.dir(), request.expires())
+            "PUT" if request.creates() => self.create(path, request.dir(), request.expires()),
+            "POST" => {
+                self.uncertain |= self.keeps(path);
+                self.create(path, true, false);
             }
-            "POST" => self.create(request.path(), true, false),
-            "DELETE" => self.delete(request.path()),
+            "DELETE" => {
+                self.uncertain |= self.keeps(path) && !self.deletes_for_sure(request);
+                self.delete(path);
+            }
             _ => {}
         }
     }
 
+    /// Whether etcd's store surely did what a `DELETE` asks (`store.Delete`
+    /// of v2.2 … v3.5), as far as these names go: no condition, and the
+    /// node a key, or a dir deleted `recursive`ly, or an empty one deleted
+    /// as a dir (`dir=true`). A node it does not know is absent (the
+    /// delete fails and changes nothing), unless these names are not all
+    /// of the store's (only some kept).
+    fn deletes_for_sure(&self, request: &V2Request) -> bool {
+        if request.conditional() || self.keep != Keep::All {
+            return false;
+        }
+        let path = request.path();
+        let Some(dir) = self.nodes.get(path).or(self.omitted.get(path)) else {
+            return true;
+        };
+        if !*dir || request.recursive() {
+            return true;
+        }
+        let below = format!("{path}/");
+        let empty = |nodes: &BTreeMap<String, bool>| {
+            nodes
+                .range(below.clone()..)
+                .next()
+                .is_none_or(|(p, _)| !p.starts_with(&below))
+        };
+        request.dir() && empty(&self.nodes) && empty(&self.omitted)
+    }
+
     /// A v2 `DELETE` of `path`: it and everything below it. A delete that
     /// etcd refused (a condition, a non-empty dir without `recursive`) is
-    /// taken as done: leaving a name out is the safe side.
+    /// taken as done: leaving a name out is the safe side (for the keys
+    /// that must all be there, [`V2Names::uncertain`] says so).
     pub(super) fn delete(&mut self, path: &str) {
-        self.nodes.remove(path);
         let below = format!("{path}/");
-        let doomed: Vec<String> = self
-            .nodes
-            .range(below.clone()..)
-            .take_while(|(p, _)| p.starts_with(&below))
-            .map(|(p, _)| p.clone())
-            .collect();
-        for path in doomed {
-            self.nodes.remove(&path);
+        for nodes in [&mut self.nodes, &mut self.omitted] {
+            nodes.remove(path);
+            let doomed: Vec<String> = nodes
+                .range(below.clone()..)
+                .take_while(|(p, _)| p.starts_with(&below))
+                .map(|(p, _)| p.clone())
+                .collect();
+            for path in doomed {
+                nodes.remove(&path);
+            }
         }
     }
 
-    /// Whether a node outside `/0` was left out for its TTL: the names
-    /// are then not all there is.
+    /// Whether a node outside `/0` was left out for its TTL (and not
+    /// deleted since): the names are then not all there is.
     pub fn omitted(&self) -> bool {
-        self.omitted
+        !self.omitted.is_empty()
+    }
+
+    /// Whether a write in the log did something these names cannot tell:
+    /// they may then miss a key (or hold one that is gone).
+    pub fn uncertain(&self) -> bool {
+        self.uncertain
     }
 
     /// The user keys (not dirs), as v2 paths (`/a/b`), in order.
@@ -641,6 +713,83 @@ mod tests {
         // A dir with a TTL takes its children with it.
         let n = names(&[("key", "/1/t/k"), ("ttl", "/1/t")]);
         assert_eq!(n.keys().count(), 0);
+    }
+
+    /// Whether, after `ops` (snapshot nodes as in [`names`], then WAL
+    /// requests `METHOD path flags…`), the names are all there is
+    /// (nothing left out for a TTL, nothing uncertain) and which keys.
+    fn replayed(snapshot: &[(&str, &str)], wal: &[&str]) -> (bool, Vec<String>) {
+        let mut n = names(snapshot);
+        for request in wal {
+            let mut words = request.split(' ');
+            let method = words.next().unwrap_or_default();
+            let path = words.next().unwrap_or_default();
+            let flags: Vec<&str> = words.collect();
+            n.apply(&super::super::state::V2Request::for_test(
+                method, path, &flags,
+            ));
+        }
+        let whole = !n.omitted() && !n.uncertain();
+        (whole, n.keys().map(str::to_string).collect())
+    }
+
+    #[test]
+    fn the_names_are_all_there_is_only_where_every_write_had_a_sure_outcome() {
+        let ttl_key = [("ttl", "/1/events/e"), ("dir", "/1/events")];
+        let dir_with_keys = [
+            ("key", "/1/pods/p"),
+            ("key", "/1/pods/q"),
+            ("dir", "/1/pods"),
+        ];
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], bool, &'a [&'a str]);
+        let cases: &[Case] = &[
+            // A TTL'd key in the snapshot: maybe there, maybe expired.
+            (&ttl_key, &[], false, &[]),
+            // ... deleted later in the WAL: surely gone.
+            (&ttl_key, &["DELETE /1/events/e"], true, &[]),
+            (&ttl_key, &["DELETE /1/events recursive dir"], true, &[]),
+            // A dir deleted with everything below it.
+            (&dir_with_keys, &["DELETE /1/pods recursive dir"], true, &[]),
+            // A non-empty dir without `recursive`: etcd refuses it.
+            (&dir_with_keys, &["DELETE /1/pods dir"], false, &[]),
+            // Each key, then the empty dir.
+            (
+                &dir_with_keys,
+                &["DELETE /1/pods/p", "DELETE /1/pods/q", "DELETE /1/pods dir"],
+                true,
+                &[],
+            ),
+            // A conditional delete may have failed.
+            (
+                &dir_with_keys,
+                &["DELETE /1/pods/p prevValue"],
+                false,
+                &["/pods/q"],
+            ),
+            // A delete of a node that is not there changes nothing.
+            (
+                &dir_with_keys,
+                &["DELETE /1/nodes/n"],
+                true,
+                &["/pods/p", "/pods/q"],
+            ),
+            // A POST makes a key whose name the log does not say.
+            (&[], &["POST /1/queue"], false, &[]),
+            // A TTL'd key put in the WAL: left out, like a snapshot's.
+            (&[], &["PUT /1/lock ttl"], false, &[]),
+            (&[], &["PUT /1/lock ttl", "DELETE /1/lock"], true, &[]),
+            (&[], &["PUT /1/a"], true, &["/a"]),
+        ];
+        for (snapshot, wal, whole, keys) in cases {
+            assert_eq!(
+                replayed(snapshot, wal),
+                (
+                    *whole,
+                    keys.iter().map(|k| k.to_string()).collect::<Vec<_>>()
+                ),
+                "{snapshot:?} then {wal:?}"
+            );
+        }
     }
 
     #[test]

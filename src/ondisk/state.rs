@@ -440,6 +440,7 @@ pub struct V2Request {
     prev_exist: Option<bool>,
     dir: bool,
     expiration: i64,
+    recursive: bool,
 }
 
 impl V2Request {
@@ -456,10 +457,30 @@ impl V2Request {
                 (5, proto::Value::Varint(v)) => request.dir = v != 0,
                 (8, proto::Value::Varint(v)) => request.prev_exist = Some(v != 0),
                 (9, proto::Value::Varint(v)) => request.expiration = v as i64,
+                (12, proto::Value::Varint(v)) => request.recursive = v != 0,
                 _ => {}
             }
         }
         Ok(request)
+    }
+
+    /// A request of `method` to `path` (`flags`: `dir`, `recursive`,
+    /// `ttl`, `prevValue`), for tests.
+    #[cfg(test)]
+    pub(super) fn for_test(method: &str, path: &str, flags: &[&str]) -> Self {
+        V2Request {
+            method: method.to_string(),
+            path: path.to_string(),
+            dir: flags.contains(&"dir"),
+            recursive: flags.contains(&"recursive"),
+            expiration: if flags.contains(&"ttl") { 1 } else { 0 },
+            prev_value: if flags.contains(&"prevValue") {
+                "v".to_string()
+            } else {
+                String::new()
+            },
+            ..V2Request::default()
+        }
     }
 
     /// Whether applying it can change anything reported (with `names`,
@@ -493,9 +514,20 @@ impl V2Request {
             && self.prev_exist != Some(true)
     }
 
-    /// Whether it makes a dir.
+    /// Whether it makes a dir (a `DELETE`: whether it may delete one).
     pub fn dir(&self) -> bool {
         self.dir
+    }
+
+    /// Whether a `DELETE` takes a dir with everything below it.
+    pub fn recursive(&self) -> bool {
+        self.recursive
+    }
+
+    /// Whether it holds only if the node is as it says (`prevValue`,
+    /// `prevIndex`, `prevExist`).
+    pub fn conditional(&self) -> bool {
+        !self.prev_value.is_empty() || self.prev_index > 0 || self.prev_exist.is_some()
     }
 
     /// Whether the node it writes expires.
