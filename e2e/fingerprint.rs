@@ -14,7 +14,7 @@ use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::Migration;
 use crate::harness::tree::fingerprint as tree;
-use crate::harness::{block_on, read_version_txt, temp_dir, Member};
+use crate::harness::{block_on, etcd_binary, read_version_txt, symlink, temp_dir, Member};
 
 /// How long the failpoint holds the run: the test only has to read the
 /// trace line and freeze the run within it (then the put may take as long
@@ -269,6 +269,69 @@ fn a_key_written_while_the_baseline_is_walked_sends_it_back_to_a_start() {
     let after = read_back("3.4.23", &member, &data, tmp.path());
     assert!(after.entries.contains_key(b"/registry/intruder".as_slice()));
     assert_eq!(after.entries.len(), fixture.keyspace.entries.len() + 1);
+}
+
+/// The recorded release runs only if the offline baseline falls back to a
+/// start, and its binary is checked only then: an impostor there (an
+/// `etcd-3.3.25` that is 3.4.23) does not hold up a hop whose baseline is
+/// taken offline and never runs; where the baseline falls back to a start
+/// (a key written while the bucket is walked), it is refused before it
+/// runs, naming the file, and nothing is recorded.
+#[test]
+fn the_recorded_release_is_checked_only_before_it_would_run() {
+    let tmp = temp_dir("fp-later");
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir bin");
+    symlink(&etcd_binary("3.4.23"), &bin.join("etcd-3.4.23"));
+    let impostor = bin.join("etcd-3.3.25");
+    symlink(&etcd_binary("3.4.23"), &impostor);
+    let refused = format!("{} reports version 3.4.23, not 3.3.25", impostor.display());
+
+    let offline = tmp.path().join("offline");
+    let member = Member::new("fp-later");
+    fixture::build(FixtureSpec::small("3.3.25"), &offline, &member, tmp.path());
+    let run = Migration::new("3.4.23", &offline, &member)
+        .bin_dir(&bin)
+        .bundled("3.3.25,3.4.23")
+        .run();
+    run.assert_code(0)
+        .assert_stderr_has("runs only if the offline baseline falls back to a start");
+    assert!(!run.stderr.contains(&refused), "{}", run.explain());
+    assert_eq!(read_version_txt(&offline), "3.4.23/etcd3");
+
+    let data = tmp.path().join("data");
+    fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
+    let migration = Migration::new("3.4.23", &data, &member)
+        .bin_dir(&bin)
+        .bundled("3.3.25,3.4.23");
+    let port = migration.port;
+    let mut running = migration
+        .env(
+            "FAILPOINTS",
+            format!("offline-baseline-walked=sleep({HOLD_MS})"),
+        )
+        .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1")
+        .spawn();
+    running.wait_for_line("pass 1 of offline-baseline-walked", REACH_TIMEOUT, |line| {
+        line.starts_with("[etcd-migrate] ") && line.contains("name=offline-baseline-walked")
+    });
+    put_when_up(
+        port,
+        "/registry/intruder",
+        Duration::from_millis(HOLD_MS / 2),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let run = running.wait(REACH_TIMEOUT);
+    run.assert_code(3)
+        .assert_stderr_has("the baseline could not be taken offline")
+        .assert_stderr_has(&refused);
+    let started_3_3 = run
+        .lines_with("etcd started")
+        .into_iter()
+        .filter(|line| line.contains("version=3.3.25"))
+        .count();
+    assert_eq!(started_3_3, 0, "{}", run.explain());
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
 }
 
 /// Writes `key` into the etcd on `port` as soon as it takes writes (it

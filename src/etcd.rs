@@ -19,6 +19,7 @@ use crate::effects::{Launcher, RunningEtcd, StepError, Tools};
 use crate::log;
 use crate::plan::Binary;
 use crate::supervisor::{Child, ExitStatus, Supervisor, SupervisorError, STOP_GRACE};
+use crate::version::Version;
 
 /// How long an exited process's output may take to reach end-of-file
 /// before its last lines are read for a report. Its pipes close as it
@@ -101,6 +102,9 @@ pub struct ProcessLauncher {
     /// The hidden v2 nodes of a data dir read before any etcd ran on it
     /// (the run's first read): good until the first launch.
     read_before: RefCell<Option<(PathBuf, Vec<String>)>>,
+    /// A release whose binary is checked only before its first launch,
+    /// with the flags (`ETCD_CREDS`) it runs with.
+    check_later: RefCell<Option<(Binary, Vec<String>)>>,
 }
 
 /// A step's etcd, running under the supervisor.
@@ -117,7 +121,18 @@ impl ProcessLauncher {
             supervisor,
             bin_dir,
             read_before: RefCell::new(None),
+            check_later: RefCell::new(None),
         }
+    }
+
+    /// The same, checking `binary` (an etcd server that runs with
+    /// `step_args`) only before it first launches: the recorded release,
+    /// which runs only if the offline baseline falls back to a start.
+    /// Every other binary was checked before the first step; this one's
+    /// file was found there too.
+    pub fn checking_later(self, binary: Binary, step_args: Vec<String>) -> Self {
+        self.check_later.replace(Some((binary, step_args)));
+        self
     }
 
     /// The same, knowing the hidden v2 nodes of `data_dir` as the run's
@@ -174,6 +189,42 @@ impl Launcher for ProcessLauncher {
         crate::ondisk::read(data_dir)
             .map(|on_disk| on_disk.leases)
             .map_err(|err| err.to_string())
+    }
+
+    async fn check_before_launch(&self, version: Version) -> Result<(), binaries::BinError> {
+        let due =
+            matches!(&*self.check_later.borrow(), Some((binary, _)) if binary.version == version);
+        if !due {
+            return Ok(());
+        }
+        let Some((binary, step_args)) = self.check_later.take() else {
+            return Ok(());
+        };
+        let checking = Instant::now();
+        let run_flags = binaries::RunFlags {
+            args: &[],
+            releases: &[],
+            step_args: &step_args,
+            step_releases: &[version],
+        };
+        binaries::verify_reported_versions(
+            &self.supervisor,
+            &self.bin_dir,
+            &[binary],
+            run_flags,
+            self.supervisor.termination(),
+        )
+        .await?;
+        log::info(
+            "binaries verified",
+            &[
+                ("count", 1u64.into()),
+                ("binary", binary.to_string().into()),
+                ("when", "before its first launch".into()),
+                ("ms", log::ms(checking.elapsed())),
+            ],
+        );
+        Ok(())
     }
 }
 

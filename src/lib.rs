@@ -464,7 +464,7 @@ fn roll_as_member(
         .build()
         .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
     let supervisor = Supervisor::start(original_mask)?;
-    verify_binaries(config, plan, true, &runtime, &supervisor)?;
+    verify_binaries(config, plan, true, None, &runtime, &supervisor)?;
     let lock = match lock {
         Some(lock) => lock,
         None => datadir::lock(&config.data_dir)?,
@@ -566,7 +566,15 @@ fn carry_out(
         hidden_v2,
     } = offline;
     let pending = baseline.map(baseline::Offline::spawn);
-    verify_binaries(config, plan, false, &runtime, &supervisor)?;
+    // With the baseline taken offline, the recorded release runs only if
+    // that falls back to a start: its check waits until then (an etcd
+    // --version costs 10-20 ms, and two at once slow each other).
+    let later = plan
+        .baseline
+        .filter(|_| pending.is_some())
+        .map(Binary::etcd)
+        .filter(|b| b.version != plan.target.version && !plan.binaries().contains(b));
+    verify_binaries(config, plan, false, later, &runtime, &supervisor)?;
     let lock = make_ready(config, plan, lock)?;
     match plan.work() {
         // Reached only after finishing an interrupted step: already recorded.
@@ -594,7 +602,7 @@ fn carry_out(
             config,
             plan,
             member,
-            (pending, hidden_v2),
+            (pending, hidden_v2, later),
             &runtime,
             &supervisor,
         )?,
@@ -613,15 +621,18 @@ fn carry_out(
 /// (after `--`) parses them in that check: the target the run execs, or,
 /// when the member rolls with its cluster (`rolls`), every release it
 /// passes through (each runs as the member, with those flags); and each
-/// etcd a step runs parses `ETCD_CREDS`, which it will run with.
+/// etcd a step runs parses `ETCD_CREDS`, which it will run with. `later`:
+/// a binary checked only before it first runs (by the launcher).
 fn verify_binaries(
     config: &Config,
     plan: &Plan,
     rolls: bool,
+    later: Option<Binary>,
     runtime: &tokio::runtime::Runtime,
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
-    let needed = plan.needed_binaries();
+    let mut needed = plan.needed_binaries();
+    needed.retain(|binary| Some(*binary) != later);
     // A roll runs its steps' releases as the member: upgrades, and etcd's
     // downgrade from 3.6 on; any other step means the member only waits.
     let rolls_through = |step: &plan::Step| {
@@ -682,13 +693,17 @@ fn verify_binaries(
         Err(BinError::Interrupted { signal, .. }) => return Err(Error::Interrupted(signal)),
         other => other?,
     }
-    log::info(
-        "binaries verified",
-        &[
-            ("count", needed.len().into()),
-            ("ms", log::ms(verifying.elapsed())),
-        ],
-    );
+    let mut fields: Vec<(&str, serde_json::Value)> = vec![
+        ("count", needed.len().into()),
+        ("ms", log::ms(verifying.elapsed())),
+    ];
+    if let Some(binary) = later {
+        fields.push((
+            "later",
+            format!("{binary} (runs only if the offline baseline falls back to a start)").into(),
+        ));
+    }
+    log::info("binaries verified", &fields);
     Ok(())
 }
 
@@ -747,13 +762,20 @@ fn execute_steps(
     config: &Config,
     plan: &Plan,
     member: &Member,
-    (pending, hidden_v2): (Option<baseline::PendingBaseline>, Option<Vec<String>>),
+    (pending, hidden_v2, later): (
+        Option<baseline::PendingBaseline>,
+        Option<Vec<String>>,
+        Option<Binary>,
+    ),
     runtime: &tokio::runtime::Runtime,
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
     let mut launcher = etcd::ProcessLauncher::new(supervisor.clone(), config.bin_dir.clone());
     if let Some(hidden) = hidden_v2 {
         launcher = launcher.knowing_hidden_v2(&config.data_dir, hidden);
+    }
+    if let Some(binary) = later {
+        launcher = launcher.checking_later(binary, config.member.extra_args.clone());
     }
     let health = health::EtcdHealth::new().map_err(|err| Error::Runtime(err.to_string()))?;
     let mut progress = DataDirProgress {

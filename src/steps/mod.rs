@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::backup::{self, BackupError, BackupPolicy};
 use crate::baseline::PendingBaseline;
+use crate::binaries::BinError;
 use crate::config::{Member, TtlLeases};
 use crate::dialect::StepEtcd;
 use crate::effects::{EtcdApi, Expected, HealthError, Launcher, RunningEtcd, StepError, Tools};
@@ -185,6 +186,11 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
             Vec::new()
         };
         let granted = self.granted_leases(run);
+        match self.launcher.check_before_launch(run.version).await {
+            Ok(()) => {}
+            Err(BinError::Interrupted { signal, .. }) => return Err(Failure::Interrupted(signal)),
+            Err(err) => return Err(Failure::Step(StepError::Binary(err))),
+        }
         let started = Instant::now();
         let mut etcd = self.launcher.launch(&spec)?;
         let pid = etcd.pid();
