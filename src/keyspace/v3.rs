@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use super::ranges::Walk;
 use super::{Entry, KeyspaceError, KnownLeases, Ours, REQUEST_TIMEOUT};
 use crate::log;
@@ -268,21 +270,38 @@ pub(crate) async fn read_leases(
         }
     };
     let mut leases = BTreeMap::new();
+    let mut asked = Vec::new();
     for lease in listed.leases() {
         if ours.holds_lease(lease.id()) {
             continue;
         }
-        // A release that lists leases (3.3+) also tells their TTLs.
-        let ttl = match known.get(&lease.id()) {
-            Some(ttl) => *ttl,
-            None => lease_ttl(&mut lease_client, endpoint, lease.id())
-                .await?
-                .unwrap_or(0),
-        };
-        leases.insert(lease.id(), ttl);
+        match known.get(&lease.id()) {
+            Some(ttl) => {
+                leases.insert(lease.id(), *ttl);
+            }
+            None => asked.push(lease.id()),
+        }
+    }
+    // A release that lists leases (3.3+) also tells their TTLs: one call
+    // per lease, several in flight on the one connection (sequential, 1k
+    // keys on 10 leases took 3-5 ms of a step's proof; a cluster holds
+    // hundreds).
+    let answers: Vec<(i64, Result<Option<i64>, KeyspaceError>)> =
+        futures_util::stream::iter(asked.into_iter().map(|id| {
+            let mut lease_client = client.lease_client();
+            async move { (id, lease_ttl(&mut lease_client, endpoint, id).await) }
+        }))
+        .buffered(LEASE_TTLS_IN_FLIGHT)
+        .collect()
+        .await;
+    for (id, ttl) in answers {
+        leases.insert(id, ttl?.unwrap_or(0));
     }
     Ok(Some(leases))
 }
+
+/// How many lease TTL calls [`read_leases`] keeps in flight.
+const LEASE_TTLS_IN_FLIGHT: usize = 16;
 
 /// etcd's own hash of its keyspace history up to a revision
 /// (Maintenance.HashKV): a CRC-32C over every entry of the key bucket
