@@ -420,7 +420,7 @@ class Bench:
     # ---------- optional: other raft timings for the floor ----------
     def election(self, runs):
         """The floor with other --heartbeat-interval/--election-timeout
-        values (src/dialect.rs uses 10/100), to size that lever."""
+        values (src/dialect.rs uses 10/50), to size that lever."""
         work = os.path.join(self.root, "work")
         cfgs = ((10, 100), (10, 50), (5, 25))
         res = {}
@@ -808,7 +808,7 @@ def main():
     p("2. Where the time goes, medians (ms; a row's phases need not add up to its total). Anchors: etcd's own "
       "timestamps for its first line and `ready to serve client requests`; ours' log (1 ms resolution) for "
       "spawn, put ok (healthy_ms), exit (stop_ms) and `step done`. `→ready` is etcd's WAL replay + randomized "
-      "election (100–200 ms with --election-timeout=100), the same work in both columns.")
+      "election (50–100 ms with --election-timeout=50), the same work in both columns.")
     p("")
     p("| step | who | " + " | ".join(PHASES) + " | after ready (put+stop+record) |")
     p("|---|---|" + "---|" * (len(PHASES) + 1))
@@ -856,7 +856,7 @@ def main():
     p("")
     if el:
         p(f"4. Lever outside this comparison: the floor (new client per attempt) with other raft timings, "
-          f"{a.election_runs} runs each, ms, median [min–max]. src/dialect.rs uses 10/100.")
+          f"{a.election_runs} runs each, ms, median [min–max]. src/dialect.rs uses 10/50.")
         p("")
         p("| step | --heartbeat-interval / --election-timeout | floor total |")
         p("|---|---|---|")

@@ -15,7 +15,7 @@
 //! fresh|persistent (a new client per attempt, as src/health.rs does, or one
 //! client for all attempts), --version/--storage (default: from the
 //! `etcd-<version>` file name, and that release's storage), --poll-ms, --heartbeat-ms/--election-ms (default
-//! 10/100 as src/dialect.rs; only to explore other values), --output null|pipe|file=PATH (where
+//! the values of src/dialect.rs; only to explore others), --output null|pipe|file=PATH (where
 //! etcd's stdout/stderr go), --trace (one stderr line per attempt),
 //! --hold-client (persistent mode: keep the client open during the stop).
 

@@ -14,7 +14,7 @@
 #   BENCH_TMP             where the scratch dir goes (default: $TMPDIR or /tmp;
 #                         must be a real disk for fsync figures to mean anything)
 #   BENCH_ELECTION_RUNS=0 if > 0, also time the floor with other raft timings
-#                         (10/50 and 5/25 ms besides dialect.rs's 10/100)
+#                         (10/100 and 5/25 ms besides dialect.rs's 10/50)
 #   BENCH_KEEP=1          keep the scratch dir (logs of every run, raw.json)
 #   BENCH_NO_BUILD=1      skip the cargo builds
 #   BENCH_SCALE=10k,100k,200k,1M,150k@10240
