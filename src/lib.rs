@@ -631,8 +631,7 @@ fn verify_binaries(
     runtime: &tokio::runtime::Runtime,
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
-    let mut needed = plan.needed_binaries();
-    needed.retain(|binary| Some(*binary) != later);
+    let needed = plan.needed_binaries();
     // A roll runs its steps' releases as the member: upgrades, and etcd's
     // downgrade from 3.6 on; any other step means the member only waits.
     let rolls_through = |step: &plan::Step| {
@@ -681,11 +680,18 @@ fn verify_binaries(
         step_args: &config.member.extra_args,
         step_releases: &stepped,
     };
+    // The flags above name every etcd that may run with them, the one
+    // checked later too.
+    let checked: Vec<Binary> = needed
+        .iter()
+        .copied()
+        .filter(|binary| Some(*binary) != later)
+        .collect();
     let verifying = Instant::now();
     let verified = runtime.block_on(binaries::verify_reported_versions(
         supervisor,
         &config.bin_dir,
-        &needed,
+        &checked,
         run_flags,
         supervisor.termination(),
     ));
@@ -694,7 +700,7 @@ fn verify_binaries(
         other => other?,
     }
     let mut fields: Vec<(&str, serde_json::Value)> = vec![
-        ("count", needed.len().into()),
+        ("count", checked.len().into()),
         ("ms", log::ms(verifying.elapsed())),
     ];
     if let Some(binary) = later {
