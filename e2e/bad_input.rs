@@ -877,7 +877,10 @@ fn an_unwritable_backup_dir_is_refused_before_anything_runs() {
 #[test]
 fn disk_full_during_the_version_txt_write_keeps_the_old_record() {
     let tmp = temp_dir("full-record");
-    let small = Mount::tmpfs(&tmp.path().join("small"), "size=96m");
+    // Room for the fixture's etcd: its 64 MB WAL segment and the next one,
+    // which it preallocates beside it while it runs (with 96 MB, a loaded
+    // machine let that race the db's commit: "no space left on device").
+    let small = Mount::tmpfs(&tmp.path().join("small"), "size=192m");
     let fixture = fixture_at(&small.path, "3.5.1", "full-record");
     let data = &fixture.data_dir;
     let filler = fill(&small.path);
