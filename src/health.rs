@@ -312,41 +312,23 @@ impl EtcdHealth {
         let mut client = etcd_client::Client::connect([endpoint], Some(options))
             .await
             .map_err(|err| not_yet("connect", &err))?;
-        // The alarm list and the lease go through raft together (one
-        // round, one fsync, where one after the other took two).
-        let mut alarm_client = client.clone();
-        let (alarms, granted) = tokio::join!(
-            alarm_client.alarm(AlarmAction::Get, AlarmType::None, None),
-            client.lease_grant(HEALTH_KEY_TTL_SECS, None),
-        );
-        // Known as ours at once, so no read can take it for the user's
-        // even if everything after fails.
-        let granted = granted.map(|answer| answer.id());
-        if let Ok(lease) = granted {
-            self.ours.borrow_mut().leases.insert(lease);
-        }
-        let raised = alarms
-            .map(|alarms| {
-                alarms
-                    .alarms()
-                    .iter()
-                    .map(|a| a.alarm())
-                    .collect::<Vec<_>>()
-            })
-            .map_err(|err| not_yet("alarm list", &err));
-        let refused = match raised {
-            Ok(raised) => refusal_for(&raised),
-            Err(err) => Some(err),
-        };
-        if let Some(refusal) = refused {
-            if let Ok(lease) = granted {
-                // Unused: gone now, or in its 60 s.
-                let _ = client.lease_revoke(lease).await;
-            }
+        let alarms = client
+            .alarm(AlarmAction::Get, AlarmType::None, None)
+            .await
+            .map_err(|err| not_yet("alarm list", &err))?;
+        let raised: Vec<AlarmType> = alarms.alarms().iter().map(|a| a.alarm()).collect();
+        if let Some(refusal) = refusal_for(&raised) {
             return Err(refusal);
         }
         let key = self.next_key();
-        let lease = granted.map_err(|err| not_yet("lease grant", &err))?;
+        let lease = client
+            .lease_grant(HEALTH_KEY_TTL_SECS, None)
+            .await
+            .map_err(|err| not_yet("lease grant", &err))?
+            .id();
+        // Known as ours before the put, so no read can take it for the
+        // user's even if everything after fails.
+        self.ours.borrow_mut().leases.insert(lease);
         let put = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
