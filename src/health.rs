@@ -156,7 +156,22 @@ pub struct EtcdHealth {
     /// Attempts so far: each writes a key of its own, so a key left by a
     /// failed removal never makes the next create-only write fail.
     attempts: Cell<u64>,
+    /// Where this run's health lease ids start (random, from the run's
+    /// mark): attempt `n` asks for lease `lease_base + n`.
+    lease_base: u64,
 }
+
+/// The health lease id of attempt `attempt` of the run whose ids start at
+/// `base`: positive (etcd takes 0 for "choose one"), and 62 random bits
+/// away from any id etcd or a user chose.
+fn lease_id(base: u64, attempt: u64) -> i64 {
+    const SPAN: u64 = (1 << 62) - 1;
+    let id = (base % SPAN + attempt % SPAN) % SPAN + 1;
+    i64::try_from(id).unwrap_or(1)
+}
+
+/// The text etcd answers a lease grant whose id is taken with.
+const LEASE_EXISTS: &str = "lease already exists";
 
 impl EtcdHealth {
     /// A v3 maintenance client of the step's etcd at `endpoint`.
@@ -185,10 +200,16 @@ impl EtcdHealth {
             .timeout(ATTEMPT_TIMEOUT)
             .build()
             .map_err(|source| ApiError::Client { source })?;
+        let mark = fresh_mark();
+        let lease_base = mark
+            .get(..16)
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .unwrap_or_default();
         Ok(EtcdHealth {
             http,
-            ours: RefCell::new(Ours::for_run(&fresh_mark())),
+            ours: RefCell::new(Ours::for_run(&mark)),
             attempts: Cell::new(0),
+            lease_base,
         })
     }
 
@@ -321,14 +342,21 @@ impl EtcdHealth {
             return Err(refusal);
         }
         let key = self.next_key();
-        let lease = client
-            .lease_grant(HEALTH_KEY_TTL_SECS, None)
-            .await
-            .map_err(|err| not_yet("lease grant", &err))?
-            .id();
-        // Known as ours before the put, so no read can take it for the
-        // user's even if everything after fails.
+        // The lease's id is ours to choose, and known as ours before etcd
+        // hears of it: a grant whose answer is lost (an attempt's deadline
+        // passed while etcd was slow) and that etcd applies afterwards is
+        // still ours, and no read takes it for the user's.
+        let lease = lease_id(self.lease_base, self.attempts.get());
         self.ours.borrow_mut().leases.insert(lease);
+        let options = etcd_client::LeaseGrantOptions::new().with_id(lease);
+        if let Err(err) = client.lease_grant(HEALTH_KEY_TTL_SECS, Some(options)).await {
+            if error_chain(&err).contains(LEASE_EXISTS) {
+                // Someone else's: not ours after all (the next attempt
+                // asks for the next id).
+                self.ours.borrow_mut().leases.remove(&lease);
+            }
+            return Err(not_yet("lease grant", &err));
+        }
         let put = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
@@ -789,6 +817,16 @@ fn refusal_for(raised: &[AlarmType]) -> Option<HealthError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_lease_ids_are_positive_and_one_per_attempt() {
+        for base in [0, 1, u64::MAX, 0x3fff_ffff_ffff_ffff, 0x8000_0000_0000_0000] {
+            let ids: Vec<i64> = (1..=4).map(|attempt| lease_id(base, attempt)).collect();
+            assert!(ids.iter().all(|id| *id > 0), "{base:#x}: {ids:?}");
+            let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+            assert_eq!(distinct.len(), ids.len(), "{base:#x}: {ids:?}");
+        }
+    }
 
     #[test]
     fn the_step_waits_for_the_cluster_version_to_reach_its_minor() {
