@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::harness::etcd::{connect, read_back};
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::keyspace::Keyspace;
-use crate::harness::migrator::Migration;
+use crate::harness::migrator::{Migration, Outcome};
 use crate::harness::tree::fingerprint as tree;
 use crate::harness::{block_on, etcd_binary, read_version_txt, symlink, temp_dir, Member};
 
@@ -234,7 +234,6 @@ fn a_key_written_while_the_baseline_is_walked_sends_it_back_to_a_start() {
     let member = Member::new("fp-walked");
     let fixture = fixture::build(FixtureSpec::small("3.3.25"), &data, &member, tmp.path());
     let migration = Migration::new("3.4.23", &data, &member).bundled("3.3.25,3.4.23");
-    let port = migration.port;
     // The walk of the key bucket (on its own thread) is held once done;
     // meanwhile the first step's etcd starts on the data and waits for it
     // before its first write. A key written into that etcd, and committed
@@ -242,25 +241,7 @@ fn a_key_written_while_the_baseline_is_walked_sends_it_back_to_a_start() {
     // finds the bucket's newest revision moved, the baseline goes back to
     // a start (here 3.4.23's: 3.3.25 refuses data 3.4.23 has run on), and
     // the step runs again on the data as it now is.
-    let mut running = migration
-        .clone()
-        .env(
-            "FAILPOINTS",
-            format!("offline-baseline-walked=sleep({HOLD_MS})"),
-        )
-        .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1")
-        .spawn();
-    running.wait_for_line("pass 1 of offline-baseline-walked", REACH_TIMEOUT, |line| {
-        line.starts_with("[etcd-migrate] ") && line.contains("name=offline-baseline-walked")
-    });
-    put_when_up(
-        port,
-        "/registry/intruder",
-        Duration::from_millis(HOLD_MS / 2),
-    );
-    // bolt commits etcd's writes every 100 ms: let this one land there.
-    std::thread::sleep(Duration::from_millis(500));
-    let run = running.wait(REACH_TIMEOUT);
+    let run = with_a_key_written_while_walked(migration);
     run.assert_code(0)
         .assert_stderr_has("the baseline could not be taken offline")
         .assert_stderr_has("the key bucket changed while it was hashed")
@@ -304,6 +285,24 @@ fn the_recorded_release_is_checked_only_before_it_would_run() {
     let migration = Migration::new("3.4.23", &data, &member)
         .bin_dir(&bin)
         .bundled("3.3.25,3.4.23");
+    let run = with_a_key_written_while_walked(migration);
+    run.assert_code(3)
+        .assert_stderr_has("the baseline could not be taken offline")
+        .assert_stderr_has(&refused);
+    let started_3_3 = run
+        .lines_with("etcd started")
+        .into_iter()
+        .filter(|line| line.contains("version=3.3.25"))
+        .count();
+    assert_eq!(started_3_3, 0, "{}", run.explain());
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+}
+
+/// Runs `migration` with the walk of bolt's key bucket held once done
+/// (failpoint `offline-baseline-walked`), writes `/registry/intruder` into
+/// the first step's etcd meanwhile and lets bolt commit it, and returns
+/// how the run ended.
+fn with_a_key_written_while_walked(migration: Migration) -> Outcome {
     let port = migration.port;
     let mut running = migration
         .env(
@@ -320,18 +319,9 @@ fn the_recorded_release_is_checked_only_before_it_would_run() {
         "/registry/intruder",
         Duration::from_millis(HOLD_MS / 2),
     );
+    // bolt commits etcd's writes every 100 ms: let this one land there.
     std::thread::sleep(Duration::from_millis(500));
-    let run = running.wait(REACH_TIMEOUT);
-    run.assert_code(3)
-        .assert_stderr_has("the baseline could not be taken offline")
-        .assert_stderr_has(&refused);
-    let started_3_3 = run
-        .lines_with("etcd started")
-        .into_iter()
-        .filter(|line| line.contains("version=3.3.25"))
-        .count();
-    assert_eq!(started_3_3, 0, "{}", run.explain());
-    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+    running.wait(REACH_TIMEOUT)
 }
 
 /// Writes `key` into the etcd on `port` as soon as it takes writes (it

@@ -192,12 +192,11 @@ impl Launcher for ProcessLauncher {
     }
 
     async fn check_before_launch(&self, version: Version) -> Result<(), binaries::BinError> {
-        let due =
-            matches!(&*self.check_later.borrow(), Some((binary, _)) if binary.version == version);
-        if !due {
-            return Ok(());
-        }
-        let Some((binary, step_args)) = self.check_later.take() else {
+        let due = self
+            .check_later
+            .borrow_mut()
+            .take_if(|(binary, _)| binary.version == version);
+        let Some((binary, step_args)) = due else {
             return Ok(());
         };
         let checking = Instant::now();
