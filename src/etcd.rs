@@ -368,7 +368,7 @@ impl RunningEtcd for ProcessEtcd {
             );
             return Ok(());
         }
-        let inode = listening_inode(port)?.ok_or_else(|| {
+        let inode = crate::listener::listening_inode(port)?.ok_or_else(|| {
             format!("nothing listens on 127.0.0.1:{port} (pid {pid} has exited?)")
         })?;
         if holds_socket(pid, inode)? {
@@ -418,33 +418,6 @@ fn proc_is_ours() -> bool {
         == Some(std::process::id())
 }
 
-/// The inode of the TCP socket listening on 127.0.0.1:`port`, from
-/// /proc/net/tcp (the network namespace we and our children share).
-fn listening_inode(port: u16) -> Result<Option<u64>, String> {
-    let table = std::fs::read_to_string("/proc/net/tcp")
-        .map_err(|err| format!("cannot read /proc/net/tcp: {err}"))?;
-    Ok(find_listener(&table, std::net::Ipv4Addr::LOCALHOST, port))
-}
-
-/// The inode of the socket in state LISTEN on `ip:port` in a
-/// /proc/net/tcp table. The kernel prints the address as the native-endian
-/// u32 of the network-order bytes, and the port in hex.
-fn find_listener(table: &str, ip: std::net::Ipv4Addr, port: u16) -> Option<u64> {
-    const LISTEN: &str = "0A";
-    table.lines().skip(1).find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
-        let (addr, local_port) = local.split_once(':')?;
-        let addr = u32::from_str_radix(addr, 16).ok()?;
-        let local_port = u16::from_str_radix(local_port, 16).ok()?;
-        (*state == LISTEN
-            && local_port == port
-            && std::net::Ipv4Addr::from(addr.to_ne_bytes()) == ip)
-            .then(|| inode.parse().ok())
-            .flatten()
-    })
-}
-
 /// Whether process `pid` has an fd on the socket `inode`.
 fn holds_socket(pid: i32, inode: u64) -> Result<bool, String> {
     let dir = format!("/proc/{pid}/fd");
@@ -460,28 +433,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_listener_is_found_by_address_port_and_state() {
-        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:4765 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0000000000000000 100 0 0 10 0
-   1: 0100007F:4766 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0000000000000000 100 0 0 10 0
-   2: 00000000:4766 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1 0000000000000000 100 0 0 10 0
-   3: 0100007F:4766 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 444 1 0000000000000000 100 0 0 10 0
-";
-        let lo = std::net::Ipv4Addr::LOCALHOST;
-        assert_eq!(find_listener(table, lo, 0x4765), Some(111));
-        assert_eq!(
-            find_listener(table, lo, 0x4766),
-            Some(444),
-            "not the connection (01) nor the wildcard listener"
-        );
-        assert_eq!(find_listener(table, lo, 18629), None);
-    }
-
-    #[test]
     fn our_own_listener_is_ours_and_no_one_elses() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
-        let inode = listening_inode(port).expect("read").expect("listed");
+        let inode = crate::listener::listening_inode(port)
+            .expect("read")
+            .expect("listed");
         assert!(holds_socket(std::process::id() as i32, inode).expect("fds"));
         assert!(!holds_socket(1, inode).unwrap_or(false));
         assert_eq!(

@@ -23,6 +23,7 @@ pub mod executor;
 pub mod failpoint;
 pub mod health;
 pub mod keyspace;
+pub mod listener;
 pub mod log;
 #[cfg(test)]
 mod named_paths;
