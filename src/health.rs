@@ -321,8 +321,10 @@ impl EtcdHealth {
     }
 
     /// v3: the alarms, then a lease, a create-only put under it, and the
-    /// lease revoked (which deletes the key).
-    async fn write_v3(&self, endpoint: &str, value: &str) -> Result<(), HealthError> {
+    /// lease revoked (which deletes the key); `/version` is read beside the
+    /// revoke, once the put has committed (see [`EtcdHealth::check_versions`]).
+    async fn write_v3(&self, endpoint: &str, expected: Expected) -> Result<(), HealthError> {
+        let value = expected.release.to_string();
         let options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(ATTEMPT_TIMEOUT)
             .with_timeout(ATTEMPT_TIMEOUT);
@@ -361,7 +363,7 @@ impl EtcdHealth {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
                 key.clone(),
-                value,
+                value.as_str(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
         let written = client.txn(put).await.map_err(|err| not_yet("put", &err))?;
@@ -371,13 +373,19 @@ impl EtcdHealth {
             // names it: ours.
             self.ours.borrow_mut().revisions.extend(put_at);
         }
-        let revoked = client.lease_revoke(lease).await;
+        // The revoke and /version at once: each is a round trip of its
+        // own, and neither needs the other's answer.
+        let (revoked, versions) = tokio::join!(
+            client.lease_revoke(lease),
+            self.check_versions(endpoint, expected)
+        );
         if !written.succeeded() {
             return Err(HealthError::NotYet(format!(
                 "v3 put {endpoint}: {key} exists already; the next attempt uses another key"
             )));
         }
         let revoked = revoked.map_err(|err| not_yet("lease revoke", &err))?;
+        versions?;
         if let (Some(put_at), Some(revoked_at)) = (put_at, header_revision(revoked.header())) {
             if still_there(&mut client, &key, revoked_at - 1, put_at).await {
                 // The key lived until just before the revoke's answer and
@@ -492,16 +500,18 @@ impl EtcdApi for EtcdHealth {
         expected: Expected,
     ) -> impl Future<Output = Result<(), HealthError>> {
         let endpoint = endpoint.to_string();
-        let value = expected.release.to_string();
         async move {
             match storage {
-                Storage::Etcd2 => self.write_v2(&endpoint, &value).await.map_err(|err| {
-                    let text = err.to_string();
-                    auth_refusal(&text).unwrap_or(HealthError::NotYet(text))
-                })?,
-                Storage::Etcd3 => self.write_v3(&endpoint, &value).await?,
+                Storage::Etcd2 => {
+                    let value = expected.release.to_string();
+                    self.write_v2(&endpoint, &value).await.map_err(|err| {
+                        let text = err.to_string();
+                        auth_refusal(&text).unwrap_or(HealthError::NotYet(text))
+                    })?;
+                    self.check_versions(&endpoint, expected).await
+                }
+                Storage::Etcd3 => self.write_v3(&endpoint, expected).await,
             }
-            self.check_versions(&endpoint, expected).await
         }
     }
 

@@ -470,6 +470,15 @@ impl Fingerprint {
         fingerprint.finish(leases, read_started)
     }
 
+    /// The ids of the v3 leases it found alive (none where it could not
+    /// list them).
+    fn lease_ids(&self) -> Vec<i64> {
+        self.leases
+            .iter()
+            .flat_map(|leases| leases.keys().copied())
+            .collect()
+    }
+
     /// Nothing read yet: entries are added as a read brings them.
     fn empty(storage: Storage) -> Fingerprint {
         Fingerprint {
@@ -935,7 +944,7 @@ pub async fn read_fingerprint_by_hash(
         return Ok(None);
     };
     let keys = v3::count_keys(&client, endpoint, hash.revision, ours).await?;
-    let leases = v3::read_leases(&client, endpoint, &BTreeMap::new(), ours).await?;
+    let leases = v3::read_leases(&client, endpoint, &BTreeMap::new(), ours, &[]).await?;
     let side = v2::read_v2(endpoint, ours, hidden)
         .await?
         .map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
@@ -1052,10 +1061,11 @@ async fn prove_since(
     // be read, the leases are read again after it (a lease that ran out
     // since must not look alive to the history's deletes).
     let no_ttls = BTreeMap::new();
+    let expected_leases = before.lease_ids();
     let (hashed, counted_there, leases_beside, side) = tokio::join!(
         v3::hash_kv_and_head(client, endpoint, anchor.revision),
         v3::count_keys(client, endpoint, anchor.revision, ours),
-        v3::read_leases(client, endpoint, &no_ttls, ours),
+        v3::read_leases(client, endpoint, &no_ttls, ours, &expected_leases),
         v2::read_v2(endpoint, ours, hidden),
     );
     let Some((there, head)) = hashed? else {
@@ -1083,7 +1093,7 @@ async fn prove_since(
     let leases = if by_revisions {
         leases_beside?
     } else {
-        v3::read_leases(client, endpoint, &BTreeMap::new(), ours).await?
+        v3::read_leases(client, endpoint, &BTreeMap::new(), ours, &expected_leases).await?
     };
     let side = side?.map(|side| Fingerprint::new(Storage::Etcd2, &side, None, started));
     crate::log::info(
@@ -1148,7 +1158,7 @@ async fn read_v3_whole(
     .await?;
     let hash = v3::hash_kv(client, endpoint, revision).await?;
     let since = check_since(client, endpoint, before, hash, ours).await?;
-    let leases = v3::read_leases(client, endpoint, &ttls, ours).await?;
+    let leases = v3::read_leases(client, endpoint, &ttls, ours, &[]).await?;
     let since = since.map(|(since, changes)| since.with_strays(&changes, leases.as_ref()));
     let side = match hidden {
         Some(hidden) => v2::read_v2(endpoint, ours, hidden).await?,

@@ -251,15 +251,25 @@ async fn lease_ttl(
 
 /// Every lease alive with its seconds left (this run's health leases left
 /// out), or `None` where the API has no lease list (etcd 3.0 … 3.2 answer
-/// "unimplemented").
+/// "unimplemented"). The TTLs of the leases in `expected` (those the last
+/// read found) are asked beside the list, not after it: a lease no longer
+/// there answers TTL -1 without an error, and only the listed ones count.
 pub(crate) async fn read_leases(
     client: &etcd_client::Client,
     endpoint: &str,
     known: &BTreeMap<i64, i64>,
     ours: &Ours,
+    expected: &[i64],
 ) -> Result<Option<BTreeMap<i64, i64>>, KeyspaceError> {
+    let early: Vec<i64> = expected
+        .iter()
+        .copied()
+        .filter(|id| !known.contains_key(id) && !ours.holds_lease(*id))
+        .collect();
     let mut lease_client = client.lease_client();
-    let listed = match lease_client.leases().await {
+    let (listed, early) = tokio::join!(lease_client.leases(), lease_ttls(client, endpoint, early));
+    let mut early: BTreeMap<i64, Result<Option<i64>, KeyspaceError>> = early.into_iter().collect();
+    let listed = match listed {
         Ok(listed) => listed,
         Err(err) if unimplemented(&err) => return Ok(None),
         Err(source) => {
@@ -275,29 +285,38 @@ pub(crate) async fn read_leases(
         if ours.holds_lease(lease.id()) {
             continue;
         }
-        match known.get(&lease.id()) {
-            Some(ttl) => {
+        match (known.get(&lease.id()), early.remove(&lease.id())) {
+            (Some(ttl), _) => {
                 leases.insert(lease.id(), *ttl);
             }
-            None => asked.push(lease.id()),
+            (None, Some(ttl)) => {
+                leases.insert(lease.id(), ttl?.unwrap_or(0));
+            }
+            (None, None) => asked.push(lease.id()),
         }
     }
-    // A release that lists leases (3.3+) also tells their TTLs: one call
-    // per lease, several in flight on the one connection (sequential, 1k
-    // keys on 10 leases took 3-5 ms of a step's proof; a cluster holds
-    // hundreds).
-    let answers: Vec<(i64, Result<Option<i64>, KeyspaceError>)> =
-        futures_util::stream::iter(asked.into_iter().map(|id| {
-            let mut lease_client = client.lease_client();
-            async move { (id, lease_ttl(&mut lease_client, endpoint, id).await) }
-        }))
-        .buffered(LEASE_TTLS_IN_FLIGHT)
-        .collect()
-        .await;
-    for (id, ttl) in answers {
+    for (id, ttl) in lease_ttls(client, endpoint, asked).await {
         leases.insert(id, ttl?.unwrap_or(0));
     }
     Ok(Some(leases))
+}
+
+/// The seconds left on each of `ids`. A release that lists leases (3.3+)
+/// also tells their TTLs: one call per lease, several in flight on the one
+/// connection (sequential, 1k keys on 10 leases took 3-5 ms of a step's
+/// proof; a cluster holds hundreds).
+async fn lease_ttls(
+    client: &etcd_client::Client,
+    endpoint: &str,
+    ids: Vec<i64>,
+) -> Vec<(i64, Result<Option<i64>, KeyspaceError>)> {
+    futures_util::stream::iter(ids.into_iter().map(|id| {
+        let mut lease_client = client.lease_client();
+        async move { (id, lease_ttl(&mut lease_client, endpoint, id).await) }
+    }))
+    .buffered(LEASE_TTLS_IN_FLIGHT)
+    .collect()
+    .await
 }
 
 /// How many lease TTL calls [`read_leases`] keeps in flight.
@@ -503,18 +522,27 @@ pub(crate) async fn count_keys(
     revision: i64,
     ours: &Ours,
 ) -> Result<usize, KeyspaceError> {
-    let all = count_range(client, endpoint, &[0], TO_THE_END, revision).await?;
-    let mut mine = 0;
+    // Both spellings of our health keys (with and without the slash), each
+    // counted beside the whole: three round trips at once.
     let with_slash = ours.key_prefix().as_bytes();
-    if let Some(without) = with_slash.strip_prefix(b"/") {
-        // Both spellings of our health keys: with and without the slash.
-        for prefix in [with_slash, without] {
-            if let Some(end) = super::ranges::prefix_end(prefix) {
-                mine += count_range(client, endpoint, prefix, &end, revision).await?;
-            }
-        }
-    }
-    Ok(all.saturating_sub(mine))
+    // (A reader that wrote nothing has an empty prefix: none to count.)
+    let spellings: Vec<&[u8]> = match with_slash.strip_prefix(b"/") {
+        Some(without) => vec![with_slash, without],
+        None => Vec::new(),
+    };
+    let ours_ranges: Vec<(&[u8], Vec<u8>)> = spellings
+        .into_iter()
+        .filter_map(|prefix| Some((prefix, super::ranges::prefix_end(prefix)?)))
+        .collect();
+    let (all, mine) = tokio::join!(
+        count_range(client, endpoint, &[0], TO_THE_END, revision),
+        futures_util::future::try_join_all(
+            ours_ranges
+                .iter()
+                .map(|(prefix, end)| count_range(client, endpoint, prefix, end, revision))
+        )
+    );
+    Ok(all?.saturating_sub(mine?.into_iter().sum()))
 }
 
 /// A read of the v3 keyspace with the ranges it asked for: for tests that
