@@ -793,8 +793,15 @@ impl Replay {
 
     /// Takes in one entry.
     pub fn entry(&mut self, entry: &Entry<'_>) {
-        // A rewritten tail: what was pending from here on is gone.
-        let _ = self.pending.split_off(&entry.index);
+        // A rewritten tail: what was pending from here on is gone (rare:
+        // the split is only made when there is such a tail).
+        if self
+            .pending
+            .last_key_value()
+            .is_some_and(|(last, _)| *last >= entry.index)
+        {
+            let _ = self.pending.split_off(&entry.index);
+        }
         if entry.index <= self.v2_from {
             return;
         }
@@ -809,7 +816,13 @@ impl Replay {
     /// Takes in a hard state: entries up to its commit are applied.
     pub fn commit(&mut self, commit: u64) {
         self.commit = self.commit.max(commit);
-        let later = self.pending.split_off(&self.commit.saturating_add(1));
+        // Usually everything pending is committed at once: no split then.
+        let later = match self.pending.last_key_value() {
+            Some((last, _)) if *last > self.commit => {
+                self.pending.split_off(&self.commit.saturating_add(1))
+            }
+            _ => BTreeMap::new(),
+        };
         let ready = std::mem::replace(&mut self.pending, later);
         for (index, effects) in ready {
             self.apply(index, &effects);
@@ -980,6 +993,24 @@ mod tests {
         replay.commit(u64::MAX);
         let (v2, _) = replay.finish();
         assert_eq!(v2.cluster_version.as_deref(), Some("3.1.0"));
+    }
+
+    #[test]
+    fn a_commit_inside_the_pending_entries_applies_only_those_it_covers() {
+        let first = v2_request("PUT", "/0/version", "3.0.0");
+        let uncommitted = v2_request("PUT", "/0/version", "9.9.0");
+        let rewritten = v2_request("PUT", "/0/version", "3.1.0");
+        let mut replay = Replay::new(V2State::default(), 0, None, 0);
+        replay.entry(&entry(1, ENTRY_NORMAL, &first));
+        replay.entry(&entry(2, ENTRY_NORMAL, &uncommitted));
+        replay.commit(1);
+        assert_eq!(replay.v2.cluster_version.as_deref(), Some("3.0.0"));
+        assert_eq!(replay.pending.keys().copied().collect::<Vec<_>>(), [2]);
+        // Entry 2 was never committed: a new leader's entry 2 replaces it.
+        replay.entry(&entry(2, ENTRY_NORMAL, &rewritten));
+        replay.commit(2);
+        assert!(replay.pending.is_empty());
+        assert_eq!(replay.v2.cluster_version.as_deref(), Some("3.1.0"));
     }
 
     #[test]
