@@ -637,11 +637,19 @@ pub fn is_bare_v2_request(data: &[u8]) -> bool {
     if data.is_empty() {
         return false;
     }
-    let internal = proto::is_message(data)
-        && proto::bytes_field(data, irr::V2)
-            .ok()
-            .flatten()
-            .is_none_or(proto::is_message);
+    // One walk of the top-level fields (this runs for every entry of a
+    // replay): all must decode, and the last v2 field, if any, is a
+    // message too, for the entry to be an InternalRaftRequest.
+    let mut v2 = None;
+    for field in Fields::new(data) {
+        let Ok((number, value)) = field else {
+            return true;
+        };
+        if number == irr::V2 {
+            v2 = value.bytes().or(v2);
+        }
+    }
+    let internal = v2.is_none_or(proto::is_message);
     !internal
 }
 
