@@ -592,6 +592,13 @@ class Scale:
             hop=md["hop"], hop_base=md["hop_base"], hop_s1=md["hop_s1"],
             rss=max(m["rss"] + m["hop_rss"]), progress=md["progress"],
             offline=all(m["offline"]), steps_floor=md["f_s1"] + md["f_s2"],
+            # Paired: each round's ratio of ours to the floor runs of the
+            # same round (minutes apart at most, on copies of the same
+            # data), then their median; a slow drift of the machine moves
+            # both sides of a round alike.
+            walk_steps_paired=med([w / (a + b) for w, a, b in zip(m["walk"], m["f_s1"], m["f_s2"])]),
+            hop_paired=med([h / f for h, f in zip(m["hop"], m["f_s1"])]),
+            rounds={k: m[k] for k in ("walk", "hop", "f_base", "f_s1", "f_s2")},
             load_before=load_before, load_after=load_after))
         self.write()
         s = self.summary[-1]
@@ -599,6 +606,8 @@ class Scale:
             f"walk {s['walk']:.1f} s vs floor {floor_walk:.1f} s ({s['walk'] / floor_walk:.2f}x); "
             f"vs its steps' starts {s['steps_floor']:.1f} s ({s['walk'] / s['steps_floor']:.2f}x); "
             f"one hop {s['hop']:.1f} s vs one start {s['f_s1']:.1f} s ({s['hop'] / s['f_s1']:.2f}x); "
+            f"paired (median of per-round ratios): walk / its steps' starts {s['walk_steps_paired']:.2f}x, "
+            f"one hop / one start {s['hop_paired']:.2f}x; "
             f"peak RSS {s['rss']:.1f} MiB")
 
     def write(self):
@@ -619,18 +628,19 @@ class Scale:
           f"data on {fs[0]} ({fs[1]}); walk {FROM} → {MID} → {TARGET}; seconds, medians")
         p("")
         p("| data | dir / db MiB | runs | load 1 min before→after | baseline | baseline ours / floor | step "
-          f"{MID} ours / floor | step {TARGET} ours / floor | whole walk ours / floor | ratio | whole walk / its steps' starts | one hop ours / one start | ratio | peak RSS MiB |")
-        p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"{MID} ours / floor | step {TARGET} ours / floor | whole walk ours / floor | ratio | whole walk / its steps' starts | paired | one hop ours / one start | ratio | paired | peak RSS MiB |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for s in self.summary:
             p(f"| {human_keys(s['keys'])} × {s['value_bytes']} B | {s['dir_mib']:.0f} / {s['db_mib']:.0f} | {s['runs']} "
               f"| {s['load_before'][0]:.1f}→{s['load_after'][0]:.1f} "
               f"| {'offline' if s.get('offline') else 'a start'} "
               f"| {s['base']:.2f} / {s['f_base']:.2f} | {s['s1']:.2f} / {s['f_s1']:.2f} | {s['s2']:.2f} / {s['f_s2']:.2f} "
               f"| {s['walk']:.2f} [{s['walk_min']:.2f}–{s['walk_max']:.2f}] / {s['floor_walk']:.2f} | {s['walk'] / s['floor_walk']:.2f} "
-              f"| {s['walk'] / s['steps_floor']:.2f} "
-              f"| {s['hop']:.2f} / {s['f_s1']:.2f} | {s['hop'] / s['f_s1']:.2f} "
+              f"| {s['walk'] / s['steps_floor']:.2f} | {s['walk_steps_paired']:.2f} "
+              f"| {s['hop']:.2f} / {s['f_s1']:.2f} | {s['hop'] / s['f_s1']:.2f} | {s['hop_paired']:.2f} "
               f"| {s['rss']:.1f} |")
         p("")
+        p("paired: the median of each round's own ratio (ours over the floor runs of the same round).")
         one_kib = [s for s in self.summary if s["value_bytes"] == 1024]
         for a_, b_ in zip(one_kib, one_kib[1:]):
             data = b_["keys"] / a_["keys"]

@@ -22,7 +22,9 @@
 #                         (keys, @value bytes, default 1024), ours (whole walk
 #                         and one hop) vs the floor of the starts the plan
 #                         needs, on fresh copies of the same data, and our
-#                         peak RSS; writes scale.csv, scale-summary.json and
+#                         peak RSS (ratios of the medians, and paired: the
+#                         median of each round's own ratio); writes scale.csv,
+#                         scale-summary.json and
 #                         scale.svg to BENCH_OUT (default <repo>/bench/results)
 #   BENCH_SCALE_RUNS=3    rounds per size up to ~300 MB of values
 #   BENCH_BIG_RUNS=1      rounds per larger size
