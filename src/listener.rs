@@ -10,6 +10,7 @@
 //! takes a few microseconds.
 
 use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
 
 use nix::sys::socket::{
     recv, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
@@ -40,14 +41,14 @@ pub fn listening_inode(port: u16) -> Result<Option<u64>, String> {
 }
 
 /// [`listening_inode`] from /proc/net/tcp.
-pub fn listening_inode_by_proc(port: u16) -> Result<Option<u64>, String> {
+fn listening_inode_by_proc(port: u16) -> Result<Option<u64>, String> {
     let table = std::fs::read_to_string("/proc/net/tcp")
         .map_err(|err| format!("cannot read /proc/net/tcp: {err}"))?;
     Ok(find_listener(&table, Ipv4Addr::LOCALHOST, port))
 }
 
 /// [`listening_inode`] from a sock_diag dump of the IPv4 TCP listeners.
-pub fn listening_inode_by_netlink(port: u16) -> Result<Option<u64>, String> {
+fn listening_inode_by_netlink(port: u16) -> Result<Option<u64>, String> {
     let fd = socket(
         AddressFamily::Netlink,
         SockType::Datagram,
@@ -57,7 +58,7 @@ pub fn listening_inode_by_netlink(port: u16) -> Result<Option<u64>, String> {
     .map_err(|err| format!("netlink socket: {err}"))?;
     let kernel = NetlinkAddr::new(0, 0);
     sendto(
-        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        fd.as_raw_fd(),
         &listeners_request(),
         &kernel,
         MsgFlags::empty(),
@@ -68,12 +69,8 @@ pub fn listening_inode_by_netlink(port: u16) -> Result<Option<u64>, String> {
     let mut buffer = vec![0u8; 32 * 1024];
     let mut found = None;
     loop {
-        let len = recv(
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            &mut buffer,
-            MsgFlags::empty(),
-        )
-        .map_err(|err| format!("netlink receive: {err}"))?;
+        let len = recv(fd.as_raw_fd(), &mut buffer, MsgFlags::empty())
+            .map_err(|err| format!("netlink receive: {err}"))?;
         match parse_dump(&buffer[..len], port, &mut found)? {
             Dump::More => continue,
             Dump::Done => return Ok(found),

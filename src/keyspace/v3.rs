@@ -526,12 +526,11 @@ pub(crate) async fn count_keys(
     // counted beside the whole: three round trips at once.
     let with_slash = ours.key_prefix().as_bytes();
     // (A reader that wrote nothing has an empty prefix: none to count.)
-    let spellings: Vec<&[u8]> = match with_slash.strip_prefix(b"/") {
-        Some(without) => vec![with_slash, without],
-        None => Vec::new(),
-    };
-    let ours_ranges: Vec<(&[u8], Vec<u8>)> = spellings
+    let ours_ranges: Vec<(&[u8], Vec<u8>)> = with_slash
+        .strip_prefix(b"/")
+        .map(|without| [with_slash, without])
         .into_iter()
+        .flatten()
         .filter_map(|prefix| Some((prefix, super::ranges::prefix_end(prefix)?)))
         .collect();
     let (all, mine) = tokio::join!(
