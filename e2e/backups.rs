@@ -12,8 +12,9 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use crate::harness::etcd::{probe, read_back, EtcdProcess};
+use crate::harness::etcd::{probe, EtcdProcess};
 use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::read_back;
 use crate::harness::migrator::{field, run_logged, Migration, Outcome};
 use crate::harness::mount::Mount;
 use crate::harness::tree::fingerprint;

@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, DeleteOptions};
 
-use crate::harness::etcd::{connect, connect_within, read_back, EtcdProcess, PROBE_TIMEOUT};
+use crate::harness::etcd::{connect, connect_within, EtcdProcess, PROBE_TIMEOUT};
 use crate::harness::fixture::{self, Fixture, FixtureSpec};
+use crate::harness::keyspace::read_back;
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::{Migration, Outcome, Running};
 use crate::harness::mount::Mount;
@@ -1300,7 +1301,7 @@ fn a_data_dir_spelt_with_slashes_dots_or_relative_works_on_every_path() {
         "one backup beside the data dir: {backups:?}"
     );
     assert!(!data.join(".backup").exists() && !data.join(WORK_DIR).exists());
-    let after = crate::harness::etcd::read_back("3.4.23", &fixture.member, data, tmp.path());
+    let after = crate::harness::keyspace::read_back("3.4.23", &fixture.member, data, tmp.path());
     after.assert_kept(&fixture.keyspace, 3000);
 }
 
@@ -1721,7 +1722,7 @@ fn a_wal_outside_the_data_dir_refuses_steps_and_passes_through_a_no_op() {
     let run = no_exec.run();
     run.assert_code(0);
     assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
-    let after = crate::harness::etcd::read_back("3.5.16", &member, &data, tmp.path());
+    let after = crate::harness::keyspace::read_back("3.5.16", &member, &data, tmp.path());
     after.assert_kept(&keyspace, 0);
 }
 

@@ -5,8 +5,9 @@
 
 use std::path::Path;
 
-use crate::harness::etcd::{read_back, EtcdProcess};
+use crate::harness::etcd::EtcdProcess;
 use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::read_back;
 use crate::harness::migrator::Migration;
 use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, read_back_v2, V2Key, V2Keyspace};

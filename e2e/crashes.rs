@@ -24,8 +24,9 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
-use crate::harness::etcd::{die_with_parent, kill_and_reap, read_back, reap_within};
+use crate::harness::etcd::{die_with_parent, kill_and_reap, reap_within};
 use crate::harness::fixture::{self, FixtureSpec, LEASE_TTL_SECS};
+use crate::harness::keyspace::read_back;
 use crate::harness::keyspace::{is_health_key, Keyspace};
 use crate::harness::migrator::{Migration, Mode, Outcome};
 use crate::harness::v2::{self, V2Fixture};

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::harness::etcd::{kill_and_reap, read_back};
+use crate::harness::etcd::kill_and_reap;
 use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::read_back;
 use crate::harness::migrator::{is_ours, Migration};
 use crate::harness::{
     etcd_binary, install_program, install_script, is_running, read_version_txt, symlink, temp_dir,

@@ -9,8 +9,9 @@
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
-use crate::harness::etcd::{connect, read_back};
+use crate::harness::etcd::connect;
 use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::read_back;
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::{Migration, Outcome};
 use crate::harness::tree::fingerprint as tree;

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
-use crate::harness::etcd::read_back;
 use crate::harness::fixture::{self, Fixture, FixtureSpec, LEASE_TTL_SECS};
+use crate::harness::keyspace::read_back;
 use crate::harness::migrator::{is_ours, Migration, Outcome};
 use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, assert_v2_copy, read_back_v2, V2Fixture};

@@ -4,8 +4,8 @@
 //! served holds that v3 key beside the v2 store. Its storage migration
 //! failed ("51 keys expected, 52 found") and put the data on hold.
 
-use crate::harness::etcd::read_back;
 use crate::harness::fixture::{etcd2_data_with_the_health_key, put_v3};
+use crate::harness::keyspace::read_back;
 use crate::harness::migrator::Migration;
 use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, V2Key};

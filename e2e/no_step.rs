@@ -2,8 +2,8 @@
 //! target, data already at the target is left alone, and a patch change
 //! within one minor is recorded without a step.
 
-use crate::harness::etcd::read_back;
 use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::read_back;
 use crate::harness::migrator::{Migration, Outcome};
 use crate::harness::tree::fingerprint;
 use crate::harness::{dir_names, mode, read_version_txt, set_mode, temp_dir, Member};

@@ -13,8 +13,9 @@ use std::path::Path;
 
 use libtest_mimic::Trial;
 
-use crate::harness::etcd::{read_back, EtcdProcess};
+use crate::harness::etcd::EtcdProcess;
 use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::read_back;
 use crate::harness::migrator::{Migration, Mode};
 use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, V2Key};

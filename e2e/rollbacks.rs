@@ -3,9 +3,9 @@
 //! through the v2 API, keeping values and turning leases into TTLs; and the
 //! refusal of a value the v2 store cannot hold.
 
-use crate::harness::etcd::read_back;
 use crate::harness::fixture::{self, FixtureSpec, LEASE_TTL_SECS};
 use crate::harness::keyspace::is_health_key;
+use crate::harness::keyspace::read_back;
 use crate::harness::migrator::Migration;
 use crate::harness::tree::fingerprint;
 use crate::harness::v2::{assert_v2_copy, read_back_v2};

@@ -7,7 +7,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::harness::etcd::{read_back, EtcdProcess};
+use crate::harness::etcd::EtcdProcess;
+use crate::harness::keyspace::read_back;
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::Migration;
 use crate::harness::v2::{self, V2Key, EXPIRY_MARGIN};

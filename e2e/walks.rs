@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use etcd_client::GetOptions;
 use nix::sys::signal::Signal;
 
-use crate::harness::etcd::{connect_within, read_back, PROBE_TIMEOUT};
+use crate::harness::etcd::{connect_within, PROBE_TIMEOUT};
 use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::read_back;
 use crate::harness::keyspace::Keyspace;
 use crate::harness::migrator::{Migration, Mode, Running};
 use crate::harness::tree::fingerprint;

@@ -25,8 +25,6 @@ pub mod health;
 pub mod keyspace;
 pub mod listener;
 pub mod log;
-#[cfg(test)]
-mod named_paths;
 pub mod ondisk;
 pub mod paths;
 pub mod plan;

@@ -14,10 +14,7 @@ use etcd_client::{Client, ConnectOptions};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::keyspace::Keyspace;
-use super::{
-    block_on, etcd_binary, free_port, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, STOP_GRACE,
-};
+use super::{etcd_binary, Member, ETCD_READY_TIMEOUT, POLL_INTERVAL, STOP_GRACE};
 
 /// How long one connect or request of the test's own client may take
 /// when nothing retries it (fixture writes, keyspace reads): a put on
@@ -237,13 +234,9 @@ impl EtcdProcess {
         self.wait_ready_with(probe).await;
     }
 
-    /// Waits until a v2 write succeeds (etcd2 data: a v3 probe would write
-    /// into the v3 store of a dir that must hold only v2 data).
-    pub async fn wait_ready_v2(&mut self) {
-        self.wait_ready_with(super::v2::probe).await;
-    }
-
-    async fn wait_ready_with<F, Fut>(&mut self, probe: F)
+    /// Waits until `probe` succeeds on its endpoint (the v2 one lives
+    /// with the v2 helpers: `v2.rs`'s `wait_ready_v2`).
+    pub(super) async fn wait_ready_with<F, Fut>(&mut self, probe: F)
     where
         F: Fn(String) -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
@@ -307,16 +300,4 @@ impl Drop for EtcdProcess {
             kill_and_reap(child);
         }
     }
-}
-
-/// Starts `etcd-<version>` on `data_dir` as `member` (on a fresh client
-/// port), reads everything it serves, and stops it cleanly.
-pub fn read_back(version: &str, member: &Member, data_dir: &Path, log_dir: &Path) -> Keyspace {
-    let mut etcd = EtcdProcess::start(version, member, data_dir, free_port(), log_dir);
-    let keyspace = block_on(async {
-        etcd.wait_ready().await;
-        Keyspace::read(&etcd.endpoint()).await
-    });
-    etcd.stop();
-    keyspace
 }

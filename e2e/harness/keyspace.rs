@@ -4,11 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::path::Path;
 use std::time::Instant;
 
 use etcd_client::{GetOptions, LeaseTimeToLiveOptions};
 
-use super::etcd::connect;
+use super::etcd::{connect, EtcdProcess};
+use super::{block_on, free_port, Member};
 
 /// How every health key of the migrator begins (as a v2 path; in v3
 /// without the slash): `/etcd-migrate-health-<run>-<attempt>`. It removes
@@ -361,4 +363,16 @@ fn describe(entry: Option<&Entry>) -> String {
             entry.lease
         ),
     }
+}
+
+/// Starts `etcd-<version>` on `data_dir` as `member` (on a fresh client
+/// port), reads everything it serves, and stops it cleanly.
+pub fn read_back(version: &str, member: &Member, data_dir: &Path, log_dir: &Path) -> Keyspace {
+    let mut etcd = EtcdProcess::start(version, member, data_dir, free_port(), log_dir);
+    let keyspace = block_on(async {
+        etcd.wait_ready().await;
+        Keyspace::read(&etcd.endpoint()).await
+    });
+    etcd.stop();
+    keyspace
 }

@@ -23,6 +23,14 @@ pub const V2_PROBE_KEY: &str = "/e2e-readiness-probe";
 /// Requests in flight at once while a fixture is written.
 const IN_FLIGHT: usize = 50;
 
+impl EtcdProcess {
+    /// Waits until a v2 write succeeds (etcd2 data: a v3 probe would write
+    /// into the v3 store of a dir that must hold only v2 data).
+    pub async fn wait_ready_v2(&mut self) {
+        self.wait_ready_with(probe).await;
+    }
+}
+
 /// An HTTP client for loopback etcd: no proxy from the environment, each
 /// request timed out after [`REQUEST_TIMEOUT`].
 pub fn http_client() -> reqwest::Client {

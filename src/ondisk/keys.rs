@@ -17,7 +17,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::bolt;
 use super::proto::{self, Fields};
-use super::state::V2Request;
+use super::v2request::V2Request;
 use super::OnDiskError;
 
 /// bolt's bucket of v3 revisions.
@@ -725,7 +725,7 @@ mod tests {
             let method = words.next().unwrap_or_default();
             let path = words.next().unwrap_or_default();
             let flags: Vec<&str> = words.collect();
-            n.apply(&super::super::state::V2Request::for_test(
+            n.apply(&super::super::v2request::V2Request::for_test(
                 method, path, &flags,
             ));
         }

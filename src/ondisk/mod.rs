@@ -13,6 +13,7 @@
 //! - `wal`: WAL segments and their records, streamed.
 //! - `snap`: the newest `.snap` that decodes, its v2 store streamed.
 //! - `bolt`: a read-only bolt page reader.
+//! - `v2request`: a WAL entry's v2 request, decoded.
 //! - `state`: what etcd's appliers make of the snapshot, bolt and log.
 //! - `keys`: the keys themselves (bolt's live v3 keys, the v2 store's
 //!   node names), only when a check asks for them ([`Want`]).
@@ -29,6 +30,7 @@ mod keys;
 mod proto;
 mod snap;
 mod state;
+mod v2request;
 mod wal;
 
 use std::collections::BTreeMap;

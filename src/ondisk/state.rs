@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use super::keys::V2Names;
 use super::proto::{self, Fields, ProtoError};
+use super::v2request::V2Request;
 use super::wal::{Entry, ENTRY_CONF_CHANGE, ENTRY_NORMAL};
 use super::MemberOnDisk;
 
@@ -429,111 +430,15 @@ impl V3State {
     }
 }
 
-/// A v2 request (`etcdserverpb.Request`), the fields that matter.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct V2Request {
-    method: String,
-    path: String,
-    val: String,
-    prev_value: String,
-    prev_index: u64,
-    prev_exist: Option<bool>,
-    dir: bool,
-    expiration: i64,
-    recursive: bool,
-}
-
-impl V2Request {
-    fn parse(buf: &[u8]) -> Result<Self, ProtoError> {
-        let mut request = V2Request::default();
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        for field in Fields::new(buf) {
-            match field? {
-                (2, proto::Value::Bytes(b)) => request.method = text(b),
-                (3, proto::Value::Bytes(b)) => request.path = text(b),
-                (4, proto::Value::Bytes(b)) => request.val = text(b),
-                (6, proto::Value::Bytes(b)) => request.prev_value = text(b),
-                (7, proto::Value::Varint(v)) => request.prev_index = v,
-                (5, proto::Value::Varint(v)) => request.dir = v != 0,
-                (8, proto::Value::Varint(v)) => request.prev_exist = Some(v != 0),
-                (9, proto::Value::Varint(v)) => request.expiration = v as i64,
-                (12, proto::Value::Varint(v)) => request.recursive = v != 0,
-                _ => {}
-            }
-        }
-        Ok(request)
-    }
-
-    /// A request of `method` to `path` (`flags`: `dir`, `recursive`,
-    /// `ttl`, `prevValue`), for tests.
-    #[cfg(test)]
-    pub(super) fn for_test(method: &str, path: &str, flags: &[&str]) -> Self {
-        V2Request {
-            method: method.to_string(),
-            path: path.to_string(),
-            dir: flags.contains(&"dir"),
-            recursive: flags.contains(&"recursive"),
-            expiration: if flags.contains(&"ttl") { 1 } else { 0 },
-            prev_value: if flags.contains(&"prevValue") {
-                "v".to_string()
-            } else {
-                String::new()
-            },
-            ..V2Request::default()
-        }
-    }
-
-    /// Whether applying it can change anything reported (with `names`,
-    /// every write outside `/0` does); the others are dropped at once so
-    /// the pending effects stay small.
-    fn matters(&self, names: bool) -> bool {
-        let path = self.path.as_str();
-        path.starts_with("/0/")
-            || path == V2_AUTH_PATH
-            || (path.starts_with("/1/") && path.contains("/_"))
-            || (names && !path.starts_with("/0/"))
-    }
-
-    /// Its method (`PUT`, `POST`, `DELETE`, `SYNC`, …).
-    pub fn method(&self) -> &str {
-        &self.method
-    }
-
-    /// Its full store path.
-    pub fn path(&self) -> &str {
-        &self.path
-    }
-
-    /// Whether it creates its node when absent: an unconditional `PUT`
-    /// (or a create, `prevExist=false`); a compare-and-swap or an update
-    /// only changes an existing node.
-    pub fn creates(&self) -> bool {
-        self.method == "PUT"
-            && self.prev_value.is_empty()
-            && self.prev_index == 0
-            && self.prev_exist != Some(true)
-    }
-
-    /// Whether it makes a dir (a `DELETE`: whether it may delete one).
-    pub fn dir(&self) -> bool {
-        self.dir
-    }
-
-    /// Whether a `DELETE` takes a dir with everything below it.
-    pub fn recursive(&self) -> bool {
-        self.recursive
-    }
-
-    /// Whether it holds only if the node is as it says (`prevValue`,
-    /// `prevIndex`, `prevExist`).
-    pub fn conditional(&self) -> bool {
-        !self.prev_value.is_empty() || self.prev_index > 0 || self.prev_exist.is_some()
-    }
-
-    /// Whether the node it writes expires.
-    pub fn expires(&self) -> bool {
-        self.expiration != 0
-    }
+/// Whether applying `request` can change anything reported (with
+/// `names`, every write outside `/0` does); the others are dropped at once
+/// so the pending effects stay small.
+fn matters(request: &V2Request, names: bool) -> bool {
+    let path = request.path();
+    path.starts_with("/0/")
+        || path == V2_AUTH_PATH
+        || (path.starts_with("/1/") && path.contains("/_"))
+        || (names && !path.starts_with("/0/"))
 }
 
 /// A `raftpb.ConfChange` with its context decoded.
@@ -676,7 +581,7 @@ pub fn v2_request_3_6_refuses(data: &[u8]) -> bool {
 fn normal_effects(data: &[u8], names: bool, out: &mut Vec<Effect>) -> Result<(), String> {
     if is_bare_v2_request(data) {
         let request = V2Request::parse(data).map_err(|e| format!("undecodable v2 request: {e}"))?;
-        if request.matters(names) {
+        if matters(&request, names) {
             out.push(Effect::V2(request));
         }
         return Ok(());
@@ -704,7 +609,7 @@ fn internal_effect(number: u64, body: &[u8], names: bool) -> Result<Option<Effec
     Ok(match number {
         irr::V2 => {
             let request = V2Request::parse(body).map_err(bad("v2 request"))?;
-            request.matters(names).then_some(Effect::V2(request))
+            matters(&request, names).then_some(Effect::V2(request))
         }
         irr::PUT | irr::DELETE_RANGE | irr::TXN => Some(Effect::V3(V3Op::KeysWritten)),
         irr::LEASE_GRANT => Some(Effect::V3(V3Op::LeaseGrant {

@@ -1,7 +1,9 @@
 //! This module owns one check: every repository path, relative Markdown link
 //! (with its heading anchor) and repository command that our messages and
 //! docs name exists (issue 20: a refusal sent operators to a manifest the
-//! repository never had). It is a test and nothing else.
+//! repository never had). It is a test and nothing else, so it is a test
+//! target of its own (`cargo test --test named-paths`), not a module of the
+//! library.
 //!
 //! What counts, so that the check neither flaps nor misses:
 //! - **Where:** the string literals of `src/**/*.rs` (escapes decoded,
@@ -43,6 +45,7 @@ const TOP_DIRS: &[&str] = &[
     "images/",
     "scripts/",
     "src/",
+    "tests/",
 ];
 
 /// The characters after which a path of ours may start.
