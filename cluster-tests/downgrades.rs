@@ -176,3 +176,58 @@ pub(crate) fn a_member_offline_holds_the_downgrade_until_it_is_back() {
     s.cluster.wait_healthy(offline, START_DEADLINE);
     s.finish("3.6.14");
 }
+
+/// Issue 30: an operator's rollout of a lower target on its own schedule
+/// (the next member `gap` after the previous one was restarted, waiting
+/// for it to serve when `wait_healthy`), while the first member restarted
+/// enables the downgrade at once and its storage version drops within
+/// seconds. No entrypoint stops its etcd to restart into 3.6 before the
+/// rollout has restarted every member (each has announced 3.6.14 by
+/// then): a restart of ours between two of the rollout's would be the
+/// second member down. The monitor checks that no two are down at any
+/// round throughout.
+fn a_rollout_on_its_own_schedule(test: &'static str, gap: Duration, wait_healthy: bool) {
+    let Some((mut s, _ready)) = Scenario::start(test, Style::Kubeadm, 3, "3.7.1", &["3.6.14"])
+    else {
+        return;
+    };
+    for i in 0..s.cluster.members.len() {
+        let stopped = s.counts(STOPPED);
+        assert_eq!(
+            stopped,
+            vec![0; 3],
+            "{test}: a member's entrypoint stopped its etcd to restart before the rollout restarted {} (the second member down once the rollout does):\n{}",
+            s.cluster.members[i].name,
+            s.record()
+        );
+        s.retarget(i, "3.6.14");
+        eprintln!(
+            "{test}: {} restarted with TARGET_VERSION=3.6.14",
+            s.cluster.members[i].name
+        );
+        if wait_healthy {
+            s.cluster.wait_healthy(i, START_DEADLINE);
+        }
+        if i + 1 < s.cluster.members.len() {
+            std::thread::sleep(gap);
+        }
+    }
+    let enabled: usize = s.counts(ENABLED).iter().sum();
+    assert!(
+        enabled >= 1,
+        "the downgrade was enabled during the rollout:\n{}",
+        s.record()
+    );
+    s.finish("3.6.14");
+}
+
+/// The issue's schedule: 3 s apart, nobody waiting for anybody.
+pub(crate) fn a_rollout_3_s_apart_never_meets_a_restart_of_ours() {
+    a_rollout_on_its_own_schedule("down-rollout-3s", Duration::from_secs(3), false);
+}
+
+/// A patient operator: each member serves again, then 40 s more (longer
+/// than any quiet spell a heuristic would take for the rollout's end).
+pub(crate) fn a_rollout_40_s_apart_never_meets_a_restart_of_ours() {
+    a_rollout_on_its_own_schedule("down-rollout-40s", Duration::from_secs(40), true);
+}

@@ -21,7 +21,8 @@
 //! - `downgrades`: the way back through etcd's downgrade (3.7 → 3.6 →
 //!   3.5 and up again, 3 and 5 members, holders killed at each point, a
 //!   target raised mid-downgrade, a member offline through a wave, a member
-//!   cut off while the downgrade is enabled).
+//!   cut off while the downgrade is enabled, an operator's rollout 3 s and
+//!   40 s apart that a restart of ours never meets: issue 30).
 //! - `restarts`: restarts, kills and cuts at one version (no version
 //!   change) keep quorum and every write; the monitor proven to catch a
 //!   member run by hand two minors ahead.
@@ -91,6 +92,8 @@ fn main() {
         downgrades::downgrade_holders_killed_at_each_point_resume,
         downgrades::a_target_raised_mid_downgrade_cancels_it_and_rolls_forward,
         downgrades::a_member_offline_holds_the_downgrade_until_it_is_back,
+        downgrades::a_rollout_3_s_apart_never_meets_a_restart_of_ours,
+        downgrades::a_rollout_40_s_apart_never_meets_a_restart_of_ours,
     ];
     let mut trials: Vec<Trial> = scenarios
         .into_iter()

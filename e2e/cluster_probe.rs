@@ -255,6 +255,22 @@ fn a_member_sees_a_real_tls_cluster_and_decides_on_it() {
         target: Version::new(3, 5, 16),
         next: Some(Version::new(3, 4, 23)),
     };
+    // Nobody has announced a target (these members were started by hand,
+    // as by a rollout that has not reached them): no restart of ours.
+    match decide(&view, &own, &goal) {
+        Decision::Wait(Waiting::Rollout {
+            announced: None,
+            target,
+            ..
+        }) => assert_eq!(target, goal.target),
+        other => {
+            panic!("with no member announcing 3.5.16, want a wait for the rollout, got {other:?}")
+        }
+    }
+    // Once every member announced it (the rollout restarted them all):
+    // the lock.
+    let mut view = view;
+    view.announced = view.members.iter().map(|m| (m.id, goal.target)).collect();
     assert_eq!(decide(&view, &own, &goal), Decision::TakeLock);
 
     // etcd-c dies: it shows as down, and nobody may restart.

@@ -128,6 +128,12 @@ impl V3Cluster {
         Ok(((status.leader() != 0).then_some(status.leader()), downgrade))
     }
 
+    /// The client itself, for requests of another module's keys (the
+    /// announcements).
+    pub fn client(&mut self) -> &mut etcd_client::Client {
+        &mut self.client
+    }
+
     /// The leader's member id alone (see [`V3Cluster::status`]).
     pub async fn leader(&mut self) -> Result<Option<u64>, ClientError> {
         Ok(self.status().await?.0)

@@ -85,21 +85,12 @@ pub struct View {
     /// The target of an enabled downgrade job, as a 3.6+ member reports
     /// it (`None`: no job, or the member that answered is older).
     pub downgrade: Option<Minor>,
-    /// How long every member has been up on the release it runs now, as
-    /// the caller's observations saw it (zero when one is down).
-    pub settled: Duration,
-    /// How long that must be before a member restarts into a downgrade's
-    /// older release while another has not reached it
-    /// ([`DOWNGRADE_SETTLE`] in production).
-    pub settle: Duration,
+    /// The target each member's entrypoint announced when it last rolled
+    /// (`/etcd-migrate/target/<id>`), by member id: a member whose
+    /// announcement is not ours has not been restarted by the operator's
+    /// rollout of our target yet ([`rollout_gate`]).
+    pub announced: BTreeMap<u64, Version>,
 }
-
-/// How long the cluster must be quiet (every member up, no release
-/// changed) before a member restarts into the older release of a
-/// downgrade while another member has not reached it: an operator's
-/// rollout restarts members one after another, and a restart of ours
-/// between two of theirs would take two members down at once.
-pub const DOWNGRADE_SETTLE: Duration = Duration::from_secs(30);
 
 /// Where our own member stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,15 +213,20 @@ pub enum Waiting {
         /// What our member reports.
         have: Minor,
     },
-    /// A member not on the downgrade's target yet changed or went down a
-    /// moment ago: an operator's rollout may be restarting members.
-    Settling {
-        /// The downgrade's target.
-        to: Minor,
-        /// How long the cluster has been quiet.
-        settled: Duration,
-        /// How long it must be.
-        needed: Duration,
+    /// Another member neither runs the minor we restart into nor has
+    /// announced our target: the operator's rollout has not restarted it
+    /// yet, and may at any moment; a restart of ours then would make two
+    /// members down at once.
+    Rollout {
+        /// Its name and peer URL.
+        member: String,
+        /// What it runs, or how long it has been silent.
+        reach: Reach,
+        /// The target its entrypoint announced (`None`: none since the
+        /// cluster ran an etcd-migrate that announces).
+        announced: Option<Version>,
+        /// Our target.
+        target: Version,
     },
     /// The downgrade is enabled, and the cluster version has not dropped
     /// to its target yet.
@@ -363,12 +359,22 @@ impl fmt::Display for Waiting {
                 f,
                 "waiting for this member's storage version to reach {want} (now {have}) after etcd's downgrade was enabled"
             ),
-            Waiting::Settling { to, settled, needed } => write!(
-                f,
-                "waiting for the cluster to settle before this member restarts into {to}: the members have been up on their releases for {} s only (a rollout may be restarting them; a restart of ours goes once every other member runs {to}, or after {} s of quiet)",
-                settled.as_secs(),
-                needed.as_secs()
-            ),
+            Waiting::Rollout {
+                member,
+                reach,
+                announced,
+                target,
+            } => {
+                let announced = match announced {
+                    Some(theirs) => format!("its entrypoint was started with TARGET_VERSION {theirs}"),
+                    None => "its entrypoint has announced no target (not restarted with this one yet, or an etcd-migrate older than the announcements)".to_string(),
+                };
+                write!(
+                    f,
+                    "waiting for the rollout of TARGET_VERSION {target} to restart member {member} ({}; {announced}): a restart of ours before the rollout's own restart of it could take two members down at once",
+                    reach_text(*reach)
+                )
+            }
             Waiting::Downgrading { to, cluster } => write!(
                 f,
                 "waiting for the cluster version to drop to {to} (now {cluster}) after etcd's downgrade was enabled"
@@ -487,7 +493,7 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
         .next
         .filter(|next| next.minor_line() < running && running >= Minor::new(3, 6));
     if let (Some(next), Some(cluster)) = (down, view.cluster_version) {
-        return downgrade_step(view, own, next, cluster);
+        return downgrade_step(view, own, goal, next, cluster);
     }
     if let Some(cluster) = view.cluster_version {
         if goal.target.minor_line() < cluster && view.members.len() > 1 {
@@ -514,7 +520,37 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
     if let Some(waiting) = version_gate(view, own, next) {
         return Decision::Wait(waiting);
     }
+    if let Some(waiting) = others_ready(view, own) {
+        return Decision::Wait(waiting);
+    }
+    if let Some(waiting) = rollout_gate(view, own, goal, next) {
+        return Decision::Wait(waiting);
+    }
     ready_then_lock(view, own)
+}
+
+/// Whether the operator's rollout of our target may still restart another
+/// member: one that neither runs `next`'s minor already nor has announced
+/// our target. Our own restarts (the waves after the rollout's, a
+/// downgrade's) go only once it is over, whatever its schedule: a member
+/// the rollout restarts announces the target it was given before it
+/// serves (`/etcd-migrate/target/<id>`), and one that runs `next`'s minor
+/// has been restarted already. A quiet spell proves nothing: kubeadm waits
+/// for each pod, a loop of the operator's may wait a minute between two.
+fn rollout_gate(view: &View, own: &Own, goal: &Goal, next: Version) -> Option<Waiting> {
+    view.members
+        .iter()
+        .filter(|m| m.id != own.id)
+        .find(|m| {
+            let there = matches!(m.reach, Reach::Up(v) if v.minor_line() == next.minor_line());
+            !there && view.announced.get(&m.id) != Some(&goal.target)
+        })
+        .map(|m| Waiting::Rollout {
+            member: label(m),
+            reach: m.reach,
+            announced: view.announced.get(&m.id).copied(),
+            target: goal.target,
+        })
 }
 
 /// With every other member ready, the lock (unless another member holds
@@ -542,7 +578,7 @@ fn all_run(view: &View, minor: Minor) -> bool {
 /// with the cluster version still ours, the downgrade is enabled under the
 /// lock; once it has dropped, our restart into `next` waits for our
 /// storage version, the others and the lock, as an upgrade's does.
-fn downgrade_step(view: &View, own: &Own, next: Version, cluster: Minor) -> Decision {
+fn downgrade_step(view: &View, own: &Own, goal: &Goal, next: Version, cluster: Minor) -> Decision {
     let to = next.minor_line();
     let running = own.running.minor_line();
     if cluster == running {
@@ -577,22 +613,12 @@ fn downgrade_step(view: &View, own: &Own, next: Version, cluster: Minor) -> Deci
         if let Some(have) = storage.filter(|s| *s > to) {
             return Decision::Wait(Waiting::StorageVersion { want: to, have });
         }
-        // A member down is named first: the quiet the rule waits for
-        // cannot begin while one is.
+        // A member down is named first: the rollout may be restarting it.
         if let Some(waiting) = others_ready(view, own) {
             return Decision::Wait(waiting);
         }
-        let others_there = view
-            .members
-            .iter()
-            .filter(|m| m.id != own.id)
-            .all(|m| matches!(m.reach, Reach::Up(v) if v.minor_line() == to));
-        if !others_there && view.settled < view.settle && view.lock != Some(own.id) {
-            return Decision::Wait(Waiting::Settling {
-                to,
-                settled: view.settled,
-                needed: view.settle,
-            });
+        if let Some(waiting) = rollout_gate(view, own, goal, next) {
+            return Decision::Wait(waiting);
         }
     } else {
         // Below our minor's predecessor: the refusals have said so.
@@ -766,8 +792,7 @@ mod tests {
             tls_refused: BTreeMap::new(),
             lock: None,
             downgrade: None,
-            settled: Duration::from_secs(3600),
-            settle: DOWNGRADE_SETTLE,
+            announced: BTreeMap::new(),
         }
     }
 
@@ -809,8 +834,10 @@ mod tests {
             view.downgrade = Some(m(to));
             view
         };
-        let quiet = |mut view: View, secs: u64| {
-            view.settled = Duration::from_secs(secs);
+        // Announcements: a row without any has every member announce its
+        // goal's target (the rollout is over); these set them as given.
+        let said = |mut view: View, targets: &[(u64, &str)]| {
+            view.announced = targets.iter().map(|(id, t)| (*id, v(t))).collect();
             view
         };
         let storage = |mut view: View, minor: &str| {
@@ -956,20 +983,38 @@ mod tests {
             ("3.5 → 3.4: 3.5 reports no downgrade state, keep serving and say why",
              view("3.5", "3.5.30", up("3.5.30"), up("3.5.30")), own("3.5.30"), goal("3.4.45", Some("3.4.45")),
              Decision::Wait(Waiting::NoWayBack { cluster: m("3.5"), target: v("3.4.45"), members: 3, running: v("3.5.30") })),
-            ("dropped, storage 3.6, but the cluster changed a moment ago and a member is still on 3.7: settle first",
-             quiet(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), 5), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
-             Decision::Wait(Waiting::Settling { to: m("3.6"), settled: Duration::from_secs(5), needed: DOWNGRADE_SETTLE })),
-            ("dropped, a member cut off: name it, not the quiet it breaks",
-             quiet(storage(job(view("3.6", "3.7.1", up("3.6.14"), down), "3.6"), "3.6"), 0), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+            ("dropped, storage 3.6, a member still on 3.7 announced 3.7.1: the rollout has not restarted it yet, wait (issue 30)",
+             said(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), &[(B, "3.7.1"), (C, "3.6.14")]), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::Rollout { member: "etcd-b (https://10.0.0.11:2380)".to_string(), reach: up("3.7.1"), announced: Some(v("3.7.1")), target: v("3.6.14") })),
+            ("the same for the member that enabled the job and holds the lock still: let it go (issue 30: it restarted under the rollout)",
+             lock(said(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.7.1")), "3.6"), "3.6"), &[(B, "3.7.1"), (C, "3.7.1")]), A), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::ReleaseLock),
+            ("a member on 3.7 that announced nothing (not restarted with our target, or an older entrypoint): wait",
+             said(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.7.1")), "3.6"), "3.6"), &[(A, "3.6.14")]), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::Wait(Waiting::Rollout { member: "etcd-b (https://10.0.0.11:2380)".to_string(), reach: up("3.7.1"), announced: None, target: v("3.6.14") })),
+            ("every other member announced ours, one still on 3.7: the rollout is over, the restarts go one at a time",
+             said(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), &[(B, "3.6.14"), (C, "3.6.14")]), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::TakeLock),
+            ("every other member on 3.6 already, announced or not: the last one goes",
+             said(storage(job(view("3.6", "3.7.1", up("3.6.14"), up("3.6.14")), "3.6"), "3.6"), &[(A, "3.6.14")]), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+             Decision::TakeLock),
+            ("dropped, a member cut off: name it, not the rollout",
+             said(storage(job(view("3.6", "3.7.1", up("3.6.14"), down), "3.6"), "3.6"), &[(A, "3.6.14")]), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
              Decision::Wait(Waiting::MemberDown { member: "etcd-c (https://10.0.0.12:2380)".to_string(), down_for: Duration::from_secs(45) })),
-            ("every other member on 3.6 already: the last one goes at once",
-             quiet(storage(job(view("3.6", "3.7.1", up("3.6.14"), up("3.6.14")), "3.6"), "3.6"), 0), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
+            ("an upgrade's second wave: a member the rollout has not restarted (announced 3.3.25) waits the wave",
+             said(view("3.4", "3.4.23", up("3.4.23"), up("3.4.23")), &[(B, "3.3.25"), (C, "3.5.16")]), own("3.4.23"), goal("3.5.16", Some("3.5.16")),
+             Decision::Wait(Waiting::Rollout { member: "etcd-b (https://10.0.0.11:2380)".to_string(), reach: up("3.4.23"), announced: Some(v("3.3.25")), target: v("3.5.16") })),
+            ("an upgrade's second wave, the rollout over: take the lock",
+             said(view("3.4", "3.4.23", up("3.4.23"), up("3.4.23")), &[(B, "3.5.16"), (C, "3.5.16")]), own("3.4.23"), goal("3.5.16", Some("3.5.16")),
              Decision::TakeLock),
             ("a partial upgrade undone: 3.7 back to 3.6 at cluster version 3.6, no job needed",
              storage(view("3.6", "3.7.1", up("3.6.14"), up("3.6.14")), "3.6"), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
              Decision::TakeLock),
         ];
-        for (name, view, own, goal, want) in rows {
+        for (name, mut view, own, goal, want) in rows {
+            if view.announced.is_empty() {
+                view.announced = view.members.iter().map(|m| (m.id, goal.target)).collect();
+            }
             assert_eq!(decide(&view, &own, &goal), want, "{name}");
         }
     }
@@ -988,7 +1033,8 @@ mod tests {
 
     #[test]
     fn a_peer_url_change_refuses_only_together_with_a_version_change() {
-        let view = view("3.3", "3.3.25", up("3.3.25"), up("3.3.25"));
+        let mut view = view("3.3", "3.3.25", up("3.3.25"), up("3.3.25"));
+        view.announced = [(B, v("3.4.23")), (C, v("3.4.23"))].into();
         let mut moved = own("3.3.25");
         moved.configured_peer_urls = vec!["https://10.9.9.9:2380".to_string()];
         assert!(matches!(

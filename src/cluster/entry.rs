@@ -202,7 +202,6 @@ pub fn run(
             prove_every: PROVE_EVERY,
             progress_every: PROGRESS_EVERY,
             prove_deadline: config.health_timeout,
-            settle: crate::cluster::decide::DOWNGRADE_SETTLE,
         },
     };
     let first = roll::first_release(&rolling)?;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 
 use crate::binaries;
+use crate::cluster::announce;
 use crate::cluster::client::{self, ClientError, V3Cluster};
 use crate::cluster::decide::{Member, Reach, View};
 use crate::cluster::lock::{Holder, LockError, Taken, UpgradeLock, V2Lock, V3Lock};
@@ -64,6 +65,16 @@ pub enum ClusterError {
         /// Why.
         reason: String,
     },
+    /// Our announcement could not be written, or the members' read.
+    #[error("{action} the members' announced targets ({prefix}…) failed: {reason}")]
+    Announcements {
+        /// `writing` or `reading`.
+        action: &'static str,
+        /// The keys' prefix.
+        prefix: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// We have no client URL to write through.
     #[error("this member publishes no client URL (--advertise-client-urls) to prove it with")]
     NoClientUrl,
@@ -104,6 +115,9 @@ pub struct LiveCluster {
     /// version may cross into the other API under our hold, and the lock
     /// is kept and released where it was taken.
     held: Option<Api>,
+    /// The store our announcement was last written to (once per store:
+    /// the cluster version may cross from v2 to v3 while we run).
+    announced_in: Option<Api>,
 }
 
 impl LiveCluster {
@@ -140,6 +154,7 @@ impl LiveCluster {
             v2_lock: None,
             v3_lock: None,
             held: None,
+            announced_in: None,
         })
     }
 
@@ -334,6 +349,41 @@ impl LiveCluster {
         Ok(holder.and_then(|h| h.member_id()))
     }
 
+    /// Every member's announced target: from the cluster's store, and, at
+    /// 3.1 (the first cluster version whose store is v3), from the v2
+    /// store too for a member that announced at 3.0 and has not since.
+    async fn announcements(&mut self) -> Result<BTreeMap<u64, Version>, ClusterError> {
+        let failed = |reason: String| ClusterError::Announcements {
+            action: "reading",
+            prefix: announce::PREFIX,
+            reason,
+        };
+        let v2 = |this: &Self| {
+            let http = peer::http_client(this.client_tls.as_ref(), this.timeout);
+            (http, this.all_client_endpoints())
+        };
+        match self.api() {
+            Api::V2 => {
+                let (http, endpoints) = v2(self);
+                announce::read_v2(&http?, &endpoints).await.map_err(failed)
+            }
+            Api::V3 => {
+                let mut announced = announce::read_v3(self.v3().await?.client())
+                    .await
+                    .map_err(failed)?;
+                if self.cluster_version == Some(Minor::new(3, 1)) {
+                    let (http, endpoints) = v2(self);
+                    if let Ok(older) = announce::read_v2(&http?, &endpoints).await {
+                        for (id, target) in older {
+                            announced.entry(id).or_insert(target);
+                        }
+                    }
+                }
+                Ok(announced)
+            }
+        }
+    }
+
     async fn proof_write(&mut self, release: Version) -> Result<(), ClusterError> {
         let endpoint = self
             .own_client_urls
@@ -405,15 +455,17 @@ impl Coordination for LiveCluster {
         let asked = async {
             let status = self.status().await?;
             let lock = self.holder().await?;
-            Ok::<_, ClusterError>((status, lock))
+            let announced = self.announcements().await?;
+            Ok::<_, ClusterError>((status, lock, announced))
         }
         .await;
         match asked {
-            Ok(((leader, alarms, downgrade), lock)) => {
+            Ok(((leader, alarms, downgrade), lock, announced)) => {
                 view.leader = leader;
                 view.alarms = alarms;
                 view.downgrade = downgrade;
                 view.lock = lock;
+                view.announced = announced;
                 Ok(view)
             }
             Err(err) => {
@@ -518,6 +570,36 @@ impl Coordination for LiveCluster {
     async fn cancel_downgrade(&mut self) -> Result<(), ClusterError> {
         let result = self.v3().await?.cancel_downgrade().await;
         result.map_err(Into::into)
+    }
+
+    async fn announce(&mut self, target: VersionPair) -> Result<bool, ClusterError> {
+        let api = self.api();
+        if self.announced_in == Some(api) {
+            return Ok(false);
+        }
+        let announcement = announce::Announcement::new(target, &self.me.name, &self.me.run);
+        let failed = |reason: String| ClusterError::Announcements {
+            action: "writing",
+            prefix: announce::PREFIX,
+            reason,
+        };
+        match api {
+            Api::V2 => {
+                let http = peer::http_client(self.client_tls.as_ref(), self.timeout)?;
+                let endpoints = self.all_client_endpoints();
+                announce::put_v2(&http, &endpoints, self.own_id, &announcement)
+                    .await
+                    .map_err(failed)?;
+            }
+            Api::V3 => {
+                let own_id = self.own_id;
+                announce::put_v3(self.v3().await?.client(), own_id, &announcement)
+                    .await
+                    .map_err(failed)?;
+            }
+        }
+        self.announced_in = Some(api);
+        Ok(true)
     }
 
     async fn prove(&mut self, release: Version) -> Result<(), ClusterError> {

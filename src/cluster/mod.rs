@@ -7,6 +7,8 @@
 //! - `peer`: asking the peer endpoints over the member's peer TLS;
 //! - `client`: the client API (leader, alarms, leadership transfer);
 //! - `lock`: the upgrade lock in the cluster (v3 lease, v2 TTL);
+//! - `announce`: each member's announced target, which tells a member
+//!   whether the operator's rollout is over;
 //! - `settings`: the member's TLS files and URLs from its etcd settings;
 //! - `join`: the safety floor for a member with no data yet;
 //! - `roll`: the observe → decide → act loop of one member, behind three
@@ -15,6 +17,7 @@
 //! - `entry`: the cluster mode's entry from the run (seams built from the
 //!   configuration and the data, the loop, the exit code).
 
+pub mod announce;
 pub mod client;
 pub mod decide;
 pub mod entry;

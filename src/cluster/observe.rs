@@ -156,8 +156,7 @@ pub fn assemble(
         tls_refused: BTreeMap::new(),
         lock,
         downgrade: None,
-        settled: Duration::ZERO,
-        settle: crate::cluster::decide::DOWNGRADE_SETTLE,
+        announced: BTreeMap::new(),
     }
 }
 

@@ -46,10 +46,6 @@ pub struct Timing {
     /// How long a release started under the lock may take to serve a
     /// write as a member before the run gives up on it.
     pub prove_deadline: Duration,
-    /// How long the cluster must be quiet before a member restarts into a
-    /// downgrade's older release while another has not reached it
-    /// ([`crate::cluster::decide::DOWNGRADE_SETTLE`] in production).
-    pub settle: Duration,
 }
 
 /// What this member's run works from.
@@ -103,6 +99,10 @@ pub trait Coordination {
     /// Proves our etcd serves `release` as a member: its peer `/version`
     /// names it and a write through its own client URL commits.
     async fn prove(&mut self, release: Version) -> Result<(), Self::Error>;
+    /// Announces the target our entrypoint was started with, once per
+    /// store (the cluster version may cross from v2 to v3 while we run);
+    /// `true` when it wrote, `false` when the store has it already.
+    async fn announce(&mut self, target: VersionPair) -> Result<bool, Self::Error>;
 }
 
 /// Our member's etcd process.
@@ -288,47 +288,15 @@ struct State {
     /// The running release was started once already to take that
     /// snapshot.
     readied: bool,
-    /// The members' reach as last observed (id, version or down), and
-    /// since when it has been so.
-    quiet: Option<(Vec<Reached>, Instant)>,
     /// Refusals decided in a row (see [`REFUSALS_TO_END`]).
     refusals: u32,
 }
-
-/// A member's id and the release it answered with (`None`: down).
-type Reached = (u64, Option<Version>);
 
 /// Observations in a row that must refuse before a member ends its roll
 /// on a refusal: a member that just restarted reports the cluster version
 /// its data held for a moment (seen: 8 ms), and the lowest version told
 /// is the view's, so one observation may show a member two minors ahead.
 const REFUSALS_TO_END: u32 = 3;
-
-impl State {
-    /// Sets `view.settled`: how long every member has been up on the same
-    /// release, by this loop's observations (any member down, or any
-    /// release changed, starts it again).
-    fn settle<'v>(&mut self, view: &'v mut View, needed: Duration) -> &'v View {
-        let now = Instant::now();
-        let reach: Vec<Reached> = view
-            .members
-            .iter()
-            .map(|m| match m.reach {
-                crate::cluster::Reach::Up(version) => (m.id, Some(version)),
-                crate::cluster::Reach::Down(_) => (m.id, None),
-            })
-            .collect();
-        let all_up = reach.iter().all(|(_, version)| version.is_some());
-        let since = match &self.quiet {
-            Some((last, since)) if *last == reach && all_up => *since,
-            _ => now,
-        };
-        self.quiet = Some((reach, since));
-        view.settled = now.duration_since(since);
-        view.settle = needed;
-        view
-    }
-}
 
 /// Rate-limits the progress lines: a line when the reason changes, or
 /// every `every` while it does not.
@@ -391,7 +359,7 @@ fn waiting_kind(waiting: &Waiting) -> String {
         Waiting::NoWayBack { target, .. } => format!("back {target}"),
         Waiting::StorageVersion { want, have } => format!("storage {want} {have}"),
         Waiting::Downgrading { to, cluster } => format!("downgrading {to} {cluster}"),
-        Waiting::Settling { to, .. } => format!("settling {to}"),
+        Waiting::Rollout { member, .. } => format!("rollout {member}"),
     }
 }
 
@@ -572,7 +540,6 @@ where
         last_proof_error: String::new(),
         readying: None,
         readied: false,
-        quiet: None,
         refusals: 0,
     };
     if let Err(err) = roll(
@@ -678,6 +645,7 @@ where
             prove(rolling, member, cluster, ledger).await?;
         }
         if member.proven {
+            announce(rolling, cluster).await;
             if let Some(into) = member.readying.take() {
                 restart(rolling, member, etcd, ledger, into).await?;
                 continue;
@@ -692,9 +660,9 @@ where
             }
         }
         let decided = match cluster.observe().await {
-            Ok(mut view) => Decided {
+            Ok(view) => Decided {
                 decision: decide(
-                    member.settle(&mut view, rolling.timing.settle),
+                    &view,
                     &own(rolling, member.running, member.proven),
                     &Goal {
                         target: rolling.target.version,
@@ -730,6 +698,25 @@ where
             Next::Pause => pause(between_rounds(rolling, member), termination).await,
             Next::Finished => return Ok(()),
         }
+    }
+}
+
+/// Announces our target once our etcd serves (a failure is said and tried
+/// again next round: until it lands, the others wait on us, never the
+/// reverse).
+async fn announce<C: Coordination>(rolling: &Rolling, cluster: &mut C) {
+    match cluster.announce(rolling.target).await {
+        Ok(false) => {}
+        Ok(true) => {
+            log::info(
+                "target announced",
+                &[("target", rolling.target.to_string().into())],
+            );
+        }
+        Err(err) => log::warn(
+            "could not announce this member's target; trying again next round",
+            &[("error", crate::cluster::peer::error_text(&err).into())],
+        ),
     }
 }
 

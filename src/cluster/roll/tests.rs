@@ -62,6 +62,14 @@ struct World {
     /// At this round, a member that just restarted tells this older
     /// cluster version (for a few milliseconds, on real etcd).
     stale_cluster_version: Option<(usize, Minor)>,
+    /// The target our member announced.
+    own_announced: Option<Version>,
+    /// The target the other members announced (None: ours, the
+    /// operator's rollout is over).
+    others_announced: Option<Version>,
+    /// At this round the operator's rollout reaches the others: from then
+    /// on they announce ours.
+    rollout_reaches_others_at: Option<usize>,
 }
 
 impl World {
@@ -133,9 +141,22 @@ impl World {
             tls_refused: self.tls_refused.clone(),
             lock: self.lock,
             downgrade: self.downgrade,
-            settled: Duration::ZERO,
-            settle: Duration::ZERO,
+            announced: self.announced(),
         }
+    }
+}
+
+impl World {
+    /// Every member's announced target, ours included.
+    fn announced(&self) -> BTreeMap<u64, Version> {
+        let Some(ours) = self.own_announced else {
+            return BTreeMap::new();
+        };
+        let theirs = self.others_announced.unwrap_or(ours);
+        (0..self.others.len())
+            .map(|i| (i as u64 + 2, theirs))
+            .chain([(OWN, ours)])
+            .collect()
     }
 }
 
@@ -165,6 +186,10 @@ impl Coordination for FakeCluster {
             .stale_cluster_version
             .filter(|(at, _)| *at == round)
             .map(|(_, minor)| minor);
+        if w.rollout_reaches_others_at == Some(round) {
+            w.others_announced = None;
+            w.log.push("the rollout restarts the others".into());
+        }
         if w.stop_at_round == Some(round) {
             if let Some(stop) = &w.stop {
                 stop.send_replace(Some(Signal::SIGTERM));
@@ -238,6 +263,15 @@ impl Coordination for FakeCluster {
             return Err(Fail(format!("{release} does not serve")));
         }
         Ok(())
+    }
+
+    async fn announce(&mut self, target: VersionPair) -> Result<bool, Fail> {
+        let mut w = self.0.borrow_mut();
+        if w.own_announced == Some(target.version) {
+            return Ok(false);
+        }
+        w.own_announced = Some(target.version);
+        Ok(true)
     }
 }
 
@@ -336,7 +370,6 @@ fn rolling(recorded: &str, target: &str) -> Rolling {
             prove_every: Duration::ZERO,
             progress_every: Duration::from_secs(3600),
             prove_deadline: Duration::from_secs(3600),
-            settle: Duration::ZERO,
         },
     }
 }
@@ -598,6 +631,9 @@ fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
         async fn cancel_downgrade(&mut self) -> Result<(), Fail> {
             Err(Fail("unused".into()))
         }
+        async fn announce(&mut self, _: VersionPair) -> Result<bool, Fail> {
+            Err(Fail("unused".into()))
+        }
         async fn prove(&mut self, _: Version) -> Result<(), Fail> {
             Ok(())
         }
@@ -806,6 +842,41 @@ fn a_downgrade_is_enabled_under_the_lock_before_any_member_starts_the_older_rele
             "served"
         ]
     );
+}
+
+/// Issue 30: the member the rollout restarted first enables the downgrade
+/// and its storage version drops at once, but the other two still run
+/// 3.7.1 with the old target: the rollout will restart them, at any
+/// moment. It lets the lock go and does not stop its etcd until they
+/// announce the new target (restarted by the rollout), whatever the time.
+#[test]
+fn the_member_that_enabled_a_downgrade_restarts_only_once_the_rollout_has_restarted_the_others() {
+    let world = World {
+        others: vec![Some(v("3.7.1")), Some(v("3.7.1"))],
+        cv: Some(Minor::new(3, 7)),
+        leader: Some(OWN),
+        others_announced: Some(v("3.7.1")),
+        rollout_reaches_others_at: Some(12),
+        ..World::default()
+    };
+    let (result, log) = run_in(world, &rolling_down("3.7.1", "3.6.14"));
+    result.expect("rolled");
+    let pos = |what: &str| {
+        log.iter()
+            .position(|l| l == what)
+            .unwrap_or_else(|| panic!("{what} missing: {log:?}"))
+    };
+    assert!(pos("enable 3.6") < pos("unlock"), "{log:?}");
+    assert!(
+        pos("the rollout restarts the others") < pos("stop 3.7.1"),
+        "our etcd stopped while the rollout could still restart another member: {log:?}"
+    );
+    assert_eq!(
+        log.iter().filter(|l| *l == "lock").count(),
+        2,
+        "the lock taken to enable, then once more to restart: {log:?}"
+    );
+    assert_eq!(log.last().map(String::as_str), Some("served"), "{log:?}");
 }
 
 /// 3.7 → 3.5: two waves, each enabled once the one before is over (the
