@@ -31,25 +31,26 @@ pub mod plan;
 pub mod preconditions;
 pub mod steps;
 pub mod supervisor;
+pub mod survey;
 pub mod swap;
 pub mod tls;
 pub mod version;
 
 use std::io::Write;
-use std::path::Path;
 use std::time::Instant;
 
 use nix::sys::signal::{SigSet, Signal};
 
 use crate::binaries::BinError;
 use crate::config::{Config, Member, Mode};
-use crate::datadir::{DataDirError, DirLock, DirState, WORK_DIR};
+use crate::datadir::{DataDirError, DirState};
 use crate::exec::ExecTarget;
 use crate::executor::{ExecuteError, Executor, Progress, StepSettings};
 use crate::ondisk::OnDisk;
 use crate::plan::{Binary, Bundle, Plan, PlanError, Refusal, Site, Situation, Work};
 use crate::preconditions::PreconditionError;
 use crate::supervisor::{Supervisor, SupervisorError};
+use crate::survey::{Survey, SurveyError};
 use crate::version::{Version, VersionPair};
 
 /// Exit code: migrated (and, with `--no-exec`, done).
@@ -207,14 +208,22 @@ pub fn signal_exit_code(signal: Signal) -> u8 {
     128u8.saturating_add(signal as u8)
 }
 
-/// Records progress in the real data dir.
-struct DataDirProgress<'a> {
-    dir: &'a Path,
+impl From<SurveyError> for Error {
+    fn from(err: SurveyError) -> Self {
+        match err {
+            SurveyError::DataDir(err) => Error::DataDir(err),
+            SurveyError::Precondition(err) => Error::Precondition(err),
+            err @ SurveyError::ChangedWhileCreated { .. } => Error::Runtime(err.to_string()),
+        }
+    }
 }
 
-impl Progress for DataDirProgress<'_> {
+/// Records progress in the real data dir, through its survey.
+struct SurveyProgress<'a>(&'a mut Survey);
+
+impl Progress for SurveyProgress<'_> {
     fn record(&mut self, pair: VersionPair) -> Result<(), DataDirError> {
-        datadir::write_version(self.dir, pair)
+        self.0.record(pair)
     }
 }
 
@@ -225,49 +234,30 @@ impl Progress for DataDirProgress<'_> {
 pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     let started = Instant::now();
     log_overrides(config);
-    // A scratch dir, or a version.txt temp file: a run died mid-step or
-    // mid-record. Either sends us down the locked path that cleans up.
-    // A restart mark: the cluster mode started a release on the data that
-    // version.txt does not record yet; never the fast path.
-    let interrupted = config.data_dir.join(WORK_DIR).exists()
-        || config.data_dir.join(datadir::VERSION_TEMP_FILE).exists()
-        || config.data_dir.join(datadir::RESTART_MARK_FILE).exists();
-    let first_look = preconditions::check_not_held(datadir::inspect(&config.data_dir))?;
+    let glance = survey::glance(&config.data_dir)?;
     // Fast path: the data is already at the target. Nothing is spawned and
     // no thread is started, so handing over to etcd costs a few ms.
-    if let Some(DirState::Recorded(current)) = first_look {
-        if current == config.target && !interrupted {
-            log::info(
-                "already at target",
-                &[
-                    ("version", current.to_string().into()),
-                    ("data_dir", config.data_dir.display().to_string().into()),
-                    ("ms", log::ms(started.elapsed())),
-                ],
-            );
-            return finish(config);
-        }
+    if glance.at(config.target) {
+        log::info(
+            "already at target",
+            &[
+                ("version", config.target.to_string().into()),
+                ("data_dir", config.data_dir.display().to_string().into()),
+                ("ms", log::ms(started.elapsed())),
+            ],
+        );
+        return finish(config);
     }
-    preconditions::check_access(config)?;
-    let lock = lock_and_recover(config, interrupted)?;
-    let state = datadir::inspect(&config.data_dir)?;
+    let mut survey = Survey::take(config, &glance)?;
+    let state = survey.state();
     let bundle = match &config.bundled_versions {
         Some(list) => Bundle::new(list.iter().copied()),
         None => binaries::scan(&config.bin_dir)?,
     };
-    let marked = match state {
-        DirState::Recorded(_) => datadir::read_restart_mark(&config.data_dir)?,
-        DirState::Missing | DirState::Empty => None,
-    };
-    // What the data records, read once, when anything may change it.
-    let on_disk = match state {
-        DirState::Recorded(current) if current != config.target || marked.is_some() => {
-            preconditions::read_data(config, &preconditions::wanted(current, config.target))
-        }
-        _ => None,
-    };
-    let data_members = on_disk.as_ref().map_or(0, |d| d.members.len());
-    let v2_request = on_disk.as_ref().and_then(|d| d.v2_requests_past_snapshot);
+    let marked = survey.restart_mark();
+    let on_disk = survey.on_disk();
+    let data_members = on_disk.map_or(0, |d| d.members.len());
+    let v2_request = on_disk.and_then(|d| d.v2_requests_past_snapshot);
     let plan = make_plan(
         config,
         state,
@@ -278,7 +268,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     if plan.is_fresh() && config.mode != Mode::DryRun {
         check_join(config)?;
     }
-    let recorded_name = match &on_disk {
+    let recorded_name = match survey.on_disk() {
         Some(on_disk) if plan.is_recorded() && (!plan.is_noop() || plan.cluster.is_some()) => {
             preconditions::check_recorded_data(config, &plan, on_disk)?
         }
@@ -293,20 +283,21 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     }
     binaries::check_present(&config.bin_dir, &plan.needed_binaries())?;
     if config.mode == Mode::DryRun {
-        print_plan(config, plan, member);
+        print_plan(config, plan, member, survey.scratch());
         return Ok(Outcome::Exit);
     }
-    if let (Work::Roll { .. }, Some(on_disk)) = (plan.work(), &on_disk) {
+    if let (Work::Roll { .. }, Some(on_disk)) = (plan.work(), survey.on_disk()) {
         cluster::entry::check_mode(config, on_disk)?;
         log_plan(config, &plan, &member, &bundle);
-        return roll_as_member(config, &plan, on_disk, marked, bundle, lock, original_mask);
+        return roll_as_member(config, &plan, survey, bundle, original_mask);
     }
     log_plan(config, &plan, &member, &bundle);
+    let on_disk = survey.take_on_disk();
     let offline = OfflineRead {
         baseline: offline_baseline(&plan, on_disk.as_ref()),
         hidden_v2: on_disk.map(|on_disk| on_disk.v2_hidden_paths),
     };
-    carry_out(config, &plan, &member, offline, lock, original_mask)?;
+    carry_out(config, &plan, &member, offline, survey, original_mask)?;
     log::info(
         "migrated",
         &[
@@ -429,46 +420,30 @@ fn log_overrides(config: &Config) {
     }
 }
 
-/// Takes the data dir's lock (when it exists and the run may change it),
-/// waits for an earlier run's processes on it to end, and finishes or
-/// discards what an interrupted rebuilding step left: everything after
-/// reads and changes the data dir under the lock.
-fn lock_and_recover(config: &Config, interrupted: bool) -> Result<Option<DirLock>, Error> {
-    if !config.data_dir.is_dir() || config.mode == Mode::DryRun {
-        return Ok(None);
-    }
-    let lock = datadir::lock(&config.data_dir)?;
-    preconditions::wait_for_processes_on(&config.data_dir)?;
-    if interrupted {
-        datadir::remove_stale_version_temp(&config.data_dir)?;
-        swap::recover_interrupted_swap(&config.data_dir)?;
-    }
-    Ok(Some(lock))
-}
-
 /// The cluster mode: this member's etcd runs as our supervised child while
 /// the cluster rolls to the target (`cluster::entry`); the data dir's lock
 /// is held throughout.
 fn roll_as_member(
     config: &Config,
     plan: &Plan,
-    on_disk: &OnDisk,
-    marked: Option<Version>,
+    mut survey: Survey,
     bundle: Bundle,
-    lock: Option<DirLock>,
     original_mask: SigSet,
 ) -> Result<Outcome, Error> {
+    let Some(on_disk) = survey.take_on_disk() else {
+        return Err(Error::Runtime(
+            "the cluster mode needs the data's offline read".to_string(),
+        ));
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
     let supervisor = Supervisor::start(original_mask)?;
     verify_binaries(config, plan, true, None, &runtime, &supervisor)?;
-    let lock = match lock {
-        Some(lock) => lock,
-        None => datadir::lock(&config.data_dir)?,
-    };
-    let code = cluster::entry::run(config, plan, on_disk, marked, bundle, &runtime, supervisor)?;
+    let marked = survey.restart_mark();
+    let lock = survey.into_lock()?;
+    let code = cluster::entry::run(config, plan, &on_disk, marked, bundle, &runtime, supervisor)?;
     drop(lock);
     Ok(Outcome::ExitCode(code))
 }
@@ -551,7 +526,7 @@ fn carry_out(
     plan: &Plan,
     member: &Member,
     offline: OfflineRead,
-    lock: Option<DirLock>,
+    mut survey: Survey,
     original_mask: SigSet,
 ) -> Result<(), Error> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -574,7 +549,7 @@ fn carry_out(
         .map(Binary::etcd)
         .filter(|b| b.version != plan.target.version && !plan.binaries().contains(b));
     verify_binaries(config, plan, false, later, &runtime, &supervisor)?;
-    let lock = make_ready(config, plan, lock)?;
+    survey.make_ready()?;
     match plan.work() {
         // Reached only after finishing an interrupted step: already recorded.
         Work::Nothing => log::info(
@@ -582,13 +557,13 @@ fn carry_out(
             &[("version", config.target.to_string().into())],
         ),
         Work::Record { reason } => {
-            datadir::write_version(&config.data_dir, config.target).map_err(|source| {
-                Error::Record {
+            survey
+                .record(config.target)
+                .map_err(|source| Error::Record {
                     pair: config.target,
                     data_dir: config.data_dir.display().to_string(),
                     source,
-                }
-            })?;
+                })?;
             log::info(
                 "recorded",
                 &[
@@ -602,8 +577,8 @@ fn carry_out(
             plan,
             member,
             (pending, hidden_v2, later),
-            &runtime,
-            &supervisor,
+            &mut survey,
+            (&runtime, &supervisor),
         )?,
         // Taken by `roll_as_member` before the plan is carried out here.
         Work::Roll { .. } => {}
@@ -611,7 +586,8 @@ fn carry_out(
     if let Some(signal) = supervisor.terminated() {
         return Err(Error::Interrupted(signal));
     }
-    drop(lock);
+    // The lock goes with the survey: the next holder is etcd itself.
+    drop(survey);
     Ok(())
 }
 
@@ -712,56 +688,6 @@ fn verify_binaries(
     Ok(())
 }
 
-/// Creates a missing data dir (mode 0700), locks a dir that was not
-/// locked yet, and corrects the data dir's mode.
-fn make_ready(config: &Config, plan: &Plan, lock: Option<DirLock>) -> Result<DirLock, Error> {
-    if plan.found == DirState::Missing {
-        datadir::create(&config.data_dir)?;
-        log::info(
-            "created data dir",
-            &[
-                ("data_dir", config.data_dir.display().to_string().into()),
-                ("mode", "0700".into()),
-            ],
-        );
-    }
-    let lock = match lock {
-        Some(lock) => lock,
-        None => {
-            let lock = datadir::lock(&config.data_dir)?;
-            // The dir was created (or found empty) before the lock: make
-            // sure no other migrator wrote into it in between.
-            let locked_state = datadir::inspect(&config.data_dir)?;
-            if locked_state != DirState::Empty {
-                return Err(Error::Runtime(format!(
-                    "data dir {} changed while etcd-migrate was creating it (now {locked_state:?}); rerun",
-                    config.data_dir.display()
-                )));
-            }
-            lock
-        }
-    };
-    // Under the lock, before the first change: etcd wants its data dir
-    // 0700 (the Kubernetes tool created it 0755).
-    match datadir::correct_mode(&config.data_dir) {
-        Ok(Some(old)) => log::info(
-            "corrected data dir mode",
-            &[
-                ("data_dir", config.data_dir.display().to_string().into()),
-                ("from", format!("{old:04o}").into()),
-                ("to", format!("{:04o}", datadir::DATA_DIR_MODE).into()),
-            ],
-        ),
-        Ok(None) => {}
-        // Not ours to change (another owner): etcd only warns about it.
-        Err(err) => log::warn(
-            "cannot correct the data dir mode",
-            &[("error", err.to_string().into())],
-        ),
-    }
-    Ok(lock)
-}
-
 /// Runs the plan's steps on real etcd, as `member`.
 fn execute_steps(
     config: &Config,
@@ -772,8 +698,8 @@ fn execute_steps(
         Option<Vec<String>>,
         Option<Binary>,
     ),
-    runtime: &tokio::runtime::Runtime,
-    supervisor: &Supervisor,
+    survey: &mut Survey,
+    (runtime, supervisor): (&tokio::runtime::Runtime, &Supervisor),
 ) -> Result<(), Error> {
     let mut launcher = etcd::ProcessLauncher::new(supervisor.clone(), config.bin_dir.clone());
     if let Some(hidden) = hidden_v2 {
@@ -783,9 +709,7 @@ fn execute_steps(
         launcher = launcher.checking_later(binary, config.member.extra_args.clone());
     }
     let health = health::EtcdHealth::new().map_err(|err| Error::Runtime(err.to_string()))?;
-    let mut progress = DataDirProgress {
-        dir: &config.data_dir,
-    };
+    let mut progress = SurveyProgress(survey);
     let mut executor = Executor {
         launcher: &launcher,
         api: &health,
@@ -806,7 +730,7 @@ fn execute_steps(
     };
     let executed = runtime.block_on(executor.execute(plan));
     if let Err(err @ ExecuteError::Step { .. }) = &executed {
-        hold_if_changed(&config.data_dir, err);
+        hold_if_changed(survey, err);
     }
     Ok(executed?)
 }
@@ -841,7 +765,7 @@ fn looked_in(config: &Config, err: &PlanError) -> String {
 /// the next run would otherwise read its baseline from the data as that
 /// step left it and go on without noticing. A failure to write the hold
 /// is logged; the step's own error is what the run reports.
-fn hold_if_changed(data_dir: &Path, err: &ExecuteError) {
+fn hold_if_changed(survey: &Survey, err: &ExecuteError) {
     let ExecuteError::Step { source, .. } = err else {
         return;
     };
@@ -849,24 +773,7 @@ fn hold_if_changed(data_dir: &Path, err: &ExecuteError) {
         return;
     }
     let when = humantime::format_rfc3339_millis(std::time::SystemTime::now());
-    let reason = format!("{when}: {}", log::error_chain(err));
-    match datadir::write_hold(data_dir, &reason) {
-        Ok(()) => log::error(
-            "the data dir is on hold until someone has looked",
-            &[(
-                "hold",
-                data_dir
-                    .join(datadir::HOLD_FILE)
-                    .display()
-                    .to_string()
-                    .into(),
-            )],
-        ),
-        Err(hold_err) => log::error(
-            "cannot put the data dir on hold",
-            &[("error", hold_err.to_string().into())],
-        ),
-    }
+    survey.hold(&format!("{when}: {}", log::error_chain(err)));
 }
 
 /// Exit, or hand over to the target etcd.
@@ -896,7 +803,7 @@ fn exec_program(config: &Config) -> Result<std::path::PathBuf, Error> {
 }
 
 /// `--dry-run`: the plan, placed where it would run, on stdout.
-fn print_plan(config: &Config, plan: Plan, member: Member) {
+fn print_plan(config: &Config, plan: Plan, member: Member, interrupted: bool) {
     let site = Site {
         data_dir: config.data_dir.clone(),
         bin_dir: config.bin_dir.clone(),
@@ -904,7 +811,7 @@ fn print_plan(config: &Config, plan: Plan, member: Member) {
         configured_name: config.member.name.clone(),
         backup_root: config.backup.root.clone(),
         backup_keep: config.backup.keep,
-        interrupted: config.data_dir.join(WORK_DIR).exists(),
+        interrupted,
     };
     let shown = plan.at(site).to_string();
     let _ = std::io::stdout().lock().write_all(shown.as_bytes());
