@@ -892,10 +892,11 @@ mod points {
         let started = Instant::now();
         // The cluster mode's points are e2e/cluster_roll.rs's: a holder of
         // a real cluster's lock dies at each of them (and must have died by
-        // SIGKILL, there); these scenarios run one member.
+        // SIGKILL, there); the restore's are e2e/restores.rs's; these
+        // scenarios run one member.
         let defined: BTreeSet<String> = etcd_migrate::failpoint::ALL
             .iter()
-            .filter(|name| !name.starts_with("cluster-"))
+            .filter(|name| !name.starts_with("cluster-") && !name.starts_with("restore-"))
             .map(|name| name.to_string())
             .collect();
         let exercised = on_threads(exercise);

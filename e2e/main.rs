@@ -12,6 +12,8 @@
 //!   (ids, version, members, leases, auth, hidden v2 nodes), and on killed
 //!   and damaged data dirs.
 //! - `refusals`: bad input refused with exit 2 and the dir left untouched.
+//! - `restores`: a member restored from a snapshot once (issue 29), the
+//!   snapshots refused, a restore killed at each point.
 //! - `failures`: a step that fails, a stop signal mid-step, and the rerun.
 //! - `logging`: `--log-format json`.
 //! - `storage`: etcd2 → etcd3 (values, TTLs as leases, expired keys).
@@ -55,6 +57,7 @@ mod no_step;
 mod ondisk;
 mod pid1;
 mod refusals;
+mod restores;
 mod rollbacks;
 mod scale;
 mod security;

@@ -73,6 +73,8 @@ pub struct Config {
     pub ttl_leases: TtlLeases,
     /// Leave the v2 copies of migrated keys in place.
     pub keep_v2_keys: bool,
+    /// The snapshot to restore the data dir from, once (issue 29).
+    pub restore: Option<RestoreRequest>,
     /// What to do after migrating.
     pub mode: Mode,
     /// How our own log lines look.
@@ -121,6 +123,90 @@ impl Member {
             name: name.to_string(),
             initial_cluster: format!("{name}={}", self.initial_advertise_peer_urls),
             ..self.clone()
+        }
+    }
+}
+
+impl Config {
+    /// The member settings its etcd will read, as flags in etcd's order
+    /// (the last wins): ours first (`--initial-cluster`, `--name`,
+    /// `--initial-advertise-peer-urls`, `--initial-cluster-token`), then
+    /// `ETCD_CREDS`, then the etcd arguments. Read them back with
+    /// [`flag_in_args`].
+    pub fn member_args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("--initial-cluster={}", self.member.initial_cluster),
+            format!("--name={}", self.member.name),
+            format!(
+                "--initial-advertise-peer-urls={}",
+                self.member.initial_advertise_peer_urls
+            ),
+            format!(
+                "--initial-cluster-token={}",
+                self.member.initial_cluster_token
+            ),
+        ];
+        args.extend(self.member.extra_args.iter().cloned());
+        if let Mode::Exec { etcd_args } = &self.mode {
+            args.extend(etcd_args.iter().cloned());
+        }
+        args
+    }
+}
+
+/// A snapshot the data dir is to be restored from: the file and the
+/// sha256 the operator vouches for (the same on every member).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreRequest {
+    /// The snapshot file (`etcdctl snapshot save`).
+    pub file: PathBuf,
+    /// Its sha256, lower-case hex.
+    pub sha256: String,
+}
+
+/// `--restore-snapshot` and `--restore-snapshot-sha256` (or their env
+/// vars): both or neither, the hash 64 hex digits.
+fn resolve_restore(
+    cli: &mut Cli,
+    picker: &mut Picker<'_>,
+) -> Result<Option<RestoreRequest>, ConfigError> {
+    let file = picker.pick(
+        cli.restore_snapshot
+            .take()
+            .map(|p| p.to_string_lossy().into_owned()),
+        "--restore-snapshot",
+        "RESTORE_SNAPSHOT",
+    );
+    let sha256 = picker.pick(
+        cli.restore_snapshot_sha256.take(),
+        "--restore-snapshot-sha256",
+        "RESTORE_SNAPSHOT_SHA256",
+    );
+    match (file, sha256) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(ConfigError::Missing {
+            flag: "--restore-snapshot",
+            env: "RESTORE_SNAPSHOT",
+            hint: "--restore-snapshot-sha256 names the hash of a snapshot file; give the file too, or drop the hash",
+        }),
+        (Some(_), None) => Err(ConfigError::Missing {
+            flag: "--restore-snapshot-sha256",
+            env: "RESTORE_SNAPSHOT_SHA256",
+            hint: "the snapshot's sha256 (`sha256sum <file>`), so that every member is known to restore the same file",
+        }),
+        (Some(file), Some(sha256)) => {
+            let sha256 = sha256.trim().to_ascii_lowercase();
+            if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(ConfigError::Invalid {
+                    setting: "--restore-snapshot-sha256 / RESTORE_SNAPSHOT_SHA256".to_string(),
+                    value: sha256,
+                    reason: "not a sha256: 64 hex digits, as `sha256sum <file>` prints them".to_string(),
+                });
+            }
+            Ok(Some(RestoreRequest {
+                file: PathBuf::from(file),
+                sha256,
+            }))
         }
     }
 }
@@ -350,6 +436,12 @@ struct Cli {
     /// How many backups to keep [default: 3]
     #[arg(long)]
     backup_keep: Option<usize>,
+    /// Restore the data dir from this etcd snapshot file (`etcdctl snapshot save`), once: give every member the same file [env: RESTORE_SNAPSHOT]
+    #[arg(long)]
+    restore_snapshot: Option<PathBuf>,
+    /// The snapshot file's sha256, 64 hex digits (`sha256sum <file>`); required with --restore-snapshot [env: RESTORE_SNAPSHOT_SHA256]
+    #[arg(long)]
+    restore_snapshot_sha256: Option<String>,
     /// Expiry of v2 TTL keys in v3: exact (a lease per remaining TTL) or flat (one 1 h lease for --ttl-keys-directory, as Kubernetes did) [default: exact]
     #[arg(long, value_enum)]
     ttl_leases: Option<TtlLeases>,
@@ -443,6 +535,7 @@ where
         &env,
     );
     let mode = resolve_mode(&mut cli, config_file.as_ref(), &data_dir, &env)?;
+    let restore = resolve_restore(&mut cli, &mut picker)?;
     Ok(Config {
         target,
         data_dir,
@@ -457,6 +550,7 @@ where
         backup,
         ttl_leases: cli.ttl_leases.unwrap_or_default(),
         keep_v2_keys: cli.keep_v2_keys,
+        restore,
         mode,
         log_format,
         overridden: picker.overridden,

@@ -63,6 +63,10 @@ pub const ALL: &[&str] = &[
     "cluster-after-stop",
     "cluster-after-start",
     "cluster-after-record",
+    // restore: a snapshot restored into the scratch dir, then swapped in
+    // (e2e/restores.rs kills there)
+    "restore-after-tool",
+    "restore-after-swap",
     // lib: the end of the run
     "before-exec",
 ];

@@ -29,6 +29,7 @@ pub mod ondisk;
 pub mod paths;
 pub mod plan;
 pub mod preconditions;
+pub mod restore;
 pub mod steps;
 pub mod supervisor;
 pub mod survey;
@@ -173,6 +174,9 @@ pub enum Error {
     /// A stop signal came outside a step.
     #[error("stopped by {0}")]
     Interrupted(Signal),
+    /// The restore from a snapshot (issue 29) was refused or failed.
+    #[error(transparent)]
+    Restore(#[from] restore::RestoreError),
 }
 
 impl Error {
@@ -198,6 +202,8 @@ impl Error {
             Error::Execute(ExecuteError::Interrupted { signal, .. })
             | Error::Interrupted(signal) => signal_exit_code(*signal),
             Error::Cluster(err) => err.exit_code(),
+            Error::Restore(err) if err.is_refusal() => EXIT_PRECONDITION,
+            Error::Restore(_) => EXIT_STEP_FAILED,
             Error::Record { .. } | Error::Supervisor(_) | Error::Runtime(_) => EXIT_FAILURE,
         }
     }
@@ -235,6 +241,13 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     let started = Instant::now();
     log_overrides(config);
     let glance = survey::glance(&config.data_dir)?;
+    let restoring = config
+        .restore
+        .as_ref()
+        .filter(|request| !restore::restored_before(&config.data_dir, request));
+    if let Some(request) = restoring {
+        return restore_snapshot(config, request, &glance, original_mask);
+    }
     // Fast path: the data is already at the target. Nothing is spawned and
     // no thread is started, so handing over to etcd costs a few ms.
     if glance.at(config.target) {
@@ -309,6 +322,75 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     finish(config)
 }
 
+/// The restore from a snapshot (issue 29), once: checked before anything
+/// is touched, then carried out under the data dir's survey; the member
+/// then serves the target as restored (every member restored from the
+/// same file forms the cluster again, as by hand).
+fn restore_snapshot(
+    config: &Config,
+    request: &config::RestoreRequest,
+    glance: &survey::Glance,
+    original_mask: SigSet,
+) -> Result<Outcome, Error> {
+    let started = Instant::now();
+    let checked = restore::check(config, request)?;
+    log::info(
+        "snapshot checked",
+        &[
+            ("snapshot", request.file.display().to_string().into()),
+            ("bytes", checked.bytes.into()),
+            (
+                "cluster_version",
+                checked
+                    .cluster_version
+                    .clone()
+                    .unwrap_or_else(|| "unknown".to_string())
+                    .into(),
+            ),
+        ],
+    );
+    let restorer = Binary::snapshot_restorer(config.target.version);
+    binaries::check_present(
+        &config.bin_dir,
+        &[restorer, Binary::etcd(config.target.version)],
+    )?;
+    if config.mode == Mode::DryRun {
+        let shown = format!(
+            "would restore {} from snapshot {} (sha256 {}) with {restorer}, then record {} and serve it\n",
+            config.data_dir.display(),
+            request.file.display(),
+            request.sha256,
+            config.target
+        );
+        let _ = std::io::stdout().lock().write_all(shown.as_bytes());
+        return Ok(Outcome::Exit);
+    }
+    let mut survey = Survey::take(config, glance)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let supervisor = Supervisor::start(original_mask)?;
+    let launcher = etcd::ProcessLauncher::new(supervisor.clone(), config.bin_dir.clone());
+    let stop = || supervisor.terminated();
+    runtime.block_on(restore::restore(
+        config,
+        request,
+        &mut survey,
+        &launcher,
+        &stop,
+    ))?;
+    if let Some(signal) = supervisor.terminated() {
+        return Err(Error::Interrupted(signal));
+    }
+    drop(survey);
+    log::info(
+        "handing over the restored data",
+        &[("ms", log::ms(started.elapsed()))],
+    );
+    finish(config)
+}
+
 /// What the run's offline read of the stopped data gives its steps.
 struct OfflineRead {
     /// The plan's baseline, where the data allows one offline.
@@ -361,20 +443,7 @@ fn offline_baseline(plan: &Plan, on_disk: Option<&OnDisk>) -> Option<baseline::O
 /// target must fit it (`cluster::join`). Nobody answering means a cluster
 /// being bootstrapped.
 fn check_join(config: &Config) -> Result<(), Error> {
-    // What the member's etcd will read, in etcd's order (the last wins):
-    // our settings first, then ETCD_CREDS, then the etcd arguments.
-    let mut args = vec![
-        format!("--initial-cluster={}", config.member.initial_cluster),
-        format!("--name={}", config.member.name),
-        format!(
-            "--initial-advertise-peer-urls={}",
-            config.member.initial_advertise_peer_urls
-        ),
-    ];
-    args.extend(config.member.extra_args.iter().cloned());
-    if let Mode::Exec { etcd_args } = &config.mode {
-        args.extend(etcd_args.iter().cloned());
-    }
+    let args = config.member_args();
     let initial_cluster = config::flag_in_args(&args, "initial-cluster").unwrap_or_default();
     let name = config::flag_in_args(&args, "name").unwrap_or_default();
     let others = cluster::join::other_members(&initial_cluster, &name);

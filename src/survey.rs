@@ -220,6 +220,15 @@ impl Survey {
         Ok(())
     }
 
+    /// `version.txt` := `pair` and the restart mark gone (it spoke of the
+    /// data a restore replaced).
+    pub fn record_restored(&mut self, pair: VersionPair) -> Result<(), DataDirError> {
+        datadir::record_and_unmark(&self.dir, pair)?;
+        self.state = DirState::Recorded(pair);
+        self.restart_mark = None;
+        Ok(())
+    }
+
     /// Puts the hold on the data dir (the next run refuses until someone
     /// has looked), with `reason`. A failure to write it is logged.
     pub fn hold(&self, reason: &str) {

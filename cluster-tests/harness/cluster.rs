@@ -148,6 +148,9 @@ pub struct Cluster {
     token: String,
     authority: Authority,
     pki_root: tempfile::TempDir,
+    /// More `docker run` options for every member started from now on
+    /// (`-e`, `-v`), e.g. a restore's settings and its snapshot file.
+    pub extra_options: Vec<String>,
 }
 
 /// A v2 key as read back: its key, value and modified index.
@@ -198,6 +201,7 @@ impl Cluster {
             label,
             authority,
             pki_root,
+            extra_options: Vec::new(),
         };
         for _ in 0..size {
             cluster.new_member(false);
@@ -285,6 +289,14 @@ impl Cluster {
             .map(|m| format!("{}=https://{}:2380", m.name, m.ip))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// A host dir for files the test hands every member (bind-mount it
+    /// with [`Cluster::extra_options`]).
+    pub fn shared_dir(&self) -> std::path::PathBuf {
+        let dir = self.pki_root.path().join("shared");
+        std::fs::create_dir_all(&dir).expect("create the shared dir");
+        dir
     }
 
     /// The root a member's example manifest maps its hostPath volumes
@@ -387,6 +399,7 @@ impl Cluster {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        args.extend(self.extra_options.iter().cloned());
         let peer = format!("https://{}:2380", m.ip);
         let client_urls = format!("https://{}:2379", m.ip);
         let state = if m.joined { "existing" } else { "new" };

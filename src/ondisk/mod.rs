@@ -40,6 +40,31 @@ use self::state::{Replay, V2State, V3State};
 
 pub use self::keys::{HashStart, Keep, OfflineHash, V2Names, V3Key};
 
+/// What an etcd snapshot file (`etcdctl snapshot save`: a bolt db with
+/// its sha256 appended) records of the release that wrote it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotVersions {
+    /// bolt's `cluster/clusterVersion` (3.5+ write it).
+    pub cluster_version: Option<String>,
+    /// bolt's `meta/storageVersion` (3.6+ write it).
+    pub storage_version: Option<String>,
+}
+
+/// Reads a snapshot file's versions, read-only: an error names the file
+/// when it is not a bolt db etcd could open.
+pub fn snapshot_versions(path: &Path) -> Result<SnapshotVersions, OnDiskError> {
+    let db = bolt::Db::open(path)?;
+    let mut versions = SnapshotVersions::default();
+    let text = |v: Vec<u8>| String::from_utf8_lossy(&v).into_owned();
+    if let Some(meta) = db.bucket(b"meta")? {
+        versions.storage_version = db.get(&meta, b"storageVersion")?.map(text);
+    }
+    if let Some(cluster) = db.bucket(b"cluster")? {
+        versions.cluster_version = db.get(&cluster, b"clusterVersion")?.map(text);
+    }
+    Ok(versions)
+}
+
 /// One member of the cluster, as the data records it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemberOnDisk {

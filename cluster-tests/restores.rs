@@ -1,0 +1,217 @@
+//! This module owns the disaster-recovery scenarios (issue 29): a whole
+//! cluster restored from one snapshot by its members' entrypoints, each
+//! given the same `RESTORE_SNAPSHOT` and `RESTORE_SNAPSHOT_SHA256`.
+
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::harness::cluster::{Cluster, Style, START_DEADLINE, STOP_GRACE_S};
+use crate::harness::writer::{connect, runtime, REQUEST_DEADLINE};
+use crate::harness::{ready, say};
+
+/// Keys written before the snapshot (all restored) and after it (none).
+const BEFORE: &str = "/restore-test/before/";
+const AFTER: &str = "/restore-test/after/";
+const KEYS: usize = 50;
+
+/// Puts `KEYS` keys under `prefix` through member `ip`.
+fn put_keys(cluster: &Cluster, ip: &str, prefix: &str) {
+    let pki = cluster.client.clone();
+    let ip = ip.to_string();
+    let prefix = prefix.to_string();
+    runtime().block_on(async move {
+        let mut c = connect(&pki, &ip).await.unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..KEYS {
+            tokio::time::timeout(
+                REQUEST_DEADLINE,
+                c.put(format!("{prefix}{i:04}"), "v", None),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("put through {ip}: no answer in time"))
+            .unwrap_or_else(|e| panic!("put through {ip}: {e}"));
+        }
+    });
+}
+
+/// How many keys under `prefix` member `ip` serves, and its revision.
+fn count(cluster: &Cluster, ip: &str, prefix: &str) -> (usize, i64) {
+    let pki = cluster.client.clone();
+    let ip = ip.to_string();
+    let prefix = prefix.to_string();
+    runtime().block_on(async move {
+        let mut c = connect(&pki, &ip).await.unwrap_or_else(|e| panic!("{e}"));
+        let resp = tokio::time::timeout(
+            REQUEST_DEADLINE,
+            c.get(
+                prefix.as_str(),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("get from {ip}: no answer in time"))
+        .unwrap_or_else(|e| panic!("get from {ip}: {e}"));
+        let revision = resp.header().map_or(0, |h| h.revision());
+        (resp.count() as usize, revision)
+    })
+}
+
+/// The snapshot member `ip` streams (what `etcdctl snapshot save` writes:
+/// the db, then its sha256).
+fn snapshot(cluster: &Cluster, ip: &str) -> Vec<u8> {
+    let pki = cluster.client.clone();
+    let ip = ip.to_string();
+    runtime().block_on(async move {
+        let mut c = connect(&pki, &ip).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut stream = c
+            .snapshot()
+            .await
+            .unwrap_or_else(|e| panic!("snapshot from {ip}: {e}"));
+        let mut bytes = Vec::new();
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(30), stream.message())
+                .await
+                .unwrap_or_else(|_| panic!("snapshot from {ip}: stalled"))
+                .unwrap_or_else(|e| panic!("snapshot from {ip}: {e}"));
+            match next {
+                Some(part) => bytes.extend_from_slice(part.blob()),
+                None => return bytes,
+            }
+        }
+    })
+}
+
+/// 3 members at 3.5.16 (kubeadm style, TLS): keys written, a snapshot
+/// taken from one member, more keys written; then every member is stopped
+/// and started again with the snapshot's settings. Each restores once
+/// (revision bumped past the snapshot's), the members form one cluster
+/// again (one cluster id, the same three names and peer URLs), every key
+/// up to the snapshot is there and none after, and writes go on; a member
+/// restarted with the setting still in its manifest restores nothing again.
+pub(crate) fn a_whole_cluster_is_restored_from_one_snapshot() {
+    let test = "restore-cluster";
+    let Some(ready) = ready(test, &["3.5.16"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.5.16");
+    let (before_membership, _) = cluster.membership(0);
+    let ip0 = cluster.members[0].ip.clone();
+    put_keys(&cluster, &ip0, BEFORE);
+    let bytes = snapshot(&cluster, &ip0);
+    put_keys(&cluster, &ip0, AFTER);
+    let (_, revision_before) = count(&cluster, &ip0, AFTER);
+
+    let shared = cluster.shared_dir();
+    let file = shared.join("snapshot.db");
+    std::fs::write(&file, &bytes).expect("write the snapshot");
+    let sha: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    cluster.extra_options = vec![
+        "-v".to_string(),
+        format!("{}:/var/lib/etcd-restore:ro", shared.display()),
+        "-e".to_string(),
+        "RESTORE_SNAPSHOT=/var/lib/etcd-restore/snapshot.db".to_string(),
+        "-e".to_string(),
+        format!("RESTORE_SNAPSHOT_SHA256={sha}"),
+    ];
+    for i in 0..cluster.members.len() {
+        cluster.container(i).stop(STOP_GRACE_S);
+    }
+    let restoring = Instant::now();
+    for i in 0..cluster.members.len() {
+        cluster.run_member(i, "3.5.16");
+    }
+    for i in 0..cluster.members.len() {
+        cluster.wait_healthy(i, START_DEADLINE);
+    }
+    let took = restoring.elapsed();
+    let (after_membership, _) = cluster.membership(0);
+    assert_ne!(
+        after_membership.cluster_id, before_membership.cluster_id,
+        "a restored cluster is a new cluster (new ids)"
+    );
+    let names = |m: &crate::harness::cluster::Membership| {
+        let mut v: Vec<(String, Vec<String>)> = m
+            .members
+            .values()
+            .map(|(name, peers, _)| (name.clone(), peers.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names(&after_membership),
+        names(&before_membership),
+        "the same names and peer URLs"
+    );
+    for i in 0..cluster.members.len() {
+        let ip = cluster.members[i].ip.clone();
+        let (membership, _) = cluster.membership(i);
+        assert_eq!(
+            membership.cluster_id, after_membership.cluster_id,
+            "{} is in the one restored cluster",
+            cluster.members[i].name
+        );
+        let (before, revision) = count(&cluster, &ip, BEFORE);
+        let (after, _) = count(&cluster, &ip, AFTER);
+        assert_eq!(
+            before, KEYS,
+            "{}: every key up to the snapshot",
+            cluster.members[i].name
+        );
+        assert_eq!(
+            after, 0,
+            "{}: no key written after the snapshot",
+            cluster.members[i].name
+        );
+        assert!(
+            revision > revision_before && revision > 1_000_000_000,
+            "{}: revision {revision} is past the old cluster's {revision_before} (bumped)",
+            cluster.members[i].name
+        );
+        assert_eq!(
+            cluster.container(i).count_in_log("restored version="),
+            1,
+            "{} restored once:\n{}",
+            cluster.members[i].name,
+            cluster.container(i).logs()
+        );
+    }
+    put_keys(
+        &cluster,
+        &cluster.members[1].ip.clone(),
+        "/restore-test/later/",
+    );
+
+    // The setting left in the manifest for days: a restart restores
+    // nothing again, and the member rejoins its cluster.
+    cluster.run_member(2, "3.5.16");
+    cluster.wait_healthy(2, START_DEADLINE);
+    assert_eq!(
+        cluster.container(2).count_in_log("restoring the data dir"),
+        0,
+        "restored again:\n{}",
+        cluster.container(2).logs()
+    );
+    let (later, _) = count(
+        &cluster,
+        &cluster.members[2].ip.clone(),
+        "/restore-test/later/",
+    );
+    assert_eq!(
+        later, KEYS,
+        "the restarted member has the writes since the restore"
+    );
+    say(&format!(
+        "{test}: 3 members restored from one snapshot and serving in {:.1} s; passed in {:.1} s",
+        took.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    ));
+}

@@ -1,0 +1,238 @@
+//! Restores from a snapshot (issue 29): a member's data dir replaced by
+//! what `etcdctl snapshot save` took, once, with the revision bumped past
+//! the snapshot's; the snapshot refused before anything is touched when it
+//! is not the one vouched for, cut short, not a snapshot, or newer than the
+//! target; a run killed at each point of the restore converges.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+use crate::harness::etcd::{connect, EtcdProcess};
+use crate::harness::fixture::{self, FixtureSpec};
+use crate::harness::keyspace::{read_back, Keyspace};
+use crate::harness::migrator::Migration;
+use crate::harness::tree::fingerprint;
+use crate::harness::{binary, block_on, free_port, read_version_txt, temp_dir, Member};
+
+/// The key written after the snapshot: never in a restored member.
+const AFTER: &str = "/registry/after-the-snapshot";
+
+/// The sha256 of `file`, as `sha256sum` prints it.
+fn sha256(file: &Path) -> String {
+    let bytes = std::fs::read(file).expect("read the snapshot");
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `version` serves `data` as `member`; `etcdctl snapshot save` takes
+/// `file` from it; then [`AFTER`] is written. Returns the keyspace the
+/// snapshot holds.
+fn snapshot_of(version: &str, data: &Path, member: &Member, logs: &Path, file: &Path) -> Keyspace {
+    let mut etcd = EtcdProcess::start(version, member, data, free_port(), logs);
+    let endpoint = etcd.endpoint();
+    let held = block_on(async {
+        etcd.wait_ready().await;
+        Keyspace::read(&endpoint).await
+    });
+    let saved = Command::new(binary(&format!("etcdctl-{version}")))
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &endpoint, "snapshot", "save"])
+        .arg(file)
+        .output()
+        .expect("run etcdctl snapshot save");
+    assert!(
+        saved.status.success(),
+        "etcdctl snapshot save: {}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    block_on(async {
+        let mut client = connect(&endpoint).await.expect("connect");
+        client.put(AFTER, "written after", None).await.expect("put");
+    });
+    etcd.stop();
+    held
+}
+
+/// The migration of `data` to `target` with the restore settings.
+fn restoring(target: &str, data: &Path, member: &Member, file: &Path, sha: &str) -> Migration {
+    Migration::new(target, data, member)
+        .arg("--restore-snapshot")
+        .arg(file)
+        .arg("--restore-snapshot-sha256")
+        .arg(sha)
+}
+
+/// The backups of `data` (its default backup dir).
+fn backups(data: &Path) -> Vec<PathBuf> {
+    let root = PathBuf::from(format!("{}.backup", data.display()));
+    std::fs::read_dir(&root)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_member_is_restored_from_a_snapshot_once_and_only_once() {
+    let tmp = temp_dir("restore-once");
+    let data = tmp.path().join("data");
+    let member = Member::new("restore-once");
+    fixture::build(FixtureSpec::full("3.5.16"), &data, &member, tmp.path());
+    let file = tmp.path().join("snapshot.db");
+    let held = snapshot_of("3.5.16", &data, &member, tmp.path(), &file);
+    let sha = sha256(&file);
+
+    let run = restoring("3.5.16", &data, &member, &file, &sha).run();
+    run.assert_code(0);
+    assert_eq!(run.lines_with("restored").len(), 1, "{}", run.explain());
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+    assert_eq!(backups(&data).len(), 1, "the data as it was is backed up");
+
+    let restored = read_back("3.5.16", &member, &data, tmp.path());
+    assert!(
+        !restored.entries.contains_key(AFTER.as_bytes()),
+        "a key written after the snapshot is not in the restored member"
+    );
+    restored.assert_kept(&held, 3000);
+    assert!(
+        restored.revision > 1_000_000_000,
+        "the revision is bumped past the snapshot's (watchers see a compaction, not revisions going back): {}",
+        restored.revision
+    );
+
+    // The setting left in the manifest: nothing happens again.
+    let again = restoring("3.5.16", &data, &member, &file, &sha).run();
+    again.assert_code(0);
+    assert!(
+        again.lines_with("restoring the data dir").is_empty(),
+        "restored twice:\n{}",
+        again.explain()
+    );
+    assert_eq!(
+        again.lines_with("already at target").len(),
+        1,
+        "{}",
+        again.explain()
+    );
+    assert_eq!(backups(&data).len(), 1, "no second backup");
+}
+
+#[test]
+fn a_snapshot_that_is_not_the_one_vouched_for_or_not_whole_is_refused_with_the_data_untouched() {
+    let tmp = temp_dir("restore-refused");
+    let data = tmp.path().join("data");
+    let member = Member::new("restore-refused");
+    fixture::build(FixtureSpec::small("3.5.16"), &data, &member, tmp.path());
+    let file = tmp.path().join("snapshot.db");
+    snapshot_of("3.5.16", &data, &member, tmp.path(), &file);
+    let sha = sha256(&file);
+    let bytes = std::fs::read(&file).expect("read");
+
+    let cut = tmp.path().join("cut.db");
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).expect("write");
+    let raw = tmp.path().join("raw.db");
+    std::fs::copy(data.join("member/snap/db"), &raw).expect("copy the db");
+    let flipped = tmp.path().join("flipped.db");
+    let mut changed = bytes.clone();
+    changed[5000] ^= 0xff;
+    std::fs::write(&flipped, &changed).expect("write");
+
+    let before = fingerprint(&data);
+    let cases: Vec<(&str, &str, PathBuf, String, &str)> = vec![
+        (
+            "another file's hash",
+            "3.5.16",
+            file.clone(),
+            "0".repeat(64),
+            "not the",
+        ),
+        (
+            "cut short",
+            "3.5.16",
+            cut.clone(),
+            sha256(&cut),
+            "not a bolt db of 4 KiB pages",
+        ),
+        (
+            "a db copied from a data dir",
+            "3.5.16",
+            raw.clone(),
+            sha256(&raw),
+            "not a bolt db of 4 KiB pages",
+        ),
+        (
+            "a byte changed",
+            "3.5.16",
+            flipped.clone(),
+            sha256(&flipped),
+            "integrity hash",
+        ),
+        (
+            "newer than the target",
+            "3.4.23",
+            file.clone(),
+            sha.clone(),
+            "newer than the target 3.4.23",
+        ),
+    ];
+    for (what, target, snapshot, hash, says) in cases {
+        let run = restoring(target, &data, &member, &snapshot, &hash).run();
+        run.assert_code(2);
+        run.assert_stderr_has(says);
+        assert!(
+            run.lines_with("restoring the data dir").is_empty(),
+            "{what}: went on to restore:\n{}",
+            run.explain()
+        );
+        before.assert_unchanged(&fingerprint(&data), what);
+    }
+
+    // Half the setting is a configuration error.
+    let run = Migration::new("3.5.16", &data, &member)
+        .arg("--restore-snapshot")
+        .arg(&file)
+        .run();
+    run.assert_code(2);
+    run.assert_stderr_has("--restore-snapshot-sha256");
+    before.assert_unchanged(&fingerprint(&data), "the hash missing");
+    assert!(backups(&data).is_empty(), "nothing was backed up");
+}
+
+#[test]
+fn a_restore_killed_at_each_point_converges_on_the_next_start() {
+    for point in ["restore-after-tool", "restore-after-swap"] {
+        let tmp = temp_dir("restore-kill");
+        let data = tmp.path().join("data");
+        let member = Member::new("restore-kill");
+        fixture::build(FixtureSpec::small("3.5.16"), &data, &member, tmp.path());
+        let file = tmp.path().join("snapshot.db");
+        let held = snapshot_of("3.5.16", &data, &member, tmp.path(), &file);
+        let sha = sha256(&file);
+
+        let killed = restoring("3.5.16", &data, &member, &file, &sha)
+            .env("FAILPOINTS", format!("{point}=return"))
+            .run();
+        assert_eq!(
+            killed.code(),
+            None,
+            "{point}: not killed:\n{}",
+            killed.explain()
+        );
+
+        let run = restoring("3.5.16", &data, &member, &file, &sha).run();
+        run.assert_code(0);
+        assert_eq!(read_version_txt(&data), "3.5.16/etcd3", "{point}");
+        let restored = read_back("3.5.16", &member, &data, tmp.path());
+        assert!(
+            !restored.entries.contains_key(AFTER.as_bytes()),
+            "{point}: the key written after the snapshot is back"
+        );
+        restored.assert_kept(&held, 3000);
+        assert!(
+            !data.join(".etcd-migrate.work").exists(),
+            "{point}: the scratch dir is gone"
+        );
+    }
+}
