@@ -215,3 +215,93 @@ pub(crate) fn a_whole_cluster_is_restored_from_one_snapshot() {
         started.elapsed().as_secs_f64()
     ));
 }
+
+/// Members that join by themselves (issue 29 item 3): a fourth member
+/// started on an empty data dir with `--initial-cluster-state existing`
+/// and nobody's `member add` adds itself and serves; then a member that
+/// lost its data (its volume replaced by an empty one, its stale entry
+/// still in the membership) removes that entry, adds itself again and
+/// serves. Writes go on throughout; the keyspace ends equal on every
+/// member.
+pub(crate) fn members_join_by_themselves_new_and_after_losing_their_data() {
+    let test = "self-join";
+    let Some(ready) = ready(test, &["3.5.16"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.5.16");
+    let ip0 = cluster.members[0].ip.clone();
+    put_keys(&cluster, &ip0, BEFORE);
+
+    let d = cluster.add_member_by_itself("3.5.16");
+    cluster.wait_healthy(d, START_DEADLINE);
+    let (membership, _) = cluster.membership(0);
+    assert_eq!(
+        membership.members.len(),
+        4,
+        "the fourth member added itself: {membership:?}"
+    );
+    let ip_d = cluster.members[d].ip.clone();
+    assert_eq!(
+        count(&cluster, &ip_d, BEFORE).0,
+        KEYS,
+        "the new member holds the keyspace"
+    );
+    assert_eq!(
+        cluster
+            .container(d)
+            .count_in_log("added this member to the cluster"),
+        1,
+        "{}",
+        cluster.container(d).logs()
+    );
+
+    let c = 2;
+    let old_id = membership
+        .members
+        .iter()
+        .find(|(_, (name, _, _))| *name == cluster.members[c].name)
+        .map(|(id, _)| *id)
+        .expect("etcd-c in the membership");
+    cluster.wipe_and_rejoin(c, "3.5.16");
+    cluster.wait_healthy(c, START_DEADLINE);
+    let (membership, _) = cluster.membership(0);
+    assert_eq!(
+        membership.members.len(),
+        4,
+        "still four members: {membership:?}"
+    );
+    assert!(
+        !membership.members.contains_key(&old_id),
+        "the stale entry {old_id:x} is gone: {membership:?}"
+    );
+    assert_eq!(
+        cluster
+            .container(c)
+            .count_in_log("removed this member's stale entry"),
+        1,
+        "{}",
+        cluster.container(c).logs()
+    );
+    let ip_c = cluster.members[c].ip.clone();
+    put_keys(&cluster, &ip_c, AFTER);
+    for i in 0..cluster.members.len() {
+        let ip = cluster.members[i].ip.clone();
+        assert_eq!(
+            count(&cluster, &ip, BEFORE).0,
+            KEYS,
+            "{}",
+            cluster.members[i].name
+        );
+        assert_eq!(
+            count(&cluster, &ip, AFTER).0,
+            KEYS,
+            "{}",
+            cluster.members[i].name
+        );
+    }
+    say(&format!(
+        "{test}: a member added itself, a wiped member replaced its stale entry; passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}

@@ -174,6 +174,10 @@ pub enum Error {
     /// A stop signal came outside a step.
     #[error("stopped by {0}")]
     Interrupted(Signal),
+    /// A member with no data could not add itself to its cluster (issue
+    /// 29; nothing was started).
+    #[error(transparent)]
+    SelfJoin(#[from] cluster::self_join::SelfJoinError),
     /// The restore from a snapshot (issue 29) was refused or failed.
     #[error(transparent)]
     Restore(#[from] restore::RestoreError),
@@ -203,6 +207,7 @@ impl Error {
             | Error::Interrupted(signal) => signal_exit_code(*signal),
             Error::Cluster(err) => err.exit_code(),
             Error::Restore(err) if err.is_refusal() => EXIT_PRECONDITION,
+            Error::SelfJoin(_) => EXIT_PRECONDITION,
             Error::Restore(_) => EXIT_STEP_FAILED,
             Error::Record { .. } | Error::Supervisor(_) | Error::Runtime(_) => EXIT_FAILURE,
         }
@@ -471,6 +476,23 @@ fn check_join(config: &Config) -> Result<(), Error> {
         ],
     );
     cluster::join::check(config.target.version, &told)?;
+    // `--initial-cluster-state existing` on an empty data dir: the member
+    // joins a live cluster, and adds itself to it (issue 29).
+    let state = cluster::settings::value(&args, &env, "initial-cluster-state");
+    if answered == 0 || state.as_deref() != Some("existing") {
+        return Ok(());
+    }
+    let peer_urls = cluster::settings::url_list(&args, &env, "initial-advertise-peer-urls");
+    let client_urls = cluster::settings::url_list(&args, &env, "advertise-client-urls");
+    let client_tls = cluster::settings::client_tls(&args, &env, &client_urls)?;
+    runtime.block_on(cluster::self_join::add_self(
+        &others,
+        &name,
+        &peer_urls,
+        peer_tls.as_ref(),
+        client_tls.as_ref(),
+        cluster::join::PROBE_TIMEOUT * 2,
+    ))?;
     Ok(())
 }
 

@@ -273,6 +273,27 @@ impl Cluster {
         i
     }
 
+    /// A new member started with TARGET_VERSION `version` on an empty data
+    /// volume and `--initial-cluster-state existing`, with no `member add`
+    /// by anyone: its entrypoint adds it (issue 29). Does not wait.
+    pub fn add_member_by_itself(&mut self, version: &str) -> usize {
+        let i = self.new_member(true);
+        self.run_member(i, version);
+        i
+    }
+
+    /// Member `i` loses its data: its container is killed and removed, its
+    /// volume replaced by an empty one; it is started again with
+    /// TARGET_VERSION `version` and `--initial-cluster-state existing` (its
+    /// stale entry still in the membership). Does not wait.
+    pub fn wipe_and_rejoin(&mut self, i: usize, version: &str) {
+        self.members[i].container = None;
+        let name = format!("emcl-{}-{}-wiped", self.run, self.members[i].name);
+        self.members[i].volume = Volume::create(&name, &self.label);
+        self.members[i].joined = true;
+        self.run_member(i, version);
+    }
+
     /// Member names, in order.
     pub fn names(&self) -> Vec<String> {
         self.members.iter().map(|m| m.name.clone()).collect()

@@ -11,6 +11,7 @@
 //!   whether the operator's rollout is over;
 //! - `settings`: the member's TLS files and URLs from its etcd settings;
 //! - `join`: the safety floor for a member with no data yet;
+//! - `self_join`: such a member adding itself to the membership;
 //! - `roll`: the observe → decide → act loop of one member, behind three
 //!   small seams (the cluster, our etcd, the data dir's records);
 //! - `member`: the real side of those seams;
@@ -27,6 +28,7 @@ pub mod member;
 pub mod observe;
 pub mod peer;
 pub mod roll;
+pub mod self_join;
 pub mod settings;
 
 pub use decide::{decide, Behind, Decision, Goal, Member, Own, Reach, Refusal, View, Waiting};

@@ -150,6 +150,27 @@ pub fn peer_tls(
     tls(args, env, &PEER, urls)
 }
 
+/// The client TLS files the arguments set, for client `urls` (https ones
+/// need them; none when every URL is plain http).
+pub fn client_tls(
+    args: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+    urls: &[String],
+) -> Result<Option<TlsFiles>, SettingsError> {
+    tls(args, env, &CLIENT, urls)
+}
+
+/// The value of etcd setting `flag` (without dashes) as etcd reads it: the
+/// last of the arguments, else its `ETCD_*` env var.
+pub fn value(args: &[String], env: &dyn Fn(&str) -> Option<String>, flag: &str) -> Option<String> {
+    setting(args, env, flag)
+}
+
+/// The URLs of setting `flag` (comma-separated), as [`value`] reads it.
+pub fn url_list(args: &[String], env: &dyn Fn(&str) -> Option<String>, flag: &str) -> Vec<String> {
+    urls(setting(args, env, flag))
+}
+
 /// Reads the cluster settings from the etcd arguments and the environment.
 pub fn read(
     args: &[String],

@@ -1,0 +1,320 @@
+//! This module owns a member that joins its live cluster by itself (issue
+//! 29 item 3): started on an empty data dir with `--initial-cluster-state
+//! existing`, it adds itself to the membership instead of waiting for a
+//! `member add` by hand (kubeadm's "join control plane" move, and a member
+//! replaced after it lost its data).
+//!
+//! What the membership must become is pure ([`change`]): nothing when a
+//! member with our peer URL was added and never started (someone ran
+//! `member add`); a stale entry of ours (our name and peer URL, started
+//! once: our data was lost) removed first, then added again; an entry of
+//! another member on our peer URL, or of our name on other peer URLs,
+//! refused by name. The calls go to the members that answer, through the
+//! client API with the member's own client TLS; etcd itself refuses an
+//! add that would cost the quorum (`--strict-reconfig-check`). The member
+//! joins as a voter, as `etcdctl member add` makes it.
+
+use std::time::Duration;
+
+use crate::cluster::client::{self, ClientError};
+use crate::cluster::decide::Member;
+use crate::cluster::join::Peer;
+use crate::cluster::peer::{error_text, PeerClient, TlsFiles};
+use crate::log;
+
+/// How long a member add refused as "unhealthy cluster" is asked again.
+const UNHEALTHY_RETRY: Duration = Duration::from_secs(60);
+
+/// What the membership needs for us to join.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Added already (by hand or by an earlier start of ours), never
+    /// started: etcd joins as it is.
+    AddedAlready {
+        /// The entry's id.
+        id: u64,
+    },
+    /// Not there: add us.
+    Add,
+    /// Our entry from before our data was lost: remove it, then add us.
+    Replace {
+        /// The stale entry's id.
+        id: u64,
+    },
+}
+
+/// Why the member could not add itself (nothing was started).
+#[derive(Debug, thiserror::Error)]
+pub enum SelfJoinError {
+    /// Another member has our peer URL.
+    #[error("member {other} already has the peer URL {url} this member advertises: two members cannot share one; give this member its own --initial-advertise-peer-urls, or remove {other} (etcdctl member remove) if it is gone for good")]
+    UrlTaken {
+        /// The other member's name and id.
+        other: String,
+        /// The URL.
+        url: String,
+    },
+    /// A member of our name has other peer URLs.
+    #[error("a member named {name} (id {id:x}) is in the cluster with peer URLs {theirs}, not this member's {ours}: a moved member is removed first (etcdctl member remove {id:x}) or joins under another name")]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// Its id.
+        id: u64,
+        /// Its peer URLs.
+        theirs: String,
+        /// Ours.
+        ours: String,
+    },
+    /// No other member answered its peer `/members`.
+    #[error("no member of the cluster this member joins answered for its membership ({tried}); start it again once one serves")]
+    NoAnswer {
+        /// The peer URLs asked, with why each failed.
+        tried: String,
+    },
+    /// The client API.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A membership call failed.
+    #[error("{action} through {endpoints} failed: {reason}")]
+    Call {
+        /// What was asked (e.g. `member add https://10.0.0.4:2380`).
+        action: String,
+        /// The client URLs.
+        endpoints: String,
+        /// What etcd said.
+        reason: String,
+    },
+}
+
+/// What must change for a member named `name` advertising `peer_urls` to
+/// join `members` (see the module doc).
+pub fn change(
+    members: &[Member],
+    name: &str,
+    peer_urls: &[String],
+) -> Result<Change, SelfJoinError> {
+    let norm = |u: &str| u.trim_end_matches('/').to_string();
+    let ours: Vec<String> = peer_urls.iter().map(|u| norm(u)).collect();
+    for member in members {
+        let shared = member
+            .peer_urls
+            .iter()
+            .map(|u| norm(u))
+            .find(|u| ours.contains(u));
+        if let Some(url) = shared {
+            if member.name.is_empty() {
+                return Ok(Change::AddedAlready { id: member.id });
+            }
+            if member.name == name {
+                return Ok(Change::Replace { id: member.id });
+            }
+            return Err(SelfJoinError::UrlTaken {
+                other: format!("{} ({:x})", member.name, member.id),
+                url,
+            });
+        }
+        if member.name == name {
+            return Err(SelfJoinError::NameTaken {
+                name: name.to_string(),
+                id: member.id,
+                theirs: member.peer_urls.join(","),
+                ours: peer_urls.join(","),
+            });
+        }
+    }
+    Ok(Change::Add)
+}
+
+/// Adds this member (`name`, `peer_urls`) to the cluster `others` belong
+/// to, as [`change`] says; returns its id.
+pub async fn add_self(
+    others: &[Peer],
+    name: &str,
+    peer_urls: &[String],
+    peer_tls: Option<&TlsFiles>,
+    client_tls: Option<&TlsFiles>,
+    timeout: Duration,
+) -> Result<u64, SelfJoinError> {
+    let peer = PeerClient::new(peer_tls, timeout).map_err(|e| SelfJoinError::NoAnswer {
+        tried: e.to_string(),
+    })?;
+    let mut tried = Vec::new();
+    let mut members = None;
+    for other in others {
+        match peer.members(&other.url).await {
+            Ok(list) => {
+                members = Some(list);
+                break;
+            }
+            Err(err) => tried.push(format!("{}: {}", other.url, error_text(&err))),
+        }
+    }
+    let Some(members) = members else {
+        return Err(SelfJoinError::NoAnswer {
+            tried: tried.join("; "),
+        });
+    };
+    let what = change(&members, name, peer_urls)?;
+    if let Change::AddedAlready { id } = what {
+        log::info(
+            "this member is in the membership already, never started: joining as it is",
+            &[("id", format!("{id:x}").into())],
+        );
+        return Ok(id);
+    }
+    // The others' client URLs, one at a time: a client balancing over all
+    // of them sends a call to one that is down (our own stale entry's
+    // above all) and fails it.
+    let ours = match what {
+        Change::Replace { id } => Some(id),
+        _ => None,
+    };
+    let endpoints: Vec<String> = members
+        .iter()
+        .filter(|m| !m.name.is_empty() && Some(m.id) != ours)
+        .flat_map(|m| m.client_urls.iter().cloned())
+        .collect();
+    let mut last = None;
+    for endpoint in &endpoints {
+        match membership_change(endpoint, client_tls, timeout, what.clone(), name, peer_urls).await
+        {
+            Ok(id) => return Ok(id),
+            Err(err) => {
+                log::warn(
+                    "a member could not make the membership change; trying the next",
+                    &[
+                        ("endpoint", endpoint.as_str().into()),
+                        ("error", err.to_string().into()),
+                    ],
+                );
+                last = Some(err);
+            }
+        }
+    }
+    Err(last.unwrap_or(SelfJoinError::NoAnswer {
+        tried: "no other member publishes a client URL".to_string(),
+    }))
+}
+
+/// The remove (for [`Change::Replace`]) and the add, through `endpoint`.
+async fn membership_change(
+    endpoint: &str,
+    client_tls: Option<&TlsFiles>,
+    timeout: Duration,
+    what: Change,
+    name: &str,
+    peer_urls: &[String],
+) -> Result<u64, SelfJoinError> {
+    let mut api = client::connect_v3(&[endpoint.to_string()], client_tls, timeout).await?;
+    let failed = |action: String| {
+        let endpoints = endpoint.to_string();
+        move |err: etcd_client::Error| SelfJoinError::Call {
+            action,
+            endpoints,
+            reason: error_text(&err),
+        }
+    };
+    if let Change::Replace { id } = what {
+        match api.member_remove(id).await {
+            Ok(_) => log::info(
+                "removed this member's stale entry (its data was lost)",
+                &[("id", format!("{id:x}").into()), ("name", name.into())],
+            ),
+            // Removed by an attempt through another member already.
+            Err(err) if error_text(&err).contains("member not found") => {}
+            Err(err) => return Err(failed(format!("member remove {id:x}"))(err)),
+        }
+    }
+    // etcd refuses an add while a member has been connected for less than
+    // a few seconds ("unhealthy cluster", --strict-reconfig-check): a
+    // cluster that just (re)started is asked again, up to a deadline.
+    let deadline = std::time::Instant::now() + UNHEALTHY_RETRY;
+    let added = loop {
+        match api.member_add(peer_urls, None).await {
+            Ok(added) => break added,
+            Err(err)
+                if error_text(&err).contains("unhealthy cluster")
+                    && std::time::Instant::now() < deadline =>
+            {
+                log::info(
+                    "the cluster refuses a member add while it settles; asking again",
+                    &[("error", error_text(&err).into())],
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(err) => return Err(failed(format!("member add {}", peer_urls.join(",")))(err)),
+        }
+    };
+    let id = added.member().map_or(0, |m| m.id());
+    log::info(
+        "added this member to the cluster",
+        &[
+            ("id", format!("{id:x}").into()),
+            ("name", name.into()),
+            ("peer_urls", peer_urls.join(",").into()),
+            ("members", (added.member_list().len()).into()),
+        ],
+    );
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::decide::Reach;
+
+    fn member(id: u64, name: &str, url: &str) -> Member {
+        Member {
+            id,
+            name: name.to_string(),
+            peer_urls: vec![url.to_string()],
+            client_urls: vec![],
+            is_learner: false,
+            reach: Reach::Down(Duration::ZERO),
+            storage: None,
+        }
+    }
+
+    #[test]
+    fn what_the_membership_needs_as_a_table() {
+        let ours = ["https://10.0.0.4:2380".to_string()];
+        let a = member(0xa, "etcd-a", "https://10.0.0.1:2380");
+        let b = member(0xb, "etcd-b", "https://10.0.0.2:2380");
+        let cases: Vec<(&str, Vec<Member>, Result<Change, &str>)> = vec![
+            (
+                "not there: add",
+                vec![a.clone(), b.clone()],
+                Ok(Change::Add),
+            ),
+            (
+                "added by hand, unstarted: as it is",
+                vec![a.clone(), member(0xd, "", "https://10.0.0.4:2380/")],
+                Ok(Change::AddedAlready { id: 0xd }),
+            ),
+            (
+                "our stale entry: replace",
+                vec![a.clone(), member(0xd, "etcd-d", "https://10.0.0.4:2380")],
+                Ok(Change::Replace { id: 0xd }),
+            ),
+            (
+                "another member on our URL: refused",
+                vec![a.clone(), member(0xe, "etcd-e", "https://10.0.0.4:2380")],
+                Err("already has the peer URL"),
+            ),
+            (
+                "our name on another URL: refused",
+                vec![a.clone(), member(0xd, "etcd-d", "https://10.0.0.9:2380")],
+                Err("a member named etcd-d"),
+            ),
+        ];
+        for (what, members, want) in cases {
+            let got = change(&members, "etcd-d", &ours);
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{what}"),
+                (Err(err), Err(says)) => assert!(err.to_string().contains(says), "{what}: {err}"),
+                (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+}
