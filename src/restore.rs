@@ -227,8 +227,10 @@ fn hashes(file: &Path) -> Result<Hashes, RestoreError> {
     let bytes = f.metadata().map_err(read_err)?.len();
     let laid_out = bytes > 32 && (bytes - 32) % 4096 == 0;
     let body_len = if laid_out { bytes - 32 } else { bytes };
-    let mut whole = Sha256::new();
-    let mut body = Sha256::new();
+    // One hasher: SHA-256 is a chain, so its state where the pages end is
+    // the pages' hash, and the same state fed the tail is the file's.
+    let mut hasher = Sha256::new();
+    let mut body = None;
     let mut tail = Vec::with_capacity(32);
     let mut seen = 0u64;
     let mut buf = vec![0u8; 1 << 20];
@@ -238,15 +240,18 @@ fn hashes(file: &Path) -> Result<Hashes, RestoreError> {
             break;
         }
         let chunk = &buf[..n];
-        whole.update(chunk);
         let in_body = body_len.saturating_sub(seen).min(n as u64) as usize;
-        body.update(&chunk[..in_body]);
+        hasher.update(&chunk[..in_body]);
+        if laid_out && body.is_none() && seen + in_body as u64 == body_len {
+            body = Some(hasher.clone().finalize().into());
+        }
+        hasher.update(&chunk[in_body..]);
         if laid_out {
             tail.extend_from_slice(&chunk[in_body..]);
         }
         seen += n as u64;
     }
-    let hex = whole
+    let hex = hasher
         .finalize()
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -255,7 +260,7 @@ fn hashes(file: &Path) -> Result<Hashes, RestoreError> {
         return Ok((hex, None, None, bytes));
     }
     let tail: Option<[u8; 32]> = tail.as_slice().try_into().ok();
-    Ok((hex, Some(body.finalize().into()), tail, bytes))
+    Ok((hex, body, tail, bytes))
 }
 
 /// The member's settings as its etcd will read them (etcd's order, the

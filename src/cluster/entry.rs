@@ -26,6 +26,11 @@ const ROUND: Duration = Duration::from_secs(2);
 /// The pause between rounds while our own etcd is not proven yet (see
 /// `Timing::prove_every`): short, a proof is one `/version` and one write.
 const PROVE_EVERY: Duration = Duration::from_millis(250);
+/// The pause between rounds while the wait is for something that moves by
+/// itself within a second or two (another member's restart under the lock,
+/// the cluster version following a wave): what a member adds to a wave
+/// beyond a restart by hand is half of it, on average.
+const SOON_EVERY: Duration = Duration::from_millis(200);
 /// How often an unchanged wait is reported again.
 const PROGRESS_EVERY: Duration = Duration::from_secs(15);
 /// What one request to a member may take.
@@ -200,6 +205,7 @@ pub fn run(
         timing: Timing {
             round: ROUND,
             prove_every: PROVE_EVERY,
+            soon_every: SOON_EVERY,
             progress_every: PROGRESS_EVERY,
             prove_deadline: config.health_timeout,
         },

@@ -41,6 +41,9 @@ pub struct Timing {
     /// two, and every round it is unproven the roll (and, under the lock,
     /// every other member) waits on it.
     pub prove_every: Duration,
+    /// The pause between rounds while the wait is for something that
+    /// moves by itself soon (see `moves_soon`).
+    pub soon_every: Duration,
     /// How often an unchanged wait is reported again.
     pub progress_every: Duration,
     /// How long a release started under the lock may take to serve a
@@ -290,6 +293,9 @@ struct State {
     readied: bool,
     /// Refusals decided in a row (see [`REFUSALS_TO_END`]).
     refusals: u32,
+    /// The last wait is for something that moves by itself soon
+    /// ([`moves_soon`]): the next round comes after `Timing::soon_every`.
+    soon: bool,
 }
 
 /// Observations in a row that must refuse before a member ends its roll
@@ -541,6 +547,7 @@ where
         readying: None,
         readied: false,
         refusals: 0,
+        soon: false,
     };
     if let Err(err) = roll(
         rolling,
@@ -724,10 +731,42 @@ async fn announce<C: Coordination>(rolling: &Rolling, cluster: &mut C) {
 /// (a just-started etcd answers within a second or two, and the roll waits
 /// on its proof).
 fn between_rounds(rolling: &Rolling, member: &State) -> Duration {
-    if member.proven {
-        rolling.timing.round
-    } else {
+    if !member.proven {
         rolling.timing.prove_every
+    } else if member.soon {
+        rolling.timing.soon_every
+    } else {
+        rolling.timing.round
+    }
+}
+
+/// How long a member may be down and still count as restarting.
+const SOON_DOWN: Duration = Duration::from_secs(30);
+
+/// Whether what we wait for moves by itself within a second or two (a
+/// member's restart under the lock, the cluster version following the
+/// last member of a wave, etcd lowering a storage version or a cluster
+/// version): then the next round comes sooner, so a wave's members follow
+/// one another as closely as by hand (issue 30). A member down for long,
+/// a rollout not over, a target with no way back wait on people: the long
+/// round.
+fn moves_soon(waiting: &Waiting) -> bool {
+    match waiting {
+        Waiting::LockHeld { .. }
+        | Waiting::Downgrading { .. }
+        | Waiting::StorageVersion { .. }
+        | Waiting::OwnNotProven { .. } => true,
+        Waiting::ClusterVersion { behind, .. } => behind
+            .as_ref()
+            .is_none_or(|b| matches!(b.reach, crate::cluster::Reach::Up(_))),
+        // A member down for seconds is restarting (the rollout's or its
+        // own restart); one down for longer waits on someone.
+        Waiting::MemberDown { down_for, .. } => *down_for < SOON_DOWN,
+        Waiting::Learner { .. }
+        | Waiting::Alarms(_)
+        | Waiting::NoWayBack { .. }
+        | Waiting::Rollout { .. }
+        | Waiting::PatchFloor { .. } => false,
     }
 }
 
@@ -763,6 +802,12 @@ where
     if !matches!(decided.decision, Decision::Refuse(_)) {
         member.refusals = 0;
     }
+    member.soon = match &decided.decision {
+        Decision::Wait(waiting) => moves_soon(waiting),
+        // A lock another member holds is let go when its restart is over.
+        Decision::TakeLock => true,
+        _ => false,
+    };
     match decided.decision {
         Decision::Wait(waiting) => {
             match &waiting {

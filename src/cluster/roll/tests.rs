@@ -368,6 +368,7 @@ fn rolling(recorded: &str, target: &str) -> Rolling {
         timing: Timing {
             round: Duration::ZERO,
             prove_every: Duration::ZERO,
+            soon_every: Duration::ZERO,
             progress_every: Duration::from_secs(3600),
             prove_deadline: Duration::from_secs(3600),
         },
