@@ -42,6 +42,14 @@ pub const RESTART_MARK_FILE: &str = ".etcd-migrate.restart";
 /// The temporary name the restart mark is written under before the rename.
 const RESTART_MARK_TEMP_FILE: &str = ".etcd-migrate.restart.tmp";
 
+/// The record of the last restore from a snapshot (issue 29): JSON whose
+/// `sha256` names the snapshot, written last by the restore, so that a
+/// restart with the same setting never restores twice.
+pub const RESTORED_FILE: &str = ".etcd-migrate.restored";
+
+/// The temporary name the restore's record is written under.
+const RESTORED_TEMP_FILE: &str = ".etcd-migrate.restored.tmp";
+
 /// Scratch space of steps that rebuild the data (restores, rollbacks). It
 /// lives inside the data dir so that swaps are renames within one
 /// filesystem, even when the data dir is a mount point.
@@ -578,6 +586,29 @@ pub fn record_and_unmark(dir: &Path, pair: VersionPair) -> Result<(), DataDirErr
             source,
         }),
     }
+}
+
+/// The sha256 of the snapshot the data was last restored from
+/// ([`RESTORED_FILE`]), if it records one.
+pub fn read_restored(dir: &Path) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Record {
+        sha256: String,
+    }
+    let raw = fs::read(dir.join(RESTORED_FILE)).ok()?;
+    serde_json::from_slice::<Record>(&raw)
+        .ok()
+        .map(|r| r.sha256)
+}
+
+/// Writes the restore's record ([`RESTORED_FILE`]), durably.
+pub fn write_restored(dir: &Path, json: &str) -> Result<(), DataDirError> {
+    replace_file(
+        dir,
+        RESTORED_TEMP_FILE,
+        RESTORED_FILE,
+        format!("{json}\n").as_bytes(),
+    )
 }
 
 /// Puts the hold on the data dir ([`HOLD_FILE`]), durably, with `reason`.

@@ -245,11 +245,11 @@ impl Progress for SurveyProgress<'_> {
 pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     let started = Instant::now();
     log_overrides(config);
-    let glance = survey::glance(&config.data_dir)?;
+    let glance = survey::glance(&config.data_dir, config.restore.is_some())?;
     let restoring = config
         .restore
         .as_ref()
-        .filter(|request| !restore::restored_before(&config.data_dir, request));
+        .filter(|request| !restore::restored_before(&glance, request));
     if let Some(request) = restoring {
         return restore_snapshot(config, request, &glance, original_mask);
     }

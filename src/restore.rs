@@ -18,7 +18,7 @@
 //!    see a compaction, never revisions going back).
 //! 3. The new `member/` swapped in with the rebuilding steps' journalled
 //!    exchange, `version.txt` recorded, the restart mark dropped, and last
-//!    the restore's own record ([`RESTORED_FILE`], the snapshot's sha256):
+//!    the restore's own record (`datadir::RESTORED_FILE`, the snapshot's sha256):
 //!    a restart with the same setting never restores twice, a crash before
 //!    the record restores again from the same file.
 
@@ -42,10 +42,6 @@ use crate::survey::{Survey, SurveyError};
 use crate::swap::{self, SwapError};
 use crate::version::{Minor, Storage, Version, VersionPair};
 
-/// The restore's record in the data dir: JSON with the snapshot's sha256,
-/// its path and when it was restored, written last.
-pub const RESTORED_FILE: &str = ".etcd-migrate.restored";
-
 /// The dir the restore tool writes into, in the scratch dir.
 const RESTORE_DIR: &str = "restored";
 
@@ -53,7 +49,7 @@ const RESTORE_DIR: &str = "restored";
 /// revision a cluster reached, so a watcher never sees one go back.
 const BUMP_REVISION: &str = "1000000000";
 
-/// What [`RESTORED_FILE`] holds.
+/// What the restore's record (`datadir::RESTORED_FILE`) holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Restored {
     sha256: String,
@@ -117,14 +113,11 @@ impl RestoreError {
     }
 }
 
-/// Whether `data_dir` records a restore from the snapshot `request`
-/// names (by its sha256): then the setting left in the manifest does
-/// nothing again.
-pub fn restored_before(data_dir: &Path, request: &RestoreRequest) -> bool {
-    std::fs::read(data_dir.join(RESTORED_FILE))
-        .ok()
-        .and_then(|raw| serde_json::from_slice::<Restored>(&raw).ok())
-        .is_some_and(|record| record.sha256 == request.sha256)
+/// Whether the data dir, as `glance` read it, records a restore from the
+/// snapshot `request` names (by its sha256): then the setting left in the
+/// manifest does nothing again.
+pub fn restored_before(glance: &crate::survey::Glance, request: &RestoreRequest) -> bool {
+    glance.restored.as_deref() == Some(request.sha256.as_str())
 }
 
 /// What the checks found: the snapshot is the one vouched for and whole.
@@ -394,14 +387,7 @@ pub async fn restore<T: Tools>(
     };
     let json = serde_json::to_string(&record).unwrap_or_default();
     // Last, and durably: until it is there a restart restores again.
-    durable::write_atomic(
-        &dir,
-        &format!("{RESTORED_FILE}.tmp"),
-        RESTORED_FILE,
-        format!("{json}\n").as_bytes(),
-        |_| {},
-    )
-    .map_err(SwapError::from)?;
+    survey.record_restore_done(&json)?;
     if !bumps {
         log::warn(
             "restored without a revision bump: this release's restore tool has none (3.4.27+, 3.5.10+, 3.6+ have one); clients that watch (kube-apiserver) must relist: restart them",

@@ -1,8 +1,9 @@
 //! This module owns the data dir's state as one run sees it, and the run's
 //! writes to it. Two looks, no more:
-//! - [`glance`], before any lock: what `version.txt` records, the hold, and
+//! - [`glance`], before any lock: what `version.txt` records, the hold,
 //!   whether an earlier run was interrupted (a scratch dir, a `version.txt`
-//!   temp file, a restart mark). Enough for the fast path (already at the
+//!   temp file, a restart mark), and, when a restore is asked, the record
+//!   of the last one. Enough for the fast path (already at the
 //!   target: exec), which must stay a few stats and one small read.
 //! - [`Survey::take`], for every other run: access checked, the dir locked
 //!   (when it exists and the run may change it), an earlier run's
@@ -56,6 +57,9 @@ pub struct Glance {
     /// An earlier run died mid-step, mid-record or mid-roll: never the
     /// fast path; the survey cleans up under the lock.
     pub interrupted: bool,
+    /// The sha256 of the snapshot the data was last restored from (read
+    /// only when the run asks for a restore).
+    pub restored: Option<String>,
 }
 
 impl Glance {
@@ -68,12 +72,18 @@ impl Glance {
 /// The look before the lock: a scratch dir, a `version.txt` temp file or
 /// a restart mark sends the run down the locked path; a hold refuses it
 /// at once (the one error that does not wait for the lock).
-pub fn glance(dir: &Path) -> Result<Glance, PreconditionError> {
+/// `restoring`: the run asks for a restore, so its record is read too.
+pub fn glance(dir: &Path, restoring: bool) -> Result<Glance, PreconditionError> {
     let interrupted = dir.join(datadir::WORK_DIR).exists()
         || dir.join(datadir::VERSION_TEMP_FILE).exists()
         || dir.join(datadir::RESTART_MARK_FILE).exists();
     let state = preconditions::check_not_held(datadir::inspect(dir))?;
-    Ok(Glance { state, interrupted })
+    let restored = restoring.then(|| datadir::read_restored(dir)).flatten();
+    Ok(Glance {
+        state,
+        interrupted,
+        restored,
+    })
 }
 
 /// The data dir as surveyed under its lock, and the one writer of its
@@ -227,6 +237,12 @@ impl Survey {
         self.state = DirState::Recorded(pair);
         self.restart_mark = None;
         Ok(())
+    }
+
+    /// Writes the restore's record (`json`, the snapshot's sha256 in it),
+    /// durably: the last write of a restore.
+    pub fn record_restore_done(&self, json: &str) -> Result<(), DataDirError> {
+        datadir::write_restored(&self.dir, json)
     }
 
     /// Puts the hold on the data dir (the next run refuses until someone
