@@ -17,7 +17,8 @@
 //!   (3.3 → 3.4 → 3.5 with 3 and 5 members, the `examples/ha/` sets as
 //!   written, all restarted at once, a member offline through a wave, lock
 //!   holders SIGKILLed at each point of their restart, a holder cut off, a
-//!   target lowered mid-wave).
+//!   target lowered mid-wave, Kubernetes' own HA manifests one minor up
+//!   through `migrate-if-needed.sh`).
 //! - `downgrades`: the way back through etcd's downgrade (3.7 → 3.6 →
 //!   3.5 and up again, 3 and 5 members, holders killed at each point, a
 //!   target raised mid-downgrade, a member offline through a wave, a member
@@ -68,6 +69,7 @@ fn main() {
         restores::members_join_by_themselves_new_and_after_losing_their_data,
         upgrades::the_kubeadm_example_set_rolls_three_members_from_3_3_to_3_5,
         upgrades::the_gce_example_set_rolls_three_members_from_3_3_to_3_5,
+        upgrades::kubernetes_ha_manifests_roll_one_minor_up_through_migrate_if_needed,
         upgrades::five_members_gce_exec_style_roll_from_3_3_to_3_5,
         upgrades::all_members_restarted_at_once_form_the_quorum_then_roll,
         upgrades::a_member_offline_holds_the_wave_until_it_is_back,

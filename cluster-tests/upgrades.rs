@@ -809,3 +809,29 @@ scenarios_on!(
     super::FROM_3_0,
     "v30"
 );
+
+/// Kubernetes' own HA manifests (issue 30): each member runs
+/// `migrate-if-needed.sh || exit; exec etcd-${TARGET_VERSION}` (GCE
+/// style, `--no-exec`), and the rollout restarts them one after another
+/// with a target one minor up (the Kubernetes tool's `ha-v3-v3-up` case,
+/// 3.4.23 → 3.5.16). Each entrypoint checks the live cluster as a roll's
+/// first start does, records the target and exits 0; the manifest's etcd
+/// starts it and joins, an ordinary rolling upgrade. (Two minors stay
+/// refused: `refusals::gce_member_restarted_with_a_new_target_by_migrate_if_needed_is_refused_and_rejoins`.)
+pub(crate) fn kubernetes_ha_manifests_roll_one_minor_up_through_migrate_if_needed() {
+    let Some((mut s, _ready)) =
+        Scenario::start("ha-v3-v3-up", Style::Gce, 3, "3.4.23", &["3.5.16"])
+    else {
+        return;
+    };
+    s.retarget_one_by_one("3.5.16");
+    assert_eq!(
+        s.counts("handing over one hop to the manifest's etcd")
+            .iter()
+            .sum::<usize>(),
+        3,
+        "every member handed its one hop over:\n{}",
+        s.record()
+    );
+    s.finish_with("3.5.16", false);
+}

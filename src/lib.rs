@@ -304,6 +304,11 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         print_plan(config, plan, member, survey.scratch());
         return Ok(Outcome::Exit);
     }
+    if let (Work::Roll { .. }, Some(_), Mode::NoExec) =
+        (plan.work(), survey.on_disk(), &config.mode)
+    {
+        return hand_over_one_hop(config, &plan, survey, bundle);
+    }
     if let (Work::Roll { .. }, Some(on_disk)) = (plan.work(), survey.on_disk()) {
         cluster::entry::check_mode(config, on_disk)?;
         log_plan(config, &plan, &member, &bundle);
@@ -509,6 +514,44 @@ fn log_overrides(config: &Config) {
             ],
         );
     }
+}
+
+/// `--no-exec` with a member of a cluster (Kubernetes' own HA manifests):
+/// the one hop the live cluster allows now is recorded and handed to the
+/// manifest's etcd (`cluster::entry::hand_over`); anything else is refused.
+fn hand_over_one_hop(
+    config: &Config,
+    plan: &Plan,
+    mut survey: Survey,
+    bundle: Bundle,
+) -> Result<Outcome, Error> {
+    let Some(on_disk) = survey.take_on_disk() else {
+        return Err(Error::Runtime(
+            "the cluster mode needs the data's offline read".to_string(),
+        ));
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let marked = survey.restart_mark();
+    let target = cluster::entry::hand_over(config, plan, &on_disk, marked, bundle, &runtime)?;
+    survey.record(target).map_err(|source| Error::Record {
+        pair: target,
+        data_dir: config.data_dir.display().to_string(),
+        source,
+    })?;
+    log::info(
+        "recorded",
+        &[
+            ("version", target.to_string().into()),
+            (
+                "reason",
+                "one hop the cluster allows, handed to the manifest's etcd".into(),
+            ),
+        ],
+    );
+    finish(config)
 }
 
 /// The cluster mode: this member's etcd runs as our supervised child while

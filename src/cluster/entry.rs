@@ -44,7 +44,7 @@ const STOP_GRACE: Duration = Duration::from_secs(20);
 #[derive(Debug, thiserror::Error)]
 pub enum EntryError {
     /// `--no-exec` cannot keep the member's etcd running.
-    #[error("the data in {data_dir} belongs to a cluster of {members} members ({names}), as its own membership records, and reaching {target} means restarting this member's etcd under the cluster's upgrade lock and supervising it, which --no-exec (migrate-if-needed.sh) cannot do: it exits before etcd starts; run etcd-migrate as the container's command with etcd's flags after `--` (as every member in examples/ha/ does, e.g. examples/ha/gce-etcd-a.manifest or examples/ha/kubeadm-etcd-a.yaml), or set TARGET_VERSION to the release recorded in version.txt")]
+    #[error("the data in {data_dir} belongs to a cluster of {members} members ({names}), as its own membership records, and reaching {target} means restarting this member's etcd under the cluster's upgrade lock and supervising it, which --no-exec (migrate-if-needed.sh) cannot do: it exits before etcd starts, so it takes only the one hop the cluster allows at once (the next patch, or the next minor once the cluster version has reached this member's); run etcd-migrate as the container's command with etcd's flags after `--` (as every member in examples/ha/ does, e.g. examples/ha/gce-etcd-a.manifest or examples/ha/kubeadm-etcd-a.yaml), or set TARGET_VERSION to the release recorded in version.txt")]
     NoExec {
         /// The data dir.
         data_dir: String,
@@ -132,47 +132,42 @@ pub fn check_mode(config: &Config, on_disk: &OnDisk) -> Result<(), EntryError> {
     etcd_args(config, on_disk).map(|_| ())
 }
 
-/// Rolls this member to the target with its cluster, then serves until
-/// its etcd exits; returns the exit code the process ends with.
-pub fn run(
+/// What a member's roll works from: its view of the cluster, its plan
+/// and timings, the full command line its etcd reads.
+struct Prepared {
+    rolling: Rolling,
+    live: LiveCluster,
+}
+
+/// Builds the roll's seams from the configuration, the data and `args`
+/// (the command line the member's etcd reads).
+fn prepare(
     config: &Config,
     plan: &Plan,
     on_disk: &OnDisk,
     marked: Option<Version>,
     bundle: Bundle,
-    runtime: &tokio::runtime::Runtime,
-    supervisor: Supervisor,
-) -> Result<u8, EntryError> {
-    let user_args = etcd_args(config, on_disk)?;
+    args: &[String],
+) -> Result<Prepared, EntryError> {
     let members: Vec<_> = on_disk.members.iter().map(member::from_disk).collect();
     let own_id = on_disk.member_id.ok_or_else(|| EntryError::NoMemberId {
         data_dir: config.data_dir.display().to_string(),
         members: members.len(),
     })?;
-    let etcd = SupervisedEtcd::new(
-        supervisor.clone(),
-        &config.bin_dir,
-        user_args,
-        &config.data_dir,
-        config.listen_client_urls.as_deref(),
-        STOP_GRACE,
-    );
-    // What the member's etcd reads: the full command line it runs with.
-    let args = etcd.target(config.target.version).args;
     let env = |name: &str| std::env::var(name).ok();
-    let cluster_settings = settings::read(&args, &env)?;
+    let cluster_settings = settings::read(args, &env)?;
     let peer_urls: Vec<String> = members
         .iter()
         .flat_map(|m| m.peer_urls.iter().cloned())
         .collect();
-    let peer_tls = settings::peer_tls(&args, &env, &peer_urls)?;
+    let peer_tls = settings::peer_tls(args, &env, &peer_urls)?;
     let own_name = on_disk
         .members
         .iter()
         .find(|m| m.id == own_id)
         .map(|m| m.name.clone())
         .filter(|name| !name.is_empty())
-        .or_else(|| config::flag_in_args(&args, "name"))
+        .or_else(|| config::flag_in_args(args, "name"))
         .unwrap_or_else(|| config.member.name.clone());
     let me = Holder {
         member: format!("{own_id:x}"),
@@ -185,7 +180,7 @@ pub fn run(
                 .map_or(0, |d| d.as_secs())
         ),
     };
-    let mut live = LiveCluster::new(
+    let live = LiveCluster::new(
         own_id,
         members,
         cluster_settings.advertise_client_urls.clone(),
@@ -210,6 +205,82 @@ pub fn run(
             prove_deadline: config.health_timeout,
         },
     };
+    Ok(Prepared { rolling, live })
+}
+
+/// `--no-exec` with a member of a cluster (Kubernetes' own HA manifests:
+/// `migrate-if-needed.sh`, then the manifest execs etcd): the one hop the
+/// cluster allows now, as a roll's first start decides it
+/// (`roll::choose_start`: the member is down already, its container just
+/// started; the cluster version and the patch floors allow the next minor
+/// or patch; etcd's own refusals checked against the live membership).
+/// When that hop is the target, it is returned: the caller records it and
+/// exits, and the manifest's etcd starts it. Anything more than one hop, a
+/// restart mark (the cluster mode ran on this data), or a cluster that does
+/// not allow the hop yet is the `--no-exec` refusal, which names the way.
+pub fn hand_over(
+    config: &Config,
+    plan: &Plan,
+    on_disk: &OnDisk,
+    marked: Option<Version>,
+    bundle: Bundle,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<VersionPair, EntryError> {
+    let refused = || EntryError::NoExec {
+        data_dir: config.data_dir.display().to_string(),
+        members: on_disk.members.len(),
+        names: on_disk.members_text(),
+        target: config.target.version,
+    };
+    if marked.is_some() || config.target.storage != plan.current.storage {
+        return Err(refused());
+    }
+    let args = config.member_args();
+    let Prepared {
+        rolling, mut live, ..
+    } = prepare(config, plan, on_disk, marked, bundle, &args)?;
+    let first = roll::first_release(&rolling)?;
+    let mut ledger = DataLedger {
+        dir: config.data_dir.clone(),
+        storage: plan.current.storage,
+    };
+    let start = runtime.block_on(roll::choose_start(&rolling, first, &mut live, &mut ledger))?;
+    if start != config.target.version {
+        return Err(refused());
+    }
+    log::info(
+        "handing over one hop to the manifest's etcd: the cluster allows it; version.txt records it before it runs (--no-exec exits before etcd starts)",
+        &[
+            ("from", plan.current.to_string().into()),
+            ("target", config.target.to_string().into()),
+        ],
+    );
+    Ok(config.target)
+}
+
+/// Rolls this member to the target with its cluster, then serves until
+/// its etcd exits; returns the exit code the process ends with.
+pub fn run(
+    config: &Config,
+    plan: &Plan,
+    on_disk: &OnDisk,
+    marked: Option<Version>,
+    bundle: Bundle,
+    runtime: &tokio::runtime::Runtime,
+    supervisor: Supervisor,
+) -> Result<u8, EntryError> {
+    let user_args = etcd_args(config, on_disk)?;
+    let etcd = SupervisedEtcd::new(
+        supervisor.clone(),
+        &config.bin_dir,
+        user_args,
+        &config.data_dir,
+        config.listen_client_urls.as_deref(),
+        STOP_GRACE,
+    );
+    // What the member's etcd reads: the full command line it runs with.
+    let args = etcd.target(config.target.version).args;
+    let Prepared { rolling, mut live } = prepare(config, plan, on_disk, marked, bundle, &args)?;
     let first = roll::first_release(&rolling)?;
     if let Some(marked) = marked {
         log::info(
