@@ -25,8 +25,9 @@
 //!   cut off while the downgrade is enabled, an operator's rollout 3 s and
 //!   40 s apart that a restart of ours never meets: issue 30).
 //! - `restores`: a whole cluster restored from one snapshot by its
-//!   members' entrypoints, and members that join by themselves, new or
-//!   after losing their data (issue 29).
+//!   members' entrypoints, members that join by themselves, new or after
+//!   losing their data, and a cluster that lost its quorum recovered from
+//!   one survivor (issue 29).
 //! - `restarts`: restarts, kills and cuts at one version (no version
 //!   change) keep quorum and every write; the monitor proven to catch a
 //!   member run by hand two minors ahead.
@@ -67,6 +68,7 @@ fn main() {
         restarts::monitor_catches_a_member_run_by_hand_two_minors_ahead,
         restores::a_whole_cluster_is_restored_from_one_snapshot,
         restores::members_join_by_themselves_new_and_after_losing_their_data,
+        restores::a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor,
         upgrades::the_kubeadm_example_set_rolls_three_members_from_3_3_to_3_5,
         upgrades::the_gce_example_set_rolls_three_members_from_3_3_to_3_5,
         upgrades::kubernetes_ha_manifests_roll_one_minor_up_through_migrate_if_needed,

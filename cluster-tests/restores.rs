@@ -60,6 +60,32 @@ fn count(cluster: &Cluster, ip: &str, prefix: &str) -> (usize, i64) {
     })
 }
 
+/// 3 members at 3.5.16 (kubeadm style, TLS) with `KEYS` keys under
+/// [`BEFORE`], written through the first (its address returned), or None
+/// when the image is not there to test.
+fn three_with_keys(test: &str) -> Option<(Instant, Cluster, String)> {
+    let ready = ready(test, &["3.5.16"])?;
+    let started = Instant::now();
+    let cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.5.16");
+    let ip0 = cluster.members[0].ip.clone();
+    put_keys(&cluster, &ip0, BEFORE);
+    Some((started, cluster, ip0))
+}
+
+/// Every member serves all `KEYS` keys under each of `prefixes`.
+fn every_member_holds(cluster: &Cluster, prefixes: &[&str]) {
+    for member in &cluster.members {
+        for prefix in prefixes {
+            assert_eq!(
+                count(cluster, &member.ip, prefix).0,
+                KEYS,
+                "{} under {prefix}",
+                member.name
+            );
+        }
+    }
+}
+
 /// The snapshot member `ip` streams (what `etcdctl snapshot save` writes:
 /// the db, then its sha256).
 fn snapshot(cluster: &Cluster, ip: &str) -> Vec<u8> {
@@ -225,13 +251,9 @@ pub(crate) fn a_whole_cluster_is_restored_from_one_snapshot() {
 /// member.
 pub(crate) fn members_join_by_themselves_new_and_after_losing_their_data() {
     let test = "self-join";
-    let Some(ready) = ready(test, &["3.5.16"]) else {
+    let Some((started, mut cluster, _)) = three_with_keys(test) else {
         return;
     };
-    let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.5.16");
-    let ip0 = cluster.members[0].ip.clone();
-    put_keys(&cluster, &ip0, BEFORE);
 
     let d = cluster.add_member_by_itself("3.5.16");
     cluster.wait_healthy(d, START_DEADLINE);
@@ -285,23 +307,110 @@ pub(crate) fn members_join_by_themselves_new_and_after_losing_their_data() {
     );
     let ip_c = cluster.members[c].ip.clone();
     put_keys(&cluster, &ip_c, AFTER);
-    for i in 0..cluster.members.len() {
-        let ip = cluster.members[i].ip.clone();
-        assert_eq!(
-            count(&cluster, &ip, BEFORE).0,
-            KEYS,
-            "{}",
-            cluster.members[i].name
-        );
-        assert_eq!(
-            count(&cluster, &ip, AFTER).0,
-            KEYS,
-            "{}",
-            cluster.members[i].name
-        );
-    }
+    every_member_holds(&cluster, &[BEFORE, AFTER]);
     say(&format!(
         "{test}: a member added itself, a wiped member replaced its stale entry; passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+/// A cluster that lost its quorum (issue 29 item 2): 3 members at 3.5.16,
+/// keys written. First, `FORCE_NEW_CLUSTER=1` on a member while the
+/// others serve is refused (exit 2, nothing touched). Then two members
+/// are lost with their data; the survivor, restarted with the setting,
+/// becomes a cluster of one with every key, takes writes, and the two
+/// join it again by themselves on empty data dirs. Restarted with the
+/// setting left, the survivor does not force again.
+pub(crate) fn a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor() {
+    let test = "force-new";
+    let Some((started, mut cluster, ip0)) = three_with_keys(test) else {
+        return;
+    };
+    let force = vec!["-e".to_string(), "FORCE_NEW_CLUSTER=1".to_string()];
+
+    cluster.extra_options = force.clone();
+    cluster.container(0).stop(STOP_GRACE_S);
+    cluster.run_member(0, "3.5.16");
+    let code = cluster.container(0).wait_exit(START_DEADLINE);
+    assert_eq!(
+        code,
+        2,
+        "refused while a quorum answers:\n{}",
+        cluster.container(0).logs()
+    );
+    assert_eq!(
+        cluster
+            .container(0)
+            .count_in_log("a quorum with this member"),
+        1,
+        "{}",
+        cluster.container(0).logs()
+    );
+
+    cluster.lose_data(1);
+    cluster.lose_data(2);
+    let forcing = Instant::now();
+    cluster.run_member(0, "3.5.16");
+    // The etcd that forces serves for a moment before it is stopped and
+    // the member's own etcd starts: wait for the force's record first.
+    while cluster
+        .container(0)
+        .count_in_log("forced a new cluster of this member alone")
+        == 0
+    {
+        if let crate::harness::docker::State::Exited(code) = cluster.container(0).state() {
+            panic!(
+                "the survivor exited {code}:\n{}",
+                cluster.container(0).logs()
+            );
+        }
+        assert!(
+            forcing.elapsed() < START_DEADLINE,
+            "no force within {START_DEADLINE:?}:\n{}",
+            cluster.container(0).logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cluster.wait_healthy(0, START_DEADLINE);
+    let took = forcing.elapsed();
+    let (membership, _) = cluster.membership(0);
+    assert_eq!(
+        membership.members.len(),
+        1,
+        "a cluster of one: {membership:?}"
+    );
+    assert_eq!(
+        count(&cluster, &ip0, BEFORE).0,
+        KEYS,
+        "the survivor kept every key"
+    );
+    put_keys(&cluster, &ip0, AFTER);
+
+    cluster.extra_options.clear();
+    for i in 1..3 {
+        cluster.run_member(i, "3.5.16");
+        cluster.wait_healthy(i, START_DEADLINE);
+    }
+    let (membership, _) = cluster.membership(0);
+    assert_eq!(
+        membership.members.len(),
+        3,
+        "the lost members joined again: {membership:?}"
+    );
+    every_member_holds(&cluster, &[BEFORE, AFTER]);
+
+    cluster.extra_options = force;
+    cluster.run_member(0, "3.5.16");
+    cluster.wait_healthy(0, START_DEADLINE);
+    assert_eq!(
+        cluster.container(0).count_in_log("forcing a new cluster"),
+        0,
+        "forced again:\n{}",
+        cluster.container(0).logs()
+    );
+    say(&format!(
+        "{test}: refused with a quorum; the survivor served alone {:.1} s after its restart, the others rejoined; passed in {:.1} s",
+        took.as_secs_f64(),
         started.elapsed().as_secs_f64()
     ));
 }

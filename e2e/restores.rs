@@ -236,3 +236,29 @@ fn a_restore_killed_at_each_point_converges_on_the_next_start() {
         );
     }
 }
+
+#[test]
+fn force_new_cluster_is_refused_where_there_is_no_quorum_to_recover() {
+    let tmp = temp_dir("force-refused");
+    let data = tmp.path().join("data");
+    let member = Member::new("force-refused");
+    fixture::build(FixtureSpec::small("3.5.16"), &data, &member, tmp.path());
+    let before = fingerprint(&data);
+    // --no-exec: nothing to run the member's etcd with.
+    let run = Migration::new("3.5.16", &data, &member)
+        .arg("--force-new-cluster")
+        .run();
+    run.assert_code(2);
+    run.assert_stderr_has("--force-new-cluster refused");
+    before.assert_unchanged(&fingerprint(&data), "--no-exec");
+    // A cluster of one: no quorum to recover.
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let run = Migration::new("3.5.16", &data, &member)
+        .mode(crate::harness::migrator::Mode::Exec(member.exec_args(&url)))
+        .env("FORCE_NEW_CLUSTER", "1")
+        .run();
+    run.assert_code(2);
+    run.assert_stderr_has("a cluster of one");
+    before.assert_unchanged(&fingerprint(&data), "one member");
+    assert!(backups(&data).is_empty(), "nothing was backed up");
+}

@@ -75,6 +75,8 @@ pub struct Config {
     pub keep_v2_keys: bool,
     /// The snapshot to restore the data dir from, once (issue 29).
     pub restore: Option<RestoreRequest>,
+    /// Start this member once as a new one-member cluster (issue 29).
+    pub force_new_cluster: bool,
     /// What to do after migrating.
     pub mode: Mode,
     /// How our own log lines look.
@@ -442,6 +444,9 @@ struct Cli {
     /// The snapshot file's sha256, 64 hex digits (`sha256sum <file>`); required with --restore-snapshot [env: RESTORE_SNAPSHOT_SHA256]
     #[arg(long)]
     restore_snapshot_sha256: Option<String>,
+    /// On one surviving member of a cluster that lost its quorum: start it once as a new one-member cluster with etcd's --force-new-cluster (refused while a quorum of the old cluster answers) [env: FORCE_NEW_CLUSTER=1]
+    #[arg(long)]
+    force_new_cluster: bool,
     /// Expiry of v2 TTL keys in v3: exact (a lease per remaining TTL) or flat (one 1 h lease for --ttl-keys-directory, as Kubernetes did) [default: exact]
     #[arg(long, value_enum)]
     ttl_leases: Option<TtlLeases>,
@@ -536,6 +541,10 @@ where
     );
     let mode = resolve_mode(&mut cli, config_file.as_ref(), &data_dir, &env)?;
     let restore = resolve_restore(&mut cli, &mut picker)?;
+    let force_new_cluster = cli.force_new_cluster
+        || picker
+            .env("FORCE_NEW_CLUSTER")
+            .is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
     Ok(Config {
         target,
         data_dir,
@@ -551,6 +560,7 @@ where
         ttl_leases: cli.ttl_leases.unwrap_or_default(),
         keep_v2_keys: cli.keep_v2_keys,
         restore,
+        force_new_cluster,
         mode,
         log_format,
         overridden: picker.overridden,

@@ -47,6 +47,14 @@ const RESTART_MARK_TEMP_FILE: &str = ".etcd-migrate.restart.tmp";
 /// restart with the same setting never restores twice.
 pub const RESTORED_FILE: &str = ".etcd-migrate.restored";
 
+/// The record that this member was started once with
+/// `--force-new-cluster` (issue 29): JSON with when, and the members it
+/// left behind; a restart with the setting left never forces again.
+pub const FORCED_FILE: &str = ".etcd-migrate.forced";
+
+/// The temporary name the force's record is written under.
+const FORCED_TEMP_FILE: &str = ".etcd-migrate.forced.tmp";
+
 /// The temporary name the restore's record is written under.
 const RESTORED_TEMP_FILE: &str = ".etcd-migrate.restored.tmp";
 
@@ -607,6 +615,21 @@ pub fn write_restored(dir: &Path, json: &str) -> Result<(), DataDirError> {
         dir,
         RESTORED_TEMP_FILE,
         RESTORED_FILE,
+        format!("{json}\n").as_bytes(),
+    )
+}
+
+/// Whether the data records a `--force-new-cluster` start ([`FORCED_FILE`]).
+pub fn forced(dir: &Path) -> bool {
+    dir.join(FORCED_FILE).exists()
+}
+
+/// Writes the force's record ([`FORCED_FILE`]), durably.
+pub fn write_forced(dir: &Path, json: &str) -> Result<(), DataDirError> {
+    replace_file(
+        dir,
+        FORCED_TEMP_FILE,
+        FORCED_FILE,
         format!("{json}\n").as_bytes(),
     )
 }

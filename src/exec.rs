@@ -123,13 +123,18 @@ impl ExecTarget {
     /// warns about unknown ones, and refuses to start when one shadows a
     /// flag on the command line (`ETCD_NAME` next to `--name`).
     fn kept_environment(&self) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
-        let sets_name = self.args.iter().any(|a| {
-            a.starts_with('-') && a.trim_start_matches('-').split('=').next() == Some("name")
-        });
+        let sets = |flag: &str| {
+            self.args.iter().any(|a| {
+                a.starts_with('-') && a.trim_start_matches('-').split('=').next() == Some(flag)
+            })
+        };
+        let (sets_name, sets_cluster) = (sets("name"), sets("initial-cluster"));
         std::env::vars_os()
             .filter(|(key, _)| {
                 let key = key.to_string_lossy();
-                !(OUR_ETCD_VARS.contains(&key.as_ref()) || (sets_name && key == "ETCD_NAME"))
+                !(OUR_ETCD_VARS.contains(&key.as_ref())
+                    || (sets_name && key == "ETCD_NAME")
+                    || (sets_cluster && key == "ETCD_INITIAL_CLUSTER"))
             })
             .collect()
     }

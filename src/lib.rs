@@ -245,13 +245,26 @@ impl Progress for SurveyProgress<'_> {
 pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     let started = Instant::now();
     log_overrides(config);
-    let glance = survey::glance(&config.data_dir, config.restore.is_some())?;
+    let glance = survey::glance(
+        &config.data_dir,
+        config.restore.is_some(),
+        config.force_new_cluster,
+    )?;
     let restoring = config
         .restore
         .as_ref()
         .filter(|request| !restore::restored_before(&glance, request));
     if let Some(request) = restoring {
         return restore_snapshot(config, request, &glance, original_mask);
+    }
+    if config.force_new_cluster {
+        if !glance.forced {
+            return force_new_cluster(config, &glance, original_mask);
+        }
+        log::info(
+            "this member was forced into a new cluster before (its data dir records it): --force-new-cluster does nothing again",
+            &[],
+        );
     }
     // Fast path: the data is already at the target. Nothing is spawned and
     // no thread is started, so handing over to etcd costs a few ms.
@@ -283,9 +296,13 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         (data_members, v2_request),
         marked.is_some(),
     )?;
-    if plan.is_fresh() && config.mode != Mode::DryRun {
-        check_join(config)?;
-    }
+    // A member that added itself to a live cluster starts with the
+    // membership as it is now (`--initial-cluster`, appended last).
+    let joined = if plan.is_fresh() && config.mode != Mode::DryRun {
+        check_join(config)?
+    } else {
+        None
+    };
     let recorded_name = match survey.on_disk() {
         Some(on_disk) if plan.is_recorded() && (!plan.is_noop() || plan.cluster.is_some()) => {
             preconditions::check_recorded_data(config, &plan, on_disk)?
@@ -329,7 +346,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
             ("ms", log::ms(started.elapsed())),
         ],
     );
-    finish(config)
+    finish_joined(config, joined.as_deref())
 }
 
 /// The restore from a snapshot (issue 29), once: checked before anything
@@ -401,6 +418,72 @@ fn restore_snapshot(
     finish(config)
 }
 
+/// `--force-new-cluster` (issue 29): this surviving member, at its target,
+/// becomes a cluster of one once (`cluster::entry::force_new_cluster`),
+/// the force recorded, then handed over as every start is.
+fn force_new_cluster(
+    config: &Config,
+    glance: &survey::Glance,
+    original_mask: SigSet,
+) -> Result<Outcome, Error> {
+    let refused = |why: String| {
+        Error::Cluster(cluster::entry::EntryError::Force(
+            cluster::force::ForceError::Refused { why },
+        ))
+    };
+    if !matches!(config.mode, Mode::Exec { .. }) {
+        return Err(refused(
+            "it runs the member's etcd with the member's own flags, given after `--` (the entrypoint form, as examples/ha/ does); --no-exec and --dry-run exit before etcd starts".to_string(),
+        ));
+    }
+    let Some(DirState::Recorded(pair)) = glance.state.clone() else {
+        return Err(refused(format!(
+            "{} records no data (version.txt) to force a cluster from",
+            config.data_dir.display()
+        )));
+    };
+    if pair != config.target || glance.interrupted {
+        return Err(refused(format!(
+            "the data is at {pair}, not at the target {} (or a run was interrupted): force the new cluster at the release the data records, TARGET_VERSION={pair}, then change the target",
+            config.target
+        )));
+    }
+    let mut survey = Survey::take(config, glance)?;
+    let Some(on_disk) = survey.read_now(config).cloned() else {
+        return Err(refused(format!(
+            "the data in {} could not be read offline (see the line above)",
+            config.data_dir.display()
+        )));
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let supervisor = Supervisor::start(original_mask)?;
+    let removed = cluster::entry::force_new_cluster(config, pair, &on_disk, &runtime, &supervisor)?;
+    if let Some(signal) = supervisor.terminated() {
+        return Err(Error::Interrupted(signal));
+    }
+    let record = serde_json::json!({
+        "forced": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        "release": pair.to_string(),
+        "left_behind": removed,
+    });
+    survey
+        .record_forced(&record.to_string())
+        .map_err(|source| Error::Record {
+            pair,
+            data_dir: config.data_dir.display().to_string(),
+            source,
+        })?;
+    log::info(
+        "forced a new cluster of this member alone; the others join it again with an empty data dir and --initial-cluster-state existing",
+        &[("left_behind", removed.join(",").into())],
+    );
+    drop(survey);
+    finish(config)
+}
+
 /// What the run's offline read of the stopped data gives its steps.
 struct OfflineRead {
     /// The plan's baseline, where the data allows one offline.
@@ -452,13 +535,13 @@ fn offline_baseline(plan: &Plan, on_disk: Option<&OnDisk>) -> Option<baseline::O
 /// names other members, they are asked their cluster version, and the
 /// target must fit it (`cluster::join`). Nobody answering means a cluster
 /// being bootstrapped.
-fn check_join(config: &Config) -> Result<(), Error> {
+fn check_join(config: &Config) -> Result<Option<String>, Error> {
     let args = config.member_args();
     let initial_cluster = config::flag_in_args(&args, "initial-cluster").unwrap_or_default();
     let name = config::flag_in_args(&args, "name").unwrap_or_default();
     let others = cluster::join::other_members(&initial_cluster, &name);
     if others.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let env = |name: &str| std::env::var(name).ok();
     // The TLS the other members' peer URLs need (not our own advertised
@@ -485,12 +568,12 @@ fn check_join(config: &Config) -> Result<(), Error> {
     // joins a live cluster, and adds itself to it (issue 29).
     let state = cluster::settings::value(&args, &env, "initial-cluster-state");
     if answered == 0 || state.as_deref() != Some("existing") {
-        return Ok(());
+        return Ok(None);
     }
     let peer_urls = cluster::settings::url_list(&args, &env, "initial-advertise-peer-urls");
     let client_urls = cluster::settings::url_list(&args, &env, "advertise-client-urls");
     let client_tls = cluster::settings::client_tls(&args, &env, &client_urls)?;
-    runtime.block_on(cluster::self_join::add_self(
+    let joined = runtime.block_on(cluster::self_join::add_self(
         &others,
         &name,
         &peer_urls,
@@ -498,7 +581,7 @@ fn check_join(config: &Config) -> Result<(), Error> {
         client_tls.as_ref(),
         cluster::join::PROBE_TIMEOUT * 2,
     ))?;
-    Ok(())
+    Ok(Some(joined.initial_cluster))
 }
 
 /// Logs each setting whose flag won over a different env var.
@@ -912,18 +995,46 @@ fn hold_if_changed(survey: &Survey, err: &ExecuteError) {
 
 /// Exit, or hand over to the target etcd.
 fn finish(config: &Config) -> Result<Outcome, Error> {
+    finish_joined(config, None)
+}
+
+/// [`finish`]; `joined`: the `--initial-cluster` of a member that added
+/// itself to a live cluster (the membership after the add: etcd refuses a
+/// joiner whose list differs), appended after the user's arguments (the
+/// last wins; `ETCD_INITIAL_CLUSTER` is then left out of its environment).
+/// `--no-exec` cannot pass it on: the line says what the manifest's etcd
+/// must be given.
+fn finish_joined(config: &Config, joined: Option<&str>) -> Result<Outcome, Error> {
     match &config.mode {
-        Mode::NoExec | Mode::DryRun => Ok(Outcome::Exit),
-        Mode::Exec { etcd_args } => Ok(Outcome::Exec(
-            ExecTarget::new(
+        Mode::NoExec | Mode::DryRun => {
+            if let Some(initial_cluster) = joined {
+                log::info(
+                    "this member joins with the membership as it is now: its etcd must start with this --initial-cluster",
+                    &[("initial_cluster", initial_cluster.into())],
+                );
+            }
+            Ok(Outcome::Exit)
+        }
+        Mode::Exec { etcd_args } => {
+            let mut target = ExecTarget::new(
                 exec_program(config)?,
                 etcd_args,
                 &config.data_dir.to_string_lossy(),
                 config.listen_client_urls.as_deref(),
                 std::env::var_os("ETCD_DATA_DIR").is_some_and(|v| !v.is_empty()),
             )
-            .for_release(config.target.version),
-        )),
+            .for_release(config.target.version);
+            if let Some(initial_cluster) = joined {
+                log::info(
+                    "this member joins with the membership as it is now",
+                    &[("initial_cluster", initial_cluster.into())],
+                );
+                target
+                    .args
+                    .push(format!("--initial-cluster={initial_cluster}"));
+            }
+            Ok(Outcome::Exec(target))
+        }
     }
 }
 

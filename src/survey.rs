@@ -2,8 +2,8 @@
 //! writes to it. Two looks, no more:
 //! - [`glance`], before any lock: what `version.txt` records, the hold,
 //!   whether an earlier run was interrupted (a scratch dir, a `version.txt`
-//!   temp file, a restart mark), and, when a restore is asked, the record
-//!   of the last one. Enough for the fast path (already at the
+//!   temp file, a restart mark), and, when a restore or a forced new
+//!   cluster is asked, the record of the last one. Enough for the fast path (already at the
 //!   target: exec), which must stay a few stats and one small read.
 //! - [`Survey::take`], for every other run: access checked, the dir locked
 //!   (when it exists and the run may change it), an earlier run's
@@ -60,6 +60,9 @@ pub struct Glance {
     /// The sha256 of the snapshot the data was last restored from (read
     /// only when the run asks for a restore).
     pub restored: Option<String>,
+    /// The data records a `--force-new-cluster` start (looked for only
+    /// when the run asks for one).
+    pub forced: bool,
 }
 
 impl Glance {
@@ -73,16 +76,18 @@ impl Glance {
 /// a restart mark sends the run down the locked path; a hold refuses it
 /// at once (the one error that does not wait for the lock).
 /// `restoring`: the run asks for a restore, so its record is read too.
-pub fn glance(dir: &Path, restoring: bool) -> Result<Glance, PreconditionError> {
+pub fn glance(dir: &Path, restoring: bool, forcing: bool) -> Result<Glance, PreconditionError> {
     let interrupted = dir.join(datadir::WORK_DIR).exists()
         || dir.join(datadir::VERSION_TEMP_FILE).exists()
         || dir.join(datadir::RESTART_MARK_FILE).exists();
     let state = preconditions::check_not_held(datadir::inspect(dir))?;
     let restored = restoring.then(|| datadir::read_restored(dir)).flatten();
+    let forced = forcing && datadir::forced(dir);
     Ok(Glance {
         state,
         interrupted,
         restored,
+        forced,
     })
 }
 
@@ -169,6 +174,21 @@ impl Survey {
         self.on_disk.as_ref()
     }
 
+    /// What the data records, read now if [`Survey::take`] did not (the
+    /// data at the target: a force of a new cluster still needs its
+    /// membership).
+    pub fn read_now(&mut self, config: &Config) -> Option<&OnDisk> {
+        if self.on_disk.is_none() {
+            if let DirState::Recorded(current) = self.state {
+                self.on_disk = preconditions::read_data(
+                    config,
+                    &preconditions::wanted(current, config.target),
+                );
+            }
+        }
+        self.on_disk.as_ref()
+    }
+
     /// What the read found, taken out for whoever consumes it next.
     pub fn take_on_disk(&mut self) -> Option<OnDisk> {
         self.on_disk.take()
@@ -243,6 +263,11 @@ impl Survey {
     /// durably: the last write of a restore.
     pub fn record_restore_done(&self, json: &str) -> Result<(), DataDirError> {
         datadir::write_restored(&self.dir, json)
+    }
+
+    /// Writes the force's record (`json`), durably.
+    pub fn record_forced(&self, json: &str) -> Result<(), DataDirError> {
+        datadir::write_forced(&self.dir, json)
     }
 
     /// Puts the hold on the data dir (the next run refuses until someone

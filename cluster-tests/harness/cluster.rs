@@ -287,11 +287,18 @@ impl Cluster {
     /// TARGET_VERSION `version` and `--initial-cluster-state existing` (its
     /// stale entry still in the membership). Does not wait.
     pub fn wipe_and_rejoin(&mut self, i: usize, version: &str) {
+        self.lose_data(i);
+        self.run_member(i, version);
+    }
+
+    /// Member `i` is lost: its container killed and removed, its volume
+    /// replaced by an empty one (not started; [`Cluster::run_member`]
+    /// starts it with `--initial-cluster-state existing`).
+    pub fn lose_data(&mut self, i: usize) {
         self.members[i].container = None;
         let name = format!("emcl-{}-{}-wiped", self.run, self.members[i].name);
         self.members[i].volume = Volume::create(&name, &self.label);
         self.members[i].joined = true;
-        self.run_member(i, version);
     }
 
     /// Member names, in order.

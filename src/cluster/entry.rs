@@ -76,6 +76,9 @@ pub enum EntryError {
     /// first starts (nothing started: the data is as it was).
     #[error("{0}; nothing was started and the data dir is as it was")]
     Backup(#[from] BackupError),
+    /// `--force-new-cluster` refused or failed.
+    #[error(transparent)]
+    Force(#[from] crate::cluster::force::ForceError),
 }
 
 impl EntryError {
@@ -89,9 +92,11 @@ impl EntryError {
             | EntryError::NoMemberId { .. }
             | EntryError::Settings(_)
             | EntryError::Peer(_)
-            | EntryError::Roll(RollError::Refused(_) | RollError::NothingToStart { .. }) => {
-                crate::EXIT_PRECONDITION
-            }
+            | EntryError::Roll(RollError::Refused(_) | RollError::NothingToStart { .. })
+            | EntryError::Force(
+                crate::cluster::force::ForceError::QuorumAnswers { .. }
+                | crate::cluster::force::ForceError::Refused { .. },
+            ) => crate::EXIT_PRECONDITION,
             // What the data dir or the backup settings make impossible, found
             // before a byte is copied: the single-member path's
             // preconditions refuse the same with 2.
@@ -109,7 +114,9 @@ impl EntryError {
             | EntryError::Backup(BackupError::Interrupted { signal, .. }) => {
                 crate::signal_exit_code(*signal)
             }
-            EntryError::Roll(_) | EntryError::Backup(_) => crate::EXIT_FAILURE,
+            EntryError::Roll(_) | EntryError::Backup(_) | EntryError::Force(_) => {
+                crate::EXIT_FAILURE
+            }
         }
     }
 }
@@ -258,6 +265,77 @@ pub fn hand_over(
     Ok(config.target)
 }
 
+/// The member's etcd as our supervised child, with `user_args`.
+fn member_etcd(config: &Config, user_args: &[String], supervisor: &Supervisor) -> SupervisedEtcd {
+    SupervisedEtcd::new(
+        supervisor.clone(),
+        &config.bin_dir,
+        user_args,
+        &config.data_dir,
+        config.listen_client_urls.as_deref(),
+        STOP_GRACE,
+    )
+}
+
+/// `--force-new-cluster` on a surviving member (issue 29): refused while
+/// a quorum of the old cluster answers; else the data dir is backed up and
+/// the member's etcd (`recorded`, with the member's own arguments) is
+/// started once with etcd's `--force-new-cluster` until it is a cluster of
+/// one, then stopped. Returns the names of the members it left behind.
+pub fn force_new_cluster(
+    config: &Config,
+    recorded: VersionPair,
+    on_disk: &OnDisk,
+    runtime: &tokio::runtime::Runtime,
+    supervisor: &Supervisor,
+) -> Result<Vec<String>, EntryError> {
+    let user_args = etcd_args(config, on_disk)?;
+    let members: Vec<_> = on_disk.members.iter().map(member::from_disk).collect();
+    let own_id = on_disk.member_id.ok_or_else(|| EntryError::NoMemberId {
+        data_dir: config.data_dir.display().to_string(),
+        members: members.len(),
+    })?;
+    let etcd = crate::cluster::force::forcing_etcd(member_etcd(config, user_args, supervisor));
+    let args = etcd.target(recorded.version).args;
+    let env = |name: &str| std::env::var(name).ok();
+    let peer_urls: Vec<String> = members
+        .iter()
+        .flat_map(|m| m.peer_urls.iter().cloned())
+        .collect();
+    let peer_tls = settings::peer_tls(&args, &env, &peer_urls)?;
+    runtime.block_on(crate::cluster::force::check(
+        &members,
+        own_id,
+        peer_tls.as_ref(),
+    ))?;
+    back_up(config, recorded, supervisor)?;
+    let own_peer_url = members
+        .iter()
+        .find(|m| m.id == own_id)
+        .and_then(|m| m.peer_urls.first().cloned())
+        .unwrap_or_default();
+    log::info(
+        "forcing a new cluster of this member alone (etcd --force-new-cluster)",
+        &[
+            ("release", recorded.version.to_string().into()),
+            ("members", members.len().into()),
+        ],
+    );
+    let cluster_settings = settings::read(&args, &env)?;
+    runtime.block_on(crate::cluster::force::force(
+        etcd,
+        recorded.version,
+        (&own_peer_url, &cluster_settings.advertise_client_urls),
+        (peer_tls.as_ref(), cluster_settings.client_tls.as_ref()),
+        config.health_timeout,
+    ))?;
+    Ok(members
+        .iter()
+        .filter(|m| m.id != own_id)
+        .map(|m| m.name.clone())
+        .collect())
+}
+
 /// Rolls this member to the target with its cluster, then serves until
 /// its etcd exits; returns the exit code the process ends with.
 pub fn run(
@@ -270,14 +348,7 @@ pub fn run(
     supervisor: Supervisor,
 ) -> Result<u8, EntryError> {
     let user_args = etcd_args(config, on_disk)?;
-    let etcd = SupervisedEtcd::new(
-        supervisor.clone(),
-        &config.bin_dir,
-        user_args,
-        &config.data_dir,
-        config.listen_client_urls.as_deref(),
-        STOP_GRACE,
-    );
+    let etcd = member_etcd(config, user_args, &supervisor);
     // What the member's etcd reads: the full command line it runs with.
     let args = etcd.target(config.target.version).args;
     let Prepared { rolling, mut live } = prepare(config, plan, on_disk, marked, bundle, &args)?;

@@ -654,6 +654,12 @@ impl SupervisedEtcd {
         }
     }
 
+    /// The same etcd with `arg` after the user's arguments.
+    pub fn with_arg(mut self, arg: &str) -> Self {
+        self.etcd_args.push(arg.to_string());
+        self
+    }
+
     /// The command line a release runs with.
     pub fn target(&self, release: Version) -> ExecTarget {
         ExecTarget::new(

@@ -12,6 +12,8 @@
 //! - `settings`: the member's TLS files and URLs from its etcd settings;
 //! - `join`: the safety floor for a member with no data yet;
 //! - `self_join`: such a member adding itself to the membership;
+//! - `force`: one surviving member made a cluster of one when the quorum
+//!   is lost;
 //! - `roll`: the observe → decide → act loop of one member, behind three
 //!   small seams (the cluster, our etcd, the data dir's records);
 //! - `member`: the real side of those seams;
@@ -22,6 +24,7 @@ pub mod announce;
 pub mod client;
 pub mod decide;
 pub mod entry;
+pub mod force;
 pub mod join;
 pub mod lock;
 pub mod member;

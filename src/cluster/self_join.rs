@@ -25,6 +25,31 @@ use crate::log;
 /// How long a member add refused as "unhealthy cluster" is asked again.
 const UNHEALTHY_RETRY: Duration = Duration::from_secs(60);
 
+/// This member in its cluster after the join: its id, and the
+/// `--initial-cluster` etcd must start with to join it (every member's
+/// name and peer URLs as the membership holds them now, ours included: etcd
+/// refuses a joining member whose list differs from the membership).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joined {
+    /// Our member id.
+    pub id: u64,
+    /// `name=url,...` of the membership.
+    pub initial_cluster: String,
+}
+
+/// `name=url,...` of `members` (id, name, peer URLs), ours (`own_id`,
+/// unstarted so unnamed) under `name`.
+pub fn initial_cluster(members: &[(u64, String, Vec<String>)], own_id: u64, name: &str) -> String {
+    members
+        .iter()
+        .flat_map(|(id, member, urls)| {
+            let member = if *id == own_id { name } else { member.as_str() };
+            urls.iter().map(move |url| format!("{member}={url}"))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// What the membership needs for us to join.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -127,7 +152,7 @@ pub fn change(
 }
 
 /// Adds this member (`name`, `peer_urls`) to the cluster `others` belong
-/// to, as [`change`] says; returns its id.
+/// to, as [`change`] says.
 pub async fn add_self(
     others: &[Peer],
     name: &str,
@@ -135,7 +160,7 @@ pub async fn add_self(
     peer_tls: Option<&TlsFiles>,
     client_tls: Option<&TlsFiles>,
     timeout: Duration,
-) -> Result<u64, SelfJoinError> {
+) -> Result<Joined, SelfJoinError> {
     let peer = PeerClient::new(peer_tls, timeout).map_err(|e| SelfJoinError::NoAnswer {
         tried: e.to_string(),
     })?;
@@ -161,7 +186,14 @@ pub async fn add_self(
             "this member is in the membership already, never started: joining as it is",
             &[("id", format!("{id:x}").into())],
         );
-        return Ok(id);
+        let list: Vec<(u64, String, Vec<String>)> = members
+            .iter()
+            .map(|m| (m.id, m.name.clone(), m.peer_urls.clone()))
+            .collect();
+        return Ok(Joined {
+            id,
+            initial_cluster: initial_cluster(&list, id, name),
+        });
     }
     // The others' client URLs, one at a time: a client balancing over all
     // of them sends a call to one that is down (our own stale entry's
@@ -179,7 +211,7 @@ pub async fn add_self(
     for endpoint in &endpoints {
         match membership_change(endpoint, client_tls, timeout, what.clone(), name, peer_urls).await
         {
-            Ok(id) => return Ok(id),
+            Ok(joined) => return Ok(joined),
             Err(err) => {
                 log::warn(
                     "a member could not make the membership change; trying the next",
@@ -205,7 +237,7 @@ async fn membership_change(
     what: Change,
     name: &str,
     peer_urls: &[String],
-) -> Result<u64, SelfJoinError> {
+) -> Result<Joined, SelfJoinError> {
     let mut api = client::connect_v3(&[endpoint.to_string()], client_tls, timeout).await?;
     let failed = |action: String| {
         let endpoints = endpoint.to_string();
@@ -256,7 +288,15 @@ async fn membership_change(
             ("members", (added.member_list().len()).into()),
         ],
     );
-    Ok(id)
+    let list: Vec<(u64, String, Vec<String>)> = added
+        .member_list()
+        .iter()
+        .map(|m| (m.id(), m.name().to_string(), m.peer_urls().to_vec()))
+        .collect();
+    Ok(Joined {
+        id,
+        initial_cluster: initial_cluster(&list, id, name),
+    })
 }
 
 #[cfg(test)]
@@ -274,6 +314,26 @@ mod tests {
             reach: Reach::Down(Duration::ZERO),
             storage: None,
         }
+    }
+
+    #[test]
+    fn the_initial_cluster_of_a_joiner_is_the_membership_with_its_name() {
+        let list = vec![
+            (
+                0xa,
+                "etcd-a".to_string(),
+                vec!["https://10.0.0.1:2380".to_string()],
+            ),
+            (
+                0xd,
+                String::new(),
+                vec!["https://10.0.0.4:2380".to_string()],
+            ),
+        ];
+        assert_eq!(
+            initial_cluster(&list, 0xd, "etcd-d"),
+            "etcd-a=https://10.0.0.1:2380,etcd-d=https://10.0.0.4:2380"
+        );
     }
 
     #[test]
