@@ -122,7 +122,13 @@ pub(crate) fn downgrade_holders_killed_at_each_point_resume() {
 
 /// The target raised back to 3.7.1 after one member went back to 3.6:
 /// the job is cancelled (`downgrade job ended`) and the cluster rolls
-/// forward to 3.7.1 as an upgrade.
+/// forward to 3.7.1 as an upgrade. The operator holds the upgrade lock
+/// throughout the way down, so that exactly one member is on 3.6 when the
+/// target is raised, whatever the machine's speed: it enables etcd's
+/// downgrade itself (as `etcdctl downgrade enable 3.6` does), waits for
+/// the first member's storage version to drop, and restarts that member
+/// with TARGET_VERSION=3.6.14 (down anyway, it starts 3.6.14 at once); the
+/// others keep 3.7.1 and their target.
 pub(crate) fn a_target_raised_mid_downgrade_cancels_it_and_rolls_forward() {
     let Some((mut s, _ready)) =
         Scenario::start("down-raised", Style::Kubeadm, 3, "3.7.1", &["3.6.14"])
@@ -130,19 +136,32 @@ pub(crate) fn a_target_raised_mid_downgrade_cancels_it_and_rolls_forward() {
         return;
     };
     let hold = s.hold_lock();
-    s.retarget_one_by_one("3.6.14");
-    s.release_lock(hold);
+    s.enable_downgrade_by_hand("3.6");
+    let ip = s.cluster.members[0].ip.clone();
+    let started = std::time::Instant::now();
+    loop {
+        let storage = crate::harness::monitor::version(&s.cluster.client, &ip)
+            .map(|v| v.storage)
+            .unwrap_or_default();
+        if storage.starts_with("3.6") {
+            break;
+        }
+        assert!(
+            started.elapsed() < LINE_DEADLINE,
+            "etcd-a's storage version did not drop to 3.6 (now {storage:?})"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    s.retarget(0, "3.6.14");
     s.wait_for_line("member proven release=3.6.14", &[0, 0, 0], LINE_DEADLINE);
-    // Nobody else restarts while the operator holds the lock again.
-    let hold = s.hold_lock();
     eprintln!("{}: one member runs 3.6.14; raising the target", s.test);
-    let before = s.counts("downgrade job ended");
-    s.retarget_one_by_one("3.7.1");
+    s.retarget(0, "3.7.1");
+    s.wait_for_line("downgrade job ended", &[0, 0, 0], LINE_DEADLINE);
     s.release_lock(hold);
-    s.wait_for_line("downgrade job ended", &before, LINE_DEADLINE);
     // Each member, restarted with the raised target while the cluster
     // version is 3.6, starts 3.7.1 at once (one minor ahead, as etcd
     // allows): the way up needs no restart under the lock.
+    s.retarget_one_by_one("3.7.1");
     s.finish_with("3.7.1", false);
 }
 

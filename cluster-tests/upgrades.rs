@@ -301,6 +301,24 @@ impl Scenario {
         self.operator_lock(false)
     }
 
+    /// Enables etcd's downgrade to `minor` ("3.6") by hand through the
+    /// first member, as `etcdctl downgrade enable` does.
+    pub(crate) fn enable_downgrade_by_hand(&self, minor: &str) {
+        let ip = self.cluster.members[0].ip.clone();
+        let pki = self.cluster.client.clone();
+        let to: etcd_migrate::version::Minor = format!("{minor}.0")
+            .parse::<etcd_migrate::version::Version>()
+            .expect("a minor")
+            .minor_line();
+        runtime().block_on(async move {
+            let client = connect(&pki, &ip).await.unwrap_or_else(|e| panic!("{e}"));
+            let mut maintenance = client.maintenance_client();
+            etcd_migrate::downgrade::enable(&mut maintenance, to)
+                .await
+                .unwrap_or_else(|e| panic!("downgrade enable {minor} through {ip}: {e}"));
+        });
+    }
+
     /// Takes the upgrade lock as the operator at once, from whoever holds
     /// it (a holder just SIGKILLed: its run is gone), so that nobody else
     /// restarts until [`Scenario::release_lock`].

@@ -26,6 +26,8 @@ pub struct VersionAnswer {
     pub server: String,
     /// "not_decided" early in a cluster's life.
     pub cluster: String,
+    /// The storage version 3.6+ report ("3.6.0"); empty before.
+    pub storage: String,
 }
 
 /// `(major, minor)` of "3.4.23" / "3.4.0".
@@ -71,6 +73,7 @@ pub fn version(pki: &ClientPki, ip: &str) -> Result<VersionAnswer, String> {
     Ok(VersionAnswer {
         server: v["etcdserver"].as_str().unwrap_or_default().to_string(),
         cluster: v["etcdcluster"].as_str().unwrap_or_default().to_string(),
+        storage: v["storage"].as_str().unwrap_or_default().to_string(),
     })
 }
 
@@ -267,6 +270,7 @@ pub mod tests {
         Some(VersionAnswer {
             server: server.into(),
             cluster: cluster.into(),
+            storage: String::new(),
         })
     }
 
