@@ -91,15 +91,21 @@ pub async fn check(
                 .to_string(),
         });
     }
-    let mut answering = Vec::new();
-    for member in &others {
-        for url in &member.peer_urls {
-            if peer.version(url).await.is_ok() {
-                answering.push(format!("{} {url}", member.name));
-                break;
+    // Asked together: a lost member's address may answer nothing until
+    // the timeout, and the others must not wait behind it.
+    let asked = futures_util::future::join_all(others.iter().map(|member| {
+        let peer = &peer;
+        async move {
+            for url in &member.peer_urls {
+                if peer.version(url).await.is_ok() {
+                    return Some(format!("{} {url}", member.name));
+                }
             }
+            None
         }
-    }
+    }))
+    .await;
+    let answering: Vec<String> = asked.into_iter().flatten().collect();
     log::info(
         "asked the old cluster before forcing a new one",
         &[
