@@ -393,10 +393,7 @@ fn restore_snapshot(
         return Ok(Outcome::Exit);
     }
     let mut survey = Survey::take(config, glance)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let runtime = async_runtime()?;
     let supervisor = Supervisor::start(original_mask)?;
     let launcher = etcd::ProcessLauncher::new(supervisor.clone(), config.bin_dir.clone());
     let stop = || supervisor.terminated();
@@ -455,10 +452,7 @@ fn force_new_cluster(
             config.data_dir.display()
         )));
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let runtime = async_runtime()?;
     let supervisor = Supervisor::start(original_mask)?;
     let removed = cluster::entry::force_new_cluster(config, pair, &on_disk, &runtime, &supervisor)?;
     if let Some(signal) = supervisor.terminated() {
@@ -549,10 +543,7 @@ fn check_join(config: &Config) -> Result<Option<String>, Error> {
     let urls: Vec<String> = others.iter().map(|peer| peer.url.clone()).collect();
     let peer_tls = cluster::settings::peer_tls(&args, &env, &urls)?;
     let asking = Instant::now();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let runtime = async_runtime()?;
     let told = runtime.block_on(cluster::join::ask(&others, peer_tls.as_ref()))?;
     let answered = told.iter().filter(|(_, answer)| answer.is_ok()).count();
     log::info(
@@ -599,6 +590,22 @@ fn log_overrides(config: &Config) {
     }
 }
 
+/// The current-thread runtime the entrypoint's async work runs on.
+fn async_runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))
+}
+
+/// The data's offline read the cluster mode works from, taken out of the
+/// survey.
+fn read_for_cluster(survey: &mut Survey) -> Result<ondisk::OnDisk, Error> {
+    survey
+        .take_on_disk()
+        .ok_or_else(|| Error::Runtime("the cluster mode needs the data's offline read".to_string()))
+}
+
 /// `--no-exec` with a member of a cluster (Kubernetes' own HA manifests):
 /// the one hop the live cluster allows now is recorded and handed to the
 /// manifest's etcd (`cluster::entry::hand_over`); anything else is refused.
@@ -608,15 +615,8 @@ fn hand_over_one_hop(
     mut survey: Survey,
     bundle: Bundle,
 ) -> Result<Outcome, Error> {
-    let Some(on_disk) = survey.take_on_disk() else {
-        return Err(Error::Runtime(
-            "the cluster mode needs the data's offline read".to_string(),
-        ));
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let on_disk = read_for_cluster(&mut survey)?;
+    let runtime = async_runtime()?;
     let marked = survey.restart_mark();
     let target = cluster::entry::hand_over(config, plan, &on_disk, marked, bundle, &runtime)?;
     survey.record(target).map_err(|source| Error::Record {
@@ -647,15 +647,8 @@ fn roll_as_member(
     bundle: Bundle,
     original_mask: SigSet,
 ) -> Result<Outcome, Error> {
-    let Some(on_disk) = survey.take_on_disk() else {
-        return Err(Error::Runtime(
-            "the cluster mode needs the data's offline read".to_string(),
-        ));
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let on_disk = read_for_cluster(&mut survey)?;
+    let runtime = async_runtime()?;
     let supervisor = Supervisor::start(original_mask)?;
     verify_binaries(config, plan, true, None, &runtime, &supervisor)?;
     let marked = survey.restart_mark();
@@ -746,10 +739,7 @@ fn carry_out(
     mut survey: Survey,
     original_mask: SigSet,
 ) -> Result<(), Error> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| Error::Runtime(format!("async runtime: {err}")))?;
+    let runtime = async_runtime()?;
     let supervisor = Supervisor::start(original_mask)?;
     // The baseline's hash is walked from here on, beside the checks.
     let OfflineRead {
