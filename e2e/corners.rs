@@ -342,11 +342,11 @@ fn a_version_txt_the_data_contradicts_is_refused_untouched() {
 
 /// Data whose own membership lists another member: the cluster mode (a
 /// rolling upgrade as a member, shown by --dry-run), which --no-exec cannot
-/// carry (refused, naming the members); a rollback goes to the cluster
-/// mode too (where the member keeps serving its release, cluster-tests'
-/// `kubeadm-rollback`), so --no-exec refuses it likewise; a storage change
-/// is refused as a stop-the-world procedure. The data is untouched each
-/// time.
+/// carry (refused, naming the members); a rollback without an online
+/// way and a storage change are the whole cluster's pause job (issue 28,
+/// shown by --dry-run), in which --no-exec cannot take part either
+/// (refused, naming the members and the way); keys etcd2 cannot hold are
+/// refused by name before any job. The data is untouched each time.
 #[test]
 fn data_whose_membership_lists_other_members_rolls_as_a_member_or_is_refused_untouched() {
     let tmp = temp_dir("data-members");
@@ -400,18 +400,27 @@ fn data_whose_membership_lists_other_members_rolls_as_a_member_or_is_refused_unt
             "--no-exec",
         ],
     );
-    Migration::new("3.3.25", &data, &member)
-        .bundled("3.3.25,3.4.23,3.5.16")
-        .run()
-        .assert_refused_untouched(
-            &data,
-            &before,
-            &[
-                "belongs to a cluster of 2 members",
-                "http://127.0.0.2:2380",
-                "--no-exec",
-            ],
-        );
+    let rollback = Migration::new("3.3.25", &data, &member).bundled("3.3.25,3.4.23,3.5.16");
+    let dry = rollback
+        .clone()
+        .mode(crate::harness::migrator::Mode::DryRun)
+        .run();
+    dry.assert_code(0);
+    assert!(
+        dry.stdout.contains("a whole-cluster pause job")
+            && dry.stdout.contains("ALLOW_CLUSTER_PAUSE=1"),
+        "{}",
+        dry.explain()
+    );
+    rollback.run().assert_refused_untouched(
+        &data,
+        &before,
+        &[
+            "belongs to a cluster of 2 members",
+            "http://127.0.0.2:2380",
+            "--no-exec",
+        ],
+    );
     Migration::new("3.4.23", &data, &member)
         .bundled("3.3.25,3.4.23,3.5.16")
         .arg("--target-storage=etcd2")
@@ -420,9 +429,10 @@ fn data_whose_membership_lists_other_members_rolls_as_a_member_or_is_refused_unt
             &data,
             &before,
             &[
-                "belongs to a cluster of 2 members",
-                "http://127.0.0.2:2380",
-                "stop-the-world",
+                // Before any job: what etcd2 cannot hold is refused by
+                // name, as for one member.
+                "cannot all be carried from etcd3 to etcd2 storage",
+                "is binary",
             ],
         );
 }

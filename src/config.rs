@@ -77,6 +77,12 @@ pub struct Config {
     pub restore: Option<RestoreRequest>,
     /// Start this member once as a new one-member cluster (issue 29).
     pub force_new_cluster: bool,
+    /// The operator's consent to a whole-cluster pause job (issue 28): a
+    /// target that cannot roll member by member (etcd2 -> etcd3, a
+    /// rollback etcd has no online way for) stops the cluster's writes
+    /// for the job's pause; without it on every member, the members keep
+    /// serving and say why.
+    pub allow_cluster_pause: bool,
     /// What to do after migrating.
     pub mode: Mode,
     /// How our own log lines look.
@@ -447,6 +453,9 @@ struct Cli {
     /// On one surviving member of a cluster that lost its quorum: start it once as a new one-member cluster with etcd's --force-new-cluster (refused while a quorum of the old cluster answers) [env: FORCE_NEW_CLUSTER=1]
     #[arg(long)]
     force_new_cluster: bool,
+    /// Consent to a whole-cluster pause of writes where the target cannot roll member by member (etcd2 -> etcd3 storage, a rollback etcd has no online way for); needed on every member [env: ALLOW_CLUSTER_PAUSE=1]
+    #[arg(long)]
+    allow_cluster_pause: bool,
     /// Expiry of v2 TTL keys in v3: exact (a lease per remaining TTL) or flat (one 1 h lease for --ttl-keys-directory, as Kubernetes did) [default: exact]
     #[arg(long, value_enum)]
     ttl_leases: Option<TtlLeases>,
@@ -545,6 +554,10 @@ where
         || picker
             .env("FORCE_NEW_CLUSTER")
             .is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
+    let allow_cluster_pause = cli.allow_cluster_pause
+        || picker
+            .env("ALLOW_CLUSTER_PAUSE")
+            .is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
     Ok(Config {
         target,
         data_dir,
@@ -561,6 +574,7 @@ where
         keep_v2_keys: cli.keep_v2_keys,
         restore,
         force_new_cluster,
+        allow_cluster_pause,
         mode,
         log_format,
         overridden: picker.overridden,

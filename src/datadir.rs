@@ -52,6 +52,16 @@ pub const RESTORED_FILE: &str = ".etcd-migrate.restored";
 /// left behind; a restart with the setting left never forces again.
 pub const FORCED_FILE: &str = ".etcd-migrate.forced";
 
+/// The record of this member's part in a whole-cluster pause job (issue
+/// 28): JSON with the job, the member's role and phase
+/// (`cluster::pause::Record`). Written, fsynced, before each point of no
+/// return of the job, so that a restart carries on with the job instead
+/// of serving data the job has taken away; removed when the job is done.
+pub const PAUSE_FILE: &str = ".etcd-migrate.pause";
+
+/// The temporary name the pause record is written under.
+const PAUSE_TEMP_FILE: &str = ".etcd-migrate.pause.tmp";
+
 /// The temporary name the force's record is written under.
 const FORCED_TEMP_FILE: &str = ".etcd-migrate.forced.tmp";
 
@@ -580,7 +590,13 @@ pub fn read_restart_mark(dir: &Path) -> Result<Option<Version>, DataDirError> {
 /// order: a crash between leaves a mark naming the recorded release).
 pub fn record_and_unmark(dir: &Path, pair: VersionPair) -> Result<(), DataDirError> {
     write_version(dir, pair)?;
-    let path = dir.join(RESTART_MARK_FILE);
+    remove_durably(dir, RESTART_MARK_FILE)
+}
+
+/// Removes `name` from `dir` if it is there, then fsyncs `dir`: a restart
+/// after a crash finds it gone for good.
+fn remove_durably(dir: &Path, name: &str) -> Result<(), DataDirError> {
+    let path = dir.join(name);
     match fs::remove_file(&path) {
         Ok(()) => durable::fsync_dir(dir).map_err(|err| DataDirError::Io {
             op: err.op,
@@ -632,6 +648,37 @@ pub fn write_forced(dir: &Path, json: &str) -> Result<(), DataDirError> {
         FORCED_FILE,
         format!("{json}\n").as_bytes(),
     )
+}
+
+/// The pause job's record ([`PAUSE_FILE`]), raw, if there is one.
+pub fn read_pause(dir: &Path) -> Result<Option<Vec<u8>>, DataDirError> {
+    let path = dir.join(PAUSE_FILE);
+    match fs::read(&path) {
+        Ok(raw) => Ok(Some(raw)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(DataDirError::Io {
+            op: "read",
+            path,
+            source,
+        }),
+    }
+}
+
+/// Writes the pause job's record ([`PAUSE_FILE`]), atomically and
+/// durably: a restart finds the old record or the new one.
+pub fn write_pause(dir: &Path, json: &str) -> Result<(), DataDirError> {
+    replace_file(
+        dir,
+        PAUSE_TEMP_FILE,
+        PAUSE_FILE,
+        format!("{json}\n").as_bytes(),
+    )
+}
+
+/// Removes the pause job's record, durably (the directory fsynced: a
+/// restart after a crash must not find a job that is over).
+pub fn remove_pause(dir: &Path) -> Result<(), DataDirError> {
+    remove_durably(dir, PAUSE_FILE)
 }
 
 /// Puts the hold on the data dir ([`HOLD_FILE`]), durably, with `reason`.

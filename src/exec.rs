@@ -129,12 +129,14 @@ impl ExecTarget {
             })
         };
         let (sets_name, sets_cluster) = (sets("name"), sets("initial-cluster"));
+        let sets_state = sets("initial-cluster-state");
         std::env::vars_os()
             .filter(|(key, _)| {
                 let key = key.to_string_lossy();
                 !(OUR_ETCD_VARS.contains(&key.as_ref())
                     || (sets_name && key == "ETCD_NAME")
-                    || (sets_cluster && key == "ETCD_INITIAL_CLUSTER"))
+                    || (sets_cluster && key == "ETCD_INITIAL_CLUSTER")
+                    || (sets_state && key == "ETCD_INITIAL_CLUSTER_STATE"))
             })
             .collect()
     }

@@ -181,6 +181,12 @@ pub enum Error {
     /// The restore from a snapshot (issue 29) was refused or failed.
     #[error(transparent)]
     Restore(#[from] restore::RestoreError),
+    /// The whole-cluster pause job (issue 28) could not start here.
+    #[error(transparent)]
+    PauseEntry(#[from] cluster::pause::entry::EntryError),
+    /// The whole-cluster pause job failed on this member.
+    #[error(transparent)]
+    Pause(#[from] cluster::pause::run::PauseError),
 }
 
 impl Error {
@@ -209,6 +215,11 @@ impl Error {
             Error::Restore(err) if err.is_refusal() => EXIT_PRECONDITION,
             Error::SelfJoin(_) => EXIT_PRECONDITION,
             Error::Restore(_) => EXIT_STEP_FAILED,
+            Error::PauseEntry(_) => EXIT_PRECONDITION,
+            Error::Pause(cluster::pause::run::PauseError::Interrupted(signal)) => {
+                signal_exit_code(*signal)
+            }
+            Error::Pause(_) => EXIT_FAILURE,
             Error::Record { .. } | Error::Supervisor(_) | Error::Runtime(_) => EXIT_FAILURE,
         }
     }
@@ -285,6 +296,18 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         Some(list) => Bundle::new(list.iter().copied()),
         None => binaries::scan(&config.bin_dir)?,
     };
+    // A member in a whole-cluster pause job carries on with it, whatever
+    // its data and its target say now: its record says where it is.
+    if let Some(record) = cluster::pause::entry::read_record(config)? {
+        if config.mode == Mode::DryRun {
+            println!(
+                "this member takes part in the whole-cluster pause job {} (to {}), phase {:?}: a real run carries on with it (see docs/cluster-pause.md)",
+                record.job, record.target, record.phase
+            );
+            return Ok(Outcome::Exit);
+        }
+        return pause_as_member(config, survey, Some(record), bundle, original_mask);
+    }
     let marked = survey.restart_mark();
     let on_disk = survey.on_disk();
     let data_members = on_disk.map_or(0, |d| d.members.len());
@@ -313,7 +336,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         Some(name) => config.member.named(&name),
         None => config.member.clone(),
     };
-    if plan.cluster.is_none() {
+    if plan.cluster.is_none() && plan.pause.is_none() {
         preconditions::check_before_steps(config, &plan)?;
     }
     binaries::check_present(&config.bin_dir, &plan.needed_binaries())?;
@@ -326,6 +349,10 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     {
         return hand_over_one_hop(config, &plan, survey, bundle);
     }
+    if let Work::Pause { .. } = plan.work() {
+        log_plan(config, &plan, &member, &bundle);
+        return pause_as_member(config, survey, None, bundle, original_mask);
+    }
     if let (Work::Roll { .. }, Some(on_disk)) = (plan.work(), survey.on_disk()) {
         cluster::entry::check_mode(config, on_disk)?;
         log_plan(config, &plan, &member, &bundle);
@@ -337,7 +364,16 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
         baseline: offline_baseline(&plan, on_disk.as_ref()),
         hidden_v2: on_disk.map(|on_disk| on_disk.v2_hidden_paths),
     };
-    carry_out(config, &plan, &member, offline, survey, original_mask)?;
+    let runtime = async_runtime()?;
+    let supervisor = Supervisor::start(original_mask)?;
+    carry_out(
+        config,
+        &plan,
+        &member,
+        offline,
+        survey,
+        (&runtime, &supervisor),
+    )?;
     log::info(
         "migrated",
         &[
@@ -658,6 +694,208 @@ fn roll_as_member(
     Ok(Outcome::ExitCode(code))
 }
 
+/// The whole-cluster pause job (issue 28): this member's part, from where
+/// its record (`record`, if it has one) says it is. The converter's taken
+/// data is forced into a one-member cluster and carried through the route
+/// with the single-member steps ([`convert_taken`]) between its two parts.
+fn pause_as_member(
+    config: &Config,
+    mut survey: Survey,
+    record: Option<cluster::pause::Record>,
+    bundle: Bundle,
+    original_mask: SigSet,
+) -> Result<Outcome, Error> {
+    use cluster::pause::run::PauseEnd;
+    let on_disk = survey.take_on_disk();
+    let recorded = match (survey.state(), &record) {
+        (DirState::Recorded(pair), _) => pair,
+        (_, Some(record)) => record.from.parse().map_err(|e| {
+            Error::Runtime(format!("the pause record's `from` {:?}: {e}", record.from))
+        })?,
+        _ => {
+            return Err(Error::Runtime(
+                "the pause job needs a recorded data dir".to_string(),
+            ))
+        }
+    };
+    cluster::pause::entry::check_mode(config, on_disk.as_ref(), recorded)?;
+    let old_release = old_release(recorded, &bundle)?;
+    let runtime = async_runtime()?;
+    let supervisor = Supervisor::start(original_mask)?;
+    let mut etcd = cluster::pause::entry::member_etcd(config, &supervisor);
+    let mut pausing = cluster::pause::entry::prepare(
+        config,
+        on_disk.as_ref(),
+        record,
+        recorded,
+        old_release,
+        &etcd,
+        &supervisor,
+    )?;
+    let job_config = Config {
+        target: pausing.job.target,
+        member: converter_member(config, &pausing.own),
+        ..config.clone()
+    };
+    // Every etcd the job may run here: the old release, the route's, the
+    // target.
+    if let Ok(route) = plan::plan(recorded, pausing.job.target, &bundle) {
+        binaries::check_present(&config.bin_dir, &route.needed_binaries())?;
+        verify_binaries(&job_config, &route, false, None, &runtime, &supervisor)?;
+    }
+    binaries::check_present(&config.bin_dir, &[Binary::etcd(old_release)])?;
+    let lock = survey.into_lock()?;
+    let end = match runtime.block_on(pausing.run(&mut etcd))? {
+        PauseEnd::Convert => {
+            drop(lock);
+            convert_taken(&job_config, &mut pausing, &bundle, (&runtime, &supervisor))?;
+            let lock = datadir::lock(&config.data_dir)?;
+            let end = runtime.block_on(pausing.serve_converted(&mut etcd))?;
+            drop(lock);
+            end
+        }
+        end => {
+            drop(lock);
+            end
+        }
+    };
+    match end {
+        PauseEnd::Exit(code) => Ok(Outcome::ExitCode(code)),
+        PauseEnd::Convert => Err(Error::Runtime(
+            "the pause job asked for a second conversion".to_string(),
+        )),
+    }
+}
+
+/// The member the converter's steps run as: its name and peer URLs as
+/// its etcd's own flags give them (the data's membership records them,
+/// and a restore writes them anew), listening for peers on loopback only
+/// (no other member may reach a step's etcd; the member's own etcd is
+/// stopped, so its peer port is free), the token its flags give.
+fn converter_member(config: &Config, own: &cluster::pause::Whom) -> Member {
+    let args = config.member_args();
+    let env = |name: &str| std::env::var(name).ok();
+    let token = cluster::settings::value(&args, &env, "initial-cluster-token")
+        .unwrap_or_else(|| config.member.initial_cluster_token.clone());
+    Member {
+        name: own.name.clone(),
+        listen_peer_urls: format!("http://127.0.0.1:{}", config.peer_port),
+        initial_advertise_peer_urls: own.peer_urls.join(","),
+        initial_cluster: own
+            .peer_urls
+            .iter()
+            .map(|url| format!("{}={url}", own.name))
+            .collect::<Vec<_>>()
+            .join(","),
+        initial_cluster_token: token,
+        ..config.member.clone()
+    }
+}
+
+/// The release that serves `recorded` data: itself when bundled, else the
+/// newest bundled patch of its minor after it.
+fn old_release(recorded: VersionPair, bundle: &Bundle) -> Result<Version, Error> {
+    let version = recorded.version;
+    if bundle.contains(version) {
+        return Ok(version);
+    }
+    match bundle.newest_in(version.minor_line()) {
+        Some(newest) if newest > version => Ok(newest),
+        _ => Err(Error::Runtime(format!(
+            "version.txt records {version}, and the image bundles no {}.x release at or after it to serve the data with (bundled: {bundle}); bundle etcd {version}",
+            version.minor_line()
+        ))),
+    }
+}
+
+/// The converter's taken data (its membership is the converter alone),
+/// carried to the job's target: backed up once, then the route's
+/// single-member steps, recorded as every run records them (`config` has
+/// the job's target).
+fn convert_taken(
+    config: &Config,
+    pausing: &mut cluster::pause::run::Pausing,
+    bundle: &Bundle,
+    (runtime, supervisor): (&tokio::runtime::Runtime, &Supervisor),
+) -> Result<(), Error> {
+    let started = Instant::now();
+    let listed = ondisk::read_with(&config.data_dir, &ondisk::Want::default())
+        .map(|d| d.members.len())
+        .unwrap_or(0);
+    if listed > 1 {
+        return Err(Error::Runtime(format!(
+            "the pause job's converter stopped alone in its membership, but the data in {} lists {listed} members; nothing was converted; its record (.etcd-migrate.pause) is kept: report this",
+            config.data_dir.display()
+        )));
+    }
+    if pausing.backup_taken().is_none() {
+        let termination = supervisor.termination();
+        let path = backup::create(
+            &config.data_dir,
+            &config.backup,
+            pausing.recorded,
+            std::time::SystemTime::now(),
+            &|| *termination.borrow(),
+        )
+        .map_err(|e| Error::Cluster(cluster::entry::EntryError::Backup(e)))?;
+        log::info(
+            "pause job: the taken data backed up before it converts",
+            &[
+                ("path", path.display().to_string().into()),
+                ("verify", backup::tool::verify_command_line(&path).into()),
+            ],
+        );
+        pausing.note_backup(&path)?;
+    }
+    let glance = survey::glance(&config.data_dir, false, false)?;
+    let mut survey = Survey::take(config, &glance)?;
+    let marked = survey.restart_mark();
+    let on_disk = survey.on_disk();
+    let data_members = on_disk.map_or(0, |d| d.members.len());
+    let v2_request = on_disk.and_then(|d| d.v2_requests_past_snapshot);
+    let mut plan = make_plan(
+        config,
+        survey.state(),
+        bundle,
+        (data_members, v2_request),
+        marked.is_some(),
+    )?;
+    if plan.pause.is_some() || plan.cluster.is_some() {
+        return Err(Error::Runtime(format!(
+            "the pause job's taken data in {} still lists {data_members} members after the force",
+            config.data_dir.display()
+        )));
+    }
+    // The backup was taken above (by this run or an earlier one): the data
+    // as the old cluster left it.
+    plan.backup = None;
+    preconditions::check_before_steps(config, &plan)?;
+    let member = config.member.clone();
+    log_plan(config, &plan, &member, bundle);
+    let on_disk = survey.take_on_disk();
+    let offline = OfflineRead {
+        baseline: offline_baseline(&plan, on_disk.as_ref()),
+        hidden_v2: on_disk.map(|on_disk| on_disk.v2_hidden_paths),
+    };
+    carry_out(
+        config,
+        &plan,
+        &member,
+        offline,
+        survey,
+        (runtime, supervisor),
+    )?;
+    log::info(
+        "pause job: the taken data converted",
+        &[
+            ("version", config.target.to_string().into()),
+            ("steps", plan.steps.len().into()),
+            ("ms", log::ms(started.elapsed())),
+        ],
+    );
+    Ok(())
+}
+
 /// The plan for the data dir as found, or the refusal as the run's error.
 fn make_plan(
     config: &Config,
@@ -737,10 +975,8 @@ fn carry_out(
     member: &Member,
     offline: OfflineRead,
     mut survey: Survey,
-    original_mask: SigSet,
+    (runtime, supervisor): (&tokio::runtime::Runtime, &Supervisor),
 ) -> Result<(), Error> {
-    let runtime = async_runtime()?;
-    let supervisor = Supervisor::start(original_mask)?;
     // The baseline's hash is walked from here on, beside the checks.
     let OfflineRead {
         baseline,
@@ -755,7 +991,7 @@ fn carry_out(
         .filter(|_| pending.is_some())
         .map(Binary::etcd)
         .filter(|b| b.version != plan.target.version && !plan.binaries().contains(b));
-    verify_binaries(config, plan, false, later, &runtime, &supervisor)?;
+    verify_binaries(config, plan, false, later, runtime, supervisor)?;
     survey.make_ready()?;
     match plan.work() {
         // Reached only after finishing an interrupted step: already recorded.
@@ -785,10 +1021,11 @@ fn carry_out(
             member,
             (pending, hidden_v2, later),
             &mut survey,
-            (&runtime, &supervisor),
+            (runtime, supervisor),
         )?,
-        // Taken by `roll_as_member` before the plan is carried out here.
-        Work::Roll { .. } => {}
+        // Taken by `roll_as_member` and `pause_as_member` before the plan
+        // is carried out here.
+        Work::Roll { .. } | Work::Pause { .. } => {}
     }
     if let Some(signal) = supervisor.terminated() {
         return Err(Error::Interrupted(signal));

@@ -165,6 +165,13 @@ pub struct Plan {
     /// membership says so) and the plan's upgrades are rolled through it,
     /// one member at a time, by the cluster mode instead of run as steps.
     pub cluster: Option<usize>,
+    /// The data belongs to a cluster of this many members and the route
+    /// holds a step no cluster rolls member by member (a storage change,
+    /// a rollback etcd has no online way for): the members do the whole
+    /// route together, with one pause of the cluster's writes
+    /// (`cluster::pause`, issue 28). `steps` is the route the member that
+    /// carries the data runs on its own.
+    pub pause: Option<usize>,
 }
 
 /// What a run does with the data dir once it holds the lock.
@@ -174,6 +181,11 @@ pub enum Work {
     Nothing,
     /// Roll the upgrades through the cluster, as one of its members.
     Roll {
+        /// How many members the data's membership lists.
+        members: usize,
+    },
+    /// Take part in the cluster's pause job, as one of its members.
+    Pause {
         /// How many members the data's membership lists.
         members: usize,
     },
@@ -523,6 +535,20 @@ impl Step {
         matches!(self, Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. })
     }
 
+    /// True for the steps a cluster takes member by member, online: the
+    /// upgrades, and etcd's own downgrade where the serving release has it
+    /// for clusters (3.6 and later). The others need the whole cluster's
+    /// pause (`cluster::pause`).
+    pub fn rolls_online(&self) -> bool {
+        match *self {
+            Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. } => true,
+            Step::MinorDowngrade { serve, .. } => serve.minor_line() >= Minor::new(3, 6),
+            Step::StorageMigration { .. }
+            | Step::MinorRollback { .. }
+            | Step::RollbackToEtcd2 { .. } => false,
+        }
+    }
+
     /// True for the steps that take etcd3 data to an older minor (by
     /// etcd's downgrade or by snapshot), the storage kept.
     pub fn goes_back(&self) -> bool {
@@ -644,6 +670,9 @@ impl Plan {
 
     /// What the run does with the data dir.
     pub fn work(&self) -> Work {
+        if let Some(members) = self.pause {
+            return Work::Pause { members };
+        }
         if let Some(members) = self.cluster {
             return Work::Roll { members };
         }
@@ -729,14 +758,20 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
                 backup: None,
                 site: None,
                 cluster: None,
+                pause: None,
             }
         }
     };
     let changes = !plan.steps.is_empty() || restart_mark;
     if data_members > 1 {
-        // The data's own membership decides, not the command line. Only
-        // upgrades roll; the rest is refused with the members named
-        // (preconditions::check_alone) before anything runs.
+        // The data's own membership decides, not the command line. A
+        // route with a step no cluster rolls is one pause job of the
+        // whole cluster (issue 28), whatever else it holds.
+        if !plan.steps.iter().all(Step::rolls_online) {
+            plan.pause = Some(data_members);
+            plan.backup = None;
+            return Ok(plan);
+        }
         if changes && plan.steps.iter().all(Step::is_upgrade) {
             plan.cluster = Some(data_members);
             // Upgrades are not destructive: only --backup=always asks for
@@ -745,10 +780,8 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
             return Ok(plan);
         }
         if !plan.steps.is_empty() && plan.steps.iter().all(Step::goes_back) {
-            // A lower target on a cluster: the cluster mode starts the
-            // recorded release and waits, saying why on every wait line;
-            // an exit here would cost the cluster a voter at each restart
-            // of the rollout. Nothing runs but the member's own release.
+            // A lower target on a cluster that etcd takes down online
+            // (3.6+): the cluster mode's downgrade waves.
             plan.cluster = Some(data_members);
             return Ok(plan);
         }
@@ -869,6 +902,9 @@ impl fmt::Display for Plan {
                 target.version.minor_line()
             )?;
         }
+        if let Some(members) = self.pause {
+            return self.fmt_pause(f, members);
+        }
         if let Some(members) = self.cluster {
             return self.fmt_roll(f, members);
         }
@@ -910,6 +946,35 @@ impl Plan {
             )?;
         }
         self.fmt_backup(f)?;
+        writeln!(
+            f,
+            "then: keep serving {} as a supervised child (a later start with nothing to change execs it)",
+            self.target.version
+        )
+    }
+
+    /// The pause job's plan: the members agree, one carries the data
+    /// through the route, the others join it.
+    fn fmt_pause(&self, f: &mut fmt::Formatter<'_>, members: usize) -> fmt::Result {
+        writeln!(
+            f,
+            "the data's own membership lists {members} members, and {} -> {} cannot roll member by member: a whole-cluster pause job (needs --allow-cluster-pause / ALLOW_CLUSTER_PAUSE=1 on every member; see docs/cluster-pause.md)",
+            self.current, self.target
+        )?;
+        writeln!(
+            f,
+            "  1. every member agrees (durably, in its data dir and in the cluster)"
+        )?;
+        writeln!(f, "  2. the others stop; one member (the one that writes the job's go, made leader) stops last, holding every committed entry")?;
+        writeln!(
+            f,
+            "  3. that member forces its data into a one-member cluster and runs the route on it:"
+        )?;
+        let total = self.steps.len();
+        for (i, step) in self.steps.iter().enumerate() {
+            writeln!(f, "     step {}/{total}: {step}", i + 1)?;
+        }
+        writeln!(f, "  4. it serves {} alone; the others back up their old data and join it one at a time, each proven by HashKV", self.target)?;
         writeln!(
             f,
             "then: keep serving {} as a supervised child (a later start with nothing to change execs it)",
@@ -1018,6 +1083,7 @@ pub fn plan(current: VersionPair, target: VersionPair, bundle: &Bundle) -> Resul
         backup: None,
         site: None,
         cluster: None,
+        pause: None,
     };
     plan.baseline = baseline_reader(&plan, bundle);
     Ok(plan)
@@ -1995,29 +2061,31 @@ mod tests {
 
     /// The data's own membership decides the cluster mode: upgrades roll
     /// (whatever `--initial-cluster` says, kubeadm style or GCE style), a
-    /// restart mark resumes the roll even at the target, a lower target
-    /// keeps the member serving (in the cluster mode), and a storage change
-    /// is left for the stop-the-world refusal.
+    /// restart mark resumes the roll even at the target, etcd's own
+    /// downgrade rolls down (3.6+), and every route with a step no cluster
+    /// takes member by member (a storage change, a rollback without an
+    /// online way) is one whole-cluster pause job.
     #[test]
     fn the_data_membership_decides_the_cluster_mode() {
-        let bundle = bundle(CI);
+        let (ci, full) = (bundle(CI), bundle(FULL));
         #[rustfmt::skip]
-        type Row = (&'static str, &'static str, &'static str, usize, bool, Result<Option<usize>, &'static str>);
+        type Row = (&'static str, &'static str, &'static str, usize, bool, Result<&'static str, &'static str>);
         let rows: Vec<Row> = vec![
-            // (recorded, target, --initial-cluster, data members, mark, plan.cluster or refusal)
-            ("3.3.25/etcd3", "3.5.16/etcd3", ONE, 3, false, Ok(Some(3))),
-            ("3.3.25/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok(Some(3))),
-            ("3.3.25/etcd3", "3.4.23/etcd3", TWO, 5, false, Ok(Some(5))),
+            // (recorded, target, --initial-cluster, data members, mark, mode or refusal)
+            ("3.3.25/etcd3", "3.5.16/etcd3", ONE, 3, false, Ok("roll 3")),
+            ("3.3.25/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok("roll 3")),
+            ("3.3.25/etcd3", "3.4.23/etcd3", TWO, 5, false, Ok("roll 5")),
             // At the target: nothing to roll, unless a restart is unrecorded.
-            ("3.5.16/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok(None)),
-            ("3.4.23/etcd3", "3.4.23/etcd3", TWO, 3, true, Ok(Some(3))),
+            ("3.5.16/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok("none")),
+            ("3.4.23/etcd3", "3.4.23/etcd3", TWO, 3, true, Ok("roll 3")),
             // A patch change needs no step: recorded, as for one member.
-            ("3.5.1/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok(None)),
-            // A rollback: the cluster mode, which keeps the member serving
-            // its release and says why (it does not roll back yet).
-            ("3.5.16/etcd3", "3.4.23/etcd3", TWO, 3, false, Ok(Some(3))),
-            // A storage change does not roll.
-            ("3.3.25/etcd3", "3.4.23/etcd2", TWO, 3, false, Ok(None)),
+            ("3.5.1/etcd3", "3.5.16/etcd3", TWO, 3, false, Ok("none")),
+            // Rollbacks etcd has no online way for: one pause job.
+            ("3.5.16/etcd3", "3.4.23/etcd3", TWO, 3, false, Ok("pause 3")),
+            ("3.4.23/etcd3", "3.3.25/etcd3", TWO, 5, false, Ok("pause 5")),
+            // A storage change, either way: one pause job.
+            ("3.3.25/etcd2", "3.3.25/etcd3", TWO, 3, false, Ok("pause 3")),
+            ("3.3.25/etcd3", "3.4.23/etcd2", TWO, 3, false, Ok("pause 3")),
             // One member in the data: --initial-cluster still refuses steps.
             (
                 "3.3.25/etcd3",
@@ -2027,13 +2095,26 @@ mod tests {
                 false,
                 Err("INITIAL_CLUSTER lists 2 members"),
             ),
-            ("3.3.25/etcd3", "3.5.16/etcd3", ONE, 1, false, Ok(None)),
+            ("3.3.25/etcd3", "3.5.16/etcd3", ONE, 1, false, Ok("none")),
         ];
-        for (recorded, target, initial_cluster, data_members, restart_mark, expect) in rows {
+        // With the releases no registry has: etcd's downgrade rolls down
+        // from 3.6 on; a route that also needs a rollback is one job.
+        let extra_rows: Vec<Row> = vec![
+            ("3.7.1/etcd3", "3.6.14/etcd3", TWO, 3, false, Ok("roll 3")),
+            ("3.6.14/etcd3", "3.5.30/etcd3", TWO, 3, false, Ok("roll 3")),
+            ("3.6.14/etcd3", "3.4.23/etcd3", TWO, 3, false, Ok("pause 3")),
+            ("2.3.7/etcd2", "3.5.30/etcd3", TWO, 3, false, Ok("pause 3")),
+        ];
+        let all = rows
+            .into_iter()
+            .map(|row| (row, &ci))
+            .chain(extra_rows.into_iter().map(|row| (row, &full)));
+        for ((recorded, target, initial_cluster, data_members, restart_mark, expect), bundle) in all
+        {
             let situation = Situation {
                 found: DirState::Recorded(pair(recorded)),
                 target: pair(target),
-                bundle: &bundle,
+                bundle,
                 backup: BackupMode::Destructive,
                 initial_cluster,
                 data_members,
@@ -2042,9 +2123,21 @@ mod tests {
             };
             let row = format!("{recorded} -> {target}, {initial_cluster}, {data_members} members, mark {restart_mark}");
             match (decide(&situation), expect) {
-                (Ok(plan), Ok(cluster)) => {
-                    assert_eq!(plan.cluster, cluster, "{row}");
-                    if cluster.is_some() {
+                (Ok(plan), Ok(mode)) => {
+                    let got = match (plan.pause, plan.cluster) {
+                        (Some(n), _) => format!("pause {n}"),
+                        (None, Some(n)) => format!("roll {n}"),
+                        (None, None) => "none".to_string(),
+                    };
+                    assert_eq!(got, mode, "{row}");
+                    if plan.pause.is_some() {
+                        assert_eq!(
+                            plan.backup, None,
+                            "{row}: the converter backs up before its force"
+                        );
+                        assert!(!plan.steps.is_empty(), "{row}: the converter's route");
+                    }
+                    if plan.cluster.is_some() {
                         assert_eq!(plan.backup, None, "{row}: a roll takes no backup");
                         // Unless --backup=always asks for one.
                         let always = decide(&Situation {
@@ -2052,8 +2145,6 @@ mod tests {
                             ..situation
                         })
                         .expect("plans");
-                        // (A lower target runs nothing but the member's
-                        // own release: no step, no backup.)
                         let rolls =
                             !always.steps.is_empty() && always.steps.iter().all(Step::is_upgrade);
                         assert_eq!(always.backup, rolls.then_some(0), "{row}: --backup=always");

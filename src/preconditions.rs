@@ -418,7 +418,7 @@ pub fn read_data(config: &Config, want: &ondisk::Want) -> Option<OnDisk> {
 /// Refuses data whose own membership lists other members, unless the plan
 /// rolls its upgrades through the cluster (`Plan::cluster`).
 fn check_alone(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), PreconditionError> {
-    if on_disk.members.len() <= 1 || plan.cluster.is_some() {
+    if on_disk.members.len() <= 1 || plan.cluster.is_some() || plan.pause.is_some() {
         return Ok(());
     }
     let upgrade = plan
@@ -430,7 +430,7 @@ fn check_alone(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), Pre
         advice: if upgrade {
             "upgrade a multi-member cluster by rolling restarts, one minor at a time, with TARGET_VERSION set to the minor each member runs now"
         } else {
-            "a storage change (etcd2 <-> etcd3) of a cluster of several members is a stop-the-world procedure that etcd-migrate does not do yet (a later release will); keep TARGET_VERSION at the release the members run now"
+            "a cluster of several members changes storage (etcd2 <-> etcd3) or goes back where etcd has no online way in one whole-cluster pause job: run every member with ALLOW_CLUSTER_PAUSE=1 (docs/cluster-pause.md), or keep TARGET_VERSION at the release the members run now"
         },
         count: on_disk.members.len(),
         members: on_disk.members_text(),
@@ -447,7 +447,7 @@ fn check_v2_content(
 ) -> Result<(), PreconditionError> {
     // A cluster's members must never refuse one by one (each refusal
     // would cost the cluster a member); its roll decides in its own way.
-    if plan.current.storage != Storage::Etcd3 || plan.cluster.is_some() {
+    if plan.current.storage != Storage::Etcd3 || plan.cluster.is_some() || plan.pause.is_some() {
         return Ok(());
     }
     let Some(release) = plan.steps.iter().map(Step::runs).find(|v| !v.has_v2_api()) else {

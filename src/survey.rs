@@ -79,7 +79,9 @@ impl Glance {
 pub fn glance(dir: &Path, restoring: bool, forcing: bool) -> Result<Glance, PreconditionError> {
     let interrupted = dir.join(datadir::WORK_DIR).exists()
         || dir.join(datadir::VERSION_TEMP_FILE).exists()
-        || dir.join(datadir::RESTART_MARK_FILE).exists();
+        || dir.join(datadir::RESTART_MARK_FILE).exists()
+        // A member in a whole-cluster pause job carries on with the job.
+        || dir.join(datadir::PAUSE_FILE).exists();
     let state = preconditions::check_not_held(datadir::inspect(dir))?;
     let restored = restoring.then(|| datadir::read_restored(dir)).flatten();
     let forced = forcing && datadir::forced(dir);

@@ -3,9 +3,10 @@
 //! address, its own data volume and certificates, started kubeadm style
 //! (etcd's flags after `--`) or GCE style (`INITIAL_CLUSTER` & co. and
 //! `migrate-if-needed.sh`); the member operations the scenarios need
-//! (stop, kill, start, cut off, reconnect, restart with another target);
-//! and the checks at the end (every acknowledged write on every member,
-//! membership and ids unchanged, keyspace hashes equal).
+//! (stop, kill, start, cut off, reconnect, restart with another target,
+//! an operator's rollout of new manifests); and the checks at the end
+//! (every acknowledged write on every member, membership and ids
+//! unchanged, keyspace hashes equal).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use etcd_client::GetOptions;
 
-use super::docker::{docker, Container, Network, Volume, LABEL_KEY, POLL};
+use super::docker::{docker_output, Container, Network, Volume, LABEL_KEY, POLL};
 use super::monitor::{self, minor, Monitor, Round};
 use super::pki::{self, Authority, ClientPki};
 use super::writer::{self, connect, runtime, Writer, WriterLog};
@@ -156,6 +157,48 @@ pub struct Cluster {
 /// A v2 key as read back: its key, value and modified index.
 type V2Leaf = (String, String, u64);
 
+/// What an operator's manifest of one member says: its TARGET_VERSION,
+/// TARGET_STORAGE, and env of its own beyond the cluster's
+/// ([`Cluster::extra_options`]), e.g. `ALLOW_CLUSTER_PAUSE=1` on some
+/// members only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub version: String,
+    pub storage: &'static str,
+    /// `NAME=value` pairs, each passed as `-e NAME=value`.
+    pub env: Vec<String>,
+}
+
+impl Target {
+    /// TARGET_VERSION `version` and TARGET_STORAGE `storage`, no more env.
+    pub fn new(version: &str, storage: &'static str) -> Target {
+        Target {
+            version: version.to_string(),
+            storage,
+            env: Vec::new(),
+        }
+    }
+
+    /// The same, with `name=value` in the member's env too.
+    pub fn with_env(mut self, name: &str, value: &str) -> Target {
+        self.env.push(format!("{name}={value}"));
+        self
+    }
+}
+
+/// How an operator rolls new manifests out over the members, in member
+/// order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rollout {
+    /// Each restart begins this long after the previous one began (or at
+    /// once, if that one took longer), waiting for nobody to serve: a
+    /// rollout on its own schedule.
+    Apart(Duration),
+    /// The next member once the one before serves again (`/health`
+    /// within [`START_DEADLINE`]): a patient operator.
+    Serving,
+}
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A name part unique to this run: pid, time and a counter.
@@ -177,6 +220,28 @@ impl Cluster {
     /// and starts them all at `version` (a new cluster), then waits until
     /// every member is healthy and reports a cluster version of that minor.
     pub fn start(image: &str, test: &str, style: Style, size: usize, version: &str) -> Cluster {
+        Cluster::start_with(
+            image,
+            test,
+            style,
+            size,
+            version,
+            super::storage_of(version),
+        )
+    }
+
+    /// [`Cluster::start`] with the members' TARGET_STORAGE `storage` (e.g.
+    /// 3.3.25 members on etcd2 data, as kube-up's clusters ran before their
+    /// storage migration); the test reads and writes it over the API the
+    /// data asks for ([`Api::of_data`]: v2 for etcd2).
+    pub fn start_with(
+        image: &str,
+        test: &str,
+        style: Style,
+        size: usize,
+        version: &str,
+        storage: &'static str,
+    ) -> Cluster {
         let run = format!("{test}-{}", run_id());
         let label = format!("{LABEL_KEY}={run}");
         let seed = std::process::id() ^ SEQ.load(Ordering::SeqCst).wrapping_mul(7919);
@@ -195,8 +260,8 @@ impl Cluster {
             client,
             token: format!("cluster-test-{run}"),
             run,
-            api: Api::of(version),
-            storage: super::storage_of(version),
+            api: Api::of_data(version, storage),
+            storage,
             first: minor(version).expect("a X.Y.Z version"),
             label,
             authority,
@@ -299,6 +364,14 @@ impl Cluster {
         let name = format!("emcl-{}-{}-wiped", self.run, self.members[i].name);
         self.members[i].volume = Volume::create(&name, &self.label);
         self.members[i].joined = true;
+    }
+
+    /// The data's storage and the API the test uses for it from now on
+    /// (after a storage migration: etcd3, read and written over v3). The
+    /// members started from now on get TARGET_STORAGE `storage`.
+    pub fn switch_data(&mut self, storage: &'static str, api: Api) {
+        self.storage = storage;
+        self.api = api;
     }
 
     /// Member names, in order.
@@ -406,7 +479,20 @@ impl Cluster {
 
     /// `docker run` arguments of member `i` with TARGET_VERSION `version`.
     fn run_args(&self, i: usize, version: &str) -> Vec<String> {
+        self.run_args_as(i, &Target::new(version, self.storage))
+    }
+
+    /// `docker run` arguments of member `i` with `target`'s settings.
+    fn run_args_as(&self, i: usize, target: &Target) -> Vec<String> {
+        let version = target.version.as_str();
         if let Some(args) = self.example_args(i, version) {
+            // The example manifests are run as written: their storage is
+            // the cluster's, their env their own.
+            assert!(
+                target.storage == self.storage && target.env.is_empty(),
+                "{:?} runs its manifests as written, not with {target:?}",
+                self.style
+            );
             return args;
         }
         let m = &self.members[i];
@@ -422,11 +508,15 @@ impl Cluster {
             "-e",
             &format!("TARGET_VERSION={version}"),
             "-e",
-            &format!("TARGET_STORAGE={}", self.storage),
+            &format!("TARGET_STORAGE={}", target.storage),
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
+        for pair in &target.env {
+            args.push("-e".to_string());
+            args.push(pair.clone());
+        }
         args.extend(self.extra_options.iter().cloned());
         let peer = format!("https://{}:2380", m.ip);
         let client_urls = format!("https://{}:2379", m.ip);
@@ -534,6 +624,53 @@ impl Cluster {
     pub fn run_member(&mut self, i: usize, version: &str) {
         let args = self.run_args(i, version);
         self.replace_container(i, &args);
+    }
+
+    /// (Re)creates member `i`'s container with `target`'s TARGET_VERSION,
+    /// TARGET_STORAGE and env, on its data volume; does not wait.
+    pub fn run_member_as(&mut self, i: usize, target: &Target) {
+        let args = self.run_args_as(i, target);
+        self.replace_container(i, &args);
+    }
+
+    /// Member `i` restarted by the operator with a new manifest: its
+    /// container stopped gracefully, then run again as `target` says (an
+    /// operator's rollout of one manifest); does not wait.
+    pub fn restart_as(&mut self, i: usize, target: &Target) {
+        self.container(i).stop(STOP_GRACE_S);
+        self.run_member_as(i, target);
+    }
+
+    /// An operator's rollout: member after member restarted with its new
+    /// manifest (`targets`, one per member in member order) on
+    /// `rollout`'s schedule. Returns once the last one was restarted (and,
+    /// for [`Rollout::Serving`], serves).
+    pub fn roll_out(&mut self, targets: &[Target], rollout: Rollout) {
+        assert_eq!(targets.len(), self.members.len(), "one manifest per member");
+        let mut next = Instant::now();
+        for (i, target) in targets.iter().enumerate() {
+            if let Rollout::Apart(gap) = rollout {
+                // The operator's schedule, not a wait for the cluster.
+                thread::sleep(next.saturating_duration_since(Instant::now()));
+                next = Instant::now() + gap;
+            }
+            self.restart_as(i, target);
+            eprintln!(
+                "cluster {}: {} restarted with TARGET_VERSION={} TARGET_STORAGE={}{}",
+                self.run,
+                self.members[i].name,
+                target.version,
+                target.storage,
+                target
+                    .env
+                    .iter()
+                    .map(|pair| format!(" {pair}"))
+                    .collect::<String>()
+            );
+            if rollout == Rollout::Serving {
+                self.wait_healthy(i, START_DEADLINE);
+            }
+        }
     }
 
     /// (Re)creates member `i` (kubeadm style) as `etcd-<version>` itself
@@ -775,6 +912,19 @@ impl Cluster {
         Writer::start(self.client.clone(), self.ips(), self.api)
     }
 
+    /// A writer that goes on where `earlier` stopped (its first write past
+    /// `earlier`'s last), over the API the data asks for now: after a
+    /// storage migration, v3 writes beside the v2 writer's, every one of
+    /// both checked in one keyspace.
+    pub fn start_writer_after(&self, earlier: &WriterLog) -> Writer {
+        Writer::start_from(
+            self.client.clone(),
+            self.ips(),
+            self.api,
+            earlier.last_seq + 1,
+        )
+    }
+
     /// The /version monitor of every member.
     pub fn start_monitor(&self) -> Monitor {
         Monitor::start(self.client.clone(), self.ips())
@@ -792,20 +942,25 @@ impl Cluster {
     /// Member `i`'s version.txt, read from its data volume by a one-off
     /// container of the image (labelled, removed when it ends).
     pub fn version_txt(&self, i: usize) -> String {
+        self.try_version_txt(i).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Cluster::version_txt`], or why it cannot be read now (a member
+    /// whose data dir is being replaced may have none for a while).
+    pub fn try_version_txt(&self, i: usize) -> Result<String, String> {
         let m = &self.members[i];
         if let Some(example) = self.style.example(&m.name) {
             let path = self.example_root(i).join(example.data).join("version.txt");
             return std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-                .trim()
-                .to_string();
+                .map(|s| s.trim().to_string())
+                .map_err(|e| format!("read {}: {e}", path.display()));
         }
         let (mount, file) = match self.style {
             Style::Kubeadm => ("/var/lib/etcd", "/var/lib/etcd/version.txt"),
             Style::Gce | Style::GceHa => ("/var/etcd", "/var/etcd/data/version.txt"),
             Style::KubeadmExample | Style::GceExample => unreachable!("read from the host"),
         };
-        docker(&[
+        let out = docker_output(&[
             "run",
             "--rm",
             "--label",
@@ -819,7 +974,16 @@ impl Cluster {
             &self.image,
             "-c",
             &format!("cat {file}"),
-        ])
+        ]);
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(format!(
+                "{}: cat {file}: {}",
+                m.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
     }
 
     /// Logs of every member (for a failure message).
@@ -859,7 +1023,7 @@ impl Cluster {
     /// Every acknowledged write on every member (a linearizable read of the
     /// writer's prefix), and equal `HashKV`s at one revision; the problems
     /// found.
-    fn keyspaces_v3(&self, acked: &[u64]) -> Vec<String> {
+    pub(super) fn keyspaces_v3(&self, acked: &[u64]) -> Vec<String> {
         let ips = self.ips();
         let names = self.names();
         let pki = self.client.clone();
@@ -941,7 +1105,7 @@ impl Cluster {
     /// 3.2 and earlier have no `HashKV`): a quorum read of the writer's
     /// prefix from each member, every acknowledged write in it, and the
     /// same keys, values and modified indexes on every member.
-    fn keyspaces_v2(&self, acked: &[u64]) -> Vec<String> {
+    pub(super) fn keyspaces_v2(&self, acked: &[u64]) -> Vec<String> {
         let http = writer::v2_http(&self.client);
         let mut problems = Vec::new();
         let mut first: Option<(String, Vec<V2Leaf>)> = None;

@@ -10,10 +10,13 @@
 //! - `writer`: TLS clients and the continuous writer.
 //! - `monitor`: `/version` and `/health` probes, and the steady poll of
 //!   every member with its invariants.
+//! - `pause`: a whole-cluster pause job's checks (issue 28): seeded v2
+//!   keys in their v3 form, new ids, the measured pause.
 
 pub mod cluster;
 pub mod docker;
 pub mod monitor;
+pub mod pause;
 pub mod pki;
 pub mod writer;
 
@@ -52,6 +55,17 @@ impl Api {
         match monitor::minor(version) {
             Some(m) if m < (3, 3) => Api::V2,
             _ => Api::V3,
+        }
+    }
+
+    /// The API for data of `storage` served by `version`: v2 while the
+    /// data is etcd2 (its keys are in the v2 store whatever the release),
+    /// else [`Api::of`].
+    pub fn of_data(version: &str, storage: &str) -> Api {
+        if storage == "etcd2" {
+            Api::V2
+        } else {
+            Api::of(version)
         }
     }
 }

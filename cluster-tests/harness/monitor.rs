@@ -261,6 +261,36 @@ pub fn violations(names: &[String], rounds: &[Round]) -> Vec<String> {
     out
 }
 
+/// The longest span in which no member answered at all (a whole-cluster
+/// pause as the monitor saw it): from the first round with every member
+/// down to the next round in which one answered (or the last round, if
+/// none did); `(from, took)`, since the monitor started.
+pub fn longest_all_down(rounds: &[Round]) -> Option<(Duration, Duration)> {
+    let mut open: Option<Duration> = None;
+    let mut longest: Option<(Duration, Duration)> = None;
+    let close = |from: Duration, to: Duration, longest: &mut Option<(Duration, Duration)>| {
+        let took = to.saturating_sub(from);
+        if longest.is_none_or(|(_, l)| took > l) {
+            *longest = Some((from, took));
+        }
+    };
+    for round in rounds {
+        let all_down = round.answers.iter().all(Option::is_none);
+        match (all_down, open) {
+            (true, None) => open = Some(round.at),
+            (false, Some(from)) => {
+                close(from, round.at, &mut longest);
+                open = None;
+            }
+            _ => {}
+        }
+    }
+    if let (Some(from), Some(last)) = (open, rounds.last()) {
+        close(from, last.at, &mut longest);
+    }
+    longest
+}
+
 /// The monitor's own check, run by the runner (`main.rs`) as a plain
 /// test: no image needed.
 pub mod tests {
@@ -317,5 +347,35 @@ pub mod tests {
         };
         assert!(violations(&names, &[boundary("2.3.0")]).is_empty());
         assert_eq!(violations(&names, &[boundary("2.2.0")]).len(), 1);
+    }
+
+    pub fn the_longest_span_with_every_member_down_is_measured() {
+        let round = |ms: u64, up: bool| Round {
+            at: Duration::from_millis(ms),
+            down_excused: true,
+            answers: vec![
+                up.then(|| answer("3.3.25", "3.3.0").expect("an answer")),
+                None,
+            ],
+        };
+        let rounds = [
+            round(0, true),
+            round(500, false),
+            round(1_000, true),
+            round(1_500, false),
+            round(2_000, false),
+            round(3_500, true),
+            round(4_000, false),
+        ];
+        assert_eq!(
+            longest_all_down(&rounds),
+            Some((Duration::from_millis(1_500), Duration::from_millis(2_000)))
+        );
+        assert_eq!(longest_all_down(&rounds[..1]), None);
+        // Still down at the last round: measured to it.
+        assert_eq!(
+            longest_all_down(&rounds[5..]),
+            Some((Duration::from_millis(4_000), Duration::ZERO))
+        );
     }
 }

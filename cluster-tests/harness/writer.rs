@@ -92,10 +92,51 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub struct WriterLog {
     /// Writes a member acknowledged, in order.
     pub acked: Vec<u64>,
+    /// When each of `acked` was acknowledged, since the writer started.
+    pub acked_at: Vec<Duration>,
     /// Attempts that failed or timed out (their write may or may not have
     /// been applied).
     pub failed: u64,
+    /// When each failed attempt began, since the writer started.
+    pub failed_at: Vec<Duration>,
     pub last_error: Option<String>,
+    /// The last write attempted (acknowledged or not): a writer that goes
+    /// on after this one starts past it ([`Writer::start_from`]).
+    pub last_seq: u64,
+}
+
+/// A span in which the writer got no write acknowledged: from the start
+/// of a failed write to the next acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    /// When the first failed write began, since the writer started.
+    pub from: Duration,
+    pub took: Duration,
+}
+
+impl WriterLog {
+    /// The longest span from a failed write to the next acknowledged one
+    /// (a whole-cluster pause, as a client saw it); None when no write
+    /// failed, or none was acknowledged after a failure. The writer makes
+    /// one attempt at a time, so a failure that began before an
+    /// acknowledgement arrived came before that write.
+    pub fn longest_pause(&self) -> Option<Pause> {
+        let mut failures = self.failed_at.iter().copied().peekable();
+        let mut open: Option<Duration> = None;
+        let mut longest: Option<Pause> = None;
+        for &ack in &self.acked_at {
+            while let Some(failed) = failures.next_if(|f| *f <= ack) {
+                open.get_or_insert(failed);
+            }
+            if let Some(from) = open.take() {
+                let took = ack.saturating_sub(from);
+                if longest.is_none_or(|l| took > l.took) {
+                    longest = Some(Pause { from, took });
+                }
+            }
+        }
+        longest
+    }
 }
 
 /// The continuous writer (a thread with its own runtime).
@@ -108,11 +149,18 @@ pub struct Writer {
 impl Writer {
     /// Starts writing to the members at `ips` over `api`.
     pub fn start(pki: ClientPki, ips: Vec<String>, api: Api) -> Writer {
+        Writer::start_from(pki, ips, api, 1)
+    }
+
+    /// [`Writer::start`], its first write `first` (past an earlier
+    /// writer's [`WriterLog::last_seq`], so that no key of that writer is
+    /// written again and both logs are checked in one keyspace).
+    pub fn start_from(pki: ClientPki, ips: Vec<String>, api: Api, first: u64) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(WriterLog::default()));
         let thread = {
             let (stop, log) = (stop.clone(), log.clone());
-            thread::spawn(move || runtime().block_on(write_loop(pki, ips, api, stop, log)))
+            thread::spawn(move || runtime().block_on(write_loop(pki, ips, api, first, stop, log)))
         };
         Writer {
             stop,
@@ -171,9 +219,11 @@ async fn write_loop(
     pki: ClientPki,
     ips: Vec<String>,
     api: Api,
+    first: u64,
     stop: Arc<AtomicBool>,
     log: Arc<Mutex<WriterLog>>,
 ) {
+    let started = Instant::now();
     let mut clients: Vec<Option<Client>> = ips.iter().map(|_| None).collect();
     let http = (api == Api::V2).then(|| v2_http(&pki));
     // A member that just failed is skipped for a while (unless every one
@@ -182,11 +232,12 @@ async fn write_loop(
     let mut resting: Vec<Option<Instant>> = ips.iter().map(|_| None).collect();
     let mut ticker = tokio::time::interval(WRITE_PERIOD);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut seq: u64 = 0;
+    let mut seq: u64 = first.saturating_sub(1);
     let mut next_member = 0;
     while !stop.load(Ordering::SeqCst) {
         ticker.tick().await;
         seq += 1;
+        log.lock().expect("writer log").last_seq = seq;
         let key = key(seq);
         // Member after member, each write to the next one; a member that
         // fails hands the write to the one after it.
@@ -202,6 +253,7 @@ async fn write_loop(
         let tries = if awake.is_empty() { order } else { awake };
         for m in tries {
             let value = seq.to_string();
+            let attempt_began = started.elapsed();
             let result = match &http {
                 Some(http) => put_v2(http, &ips[m], &key, &value).await,
                 None => put(&pki, &ips[m], &mut clients[m], &key, &value).await,
@@ -210,6 +262,7 @@ async fn write_loop(
             match result {
                 Ok(()) => {
                     log.acked.push(seq);
+                    log.acked_at.push(started.elapsed());
                     resting[m] = None;
                     break;
                 }
@@ -217,6 +270,7 @@ async fn write_loop(
                     clients[m] = None;
                     resting[m] = Some(Instant::now() + REST_AFTER_FAILURE);
                     log.failed += 1;
+                    log.failed_at.push(attempt_began);
                     log.last_error = Some(e);
                 }
             }
@@ -248,10 +302,26 @@ async fn put(
 /// A v2 PUT of `key` = `value`; Ok once the member answered with the node
 /// it wrote (etcd answers a v2 write only once raft committed it).
 async fn put_v2(http: &reqwest::Client, ip: &str, key: &str, value: &str) -> Result<(), String> {
+    put_v2_ttl(http, ip, key, value, None).await
+}
+
+/// [`put_v2`] with a TTL in seconds (None: a key that never expires).
+pub async fn put_v2_ttl(
+    http: &reqwest::Client,
+    ip: &str,
+    key: &str,
+    value: &str,
+    ttl: Option<u64>,
+) -> Result<(), String> {
     let url = v2_url(ip, key);
+    let ttl = ttl.map(|t| t.to_string());
+    let mut form = vec![("value", value)];
+    if let Some(ttl) = &ttl {
+        form.push(("ttl", ttl.as_str()));
+    }
     let response = http
         .put(&url)
-        .form(&[("value", value)])
+        .form(&form)
         .send()
         .await
         .map_err(|e| format!("put {url}: {e}"))?;
@@ -264,5 +334,60 @@ async fn put_v2(http: &reqwest::Client, ip: &str, key: &str, value: &str) -> Res
         Ok(())
     } else {
         Err(format!("put {url}: HTTP {status}: {}", body.trim()))
+    }
+}
+
+/// The writer's own check, run by the runner (`main.rs`) as a plain test:
+/// no image needed.
+pub mod tests {
+    use super::*;
+
+    pub fn longest_pause_runs_from_the_first_failure_to_the_next_ack() {
+        let ms = Duration::from_millis;
+        let log = WriterLog {
+            acked: vec![1, 2, 5, 6],
+            acked_at: vec![ms(50), ms(100), ms(4_200), ms(4_300)],
+            // Every write from 150 ms on fails until the one acknowledged
+            // at 4 200 ms: one span, from the first failure.
+            failed: 3,
+            failed_at: vec![ms(150), ms(1_000), ms(3_000)],
+            ..WriterLog::default()
+        };
+        assert_eq!(
+            log.longest_pause(),
+            Some(Pause {
+                from: ms(150),
+                took: ms(4_050)
+            })
+        );
+        let two = WriterLog {
+            acked: vec![1, 3, 5],
+            acked_at: vec![ms(100), ms(600), ms(2_000)],
+            failed: 2,
+            failed_at: vec![ms(500), ms(700)],
+            ..WriterLog::default()
+        };
+        assert_eq!(
+            two.longest_pause(),
+            Some(Pause {
+                from: ms(700),
+                took: ms(1_300)
+            })
+        );
+        let clean = WriterLog {
+            acked: vec![1],
+            acked_at: vec![ms(50)],
+            ..WriterLog::default()
+        };
+        assert_eq!(clean.longest_pause(), None);
+        // Failures with no acknowledgement after them: no span closed.
+        let open = WriterLog {
+            acked: vec![1],
+            acked_at: vec![ms(50)],
+            failed: 1,
+            failed_at: vec![ms(60)],
+            ..WriterLog::default()
+        };
+        assert_eq!(open.longest_pause(), None);
     }
 }

@@ -660,6 +660,43 @@ impl SupervisedEtcd {
         self
     }
 
+    /// Another etcd of the same member (none started yet) with `args`
+    /// after the user's arguments: a joining member's etcd (etcd takes the
+    /// last of a repeated flag; the environment's twin is dropped by the
+    /// command line, `exec::ExecTarget`).
+    pub fn clone_with_args(&self, args: &[String]) -> Self {
+        let mut etcd_args = self.etcd_args.clone();
+        etcd_args.extend(args.iter().cloned());
+        SupervisedEtcd {
+            supervisor: self.supervisor.clone(),
+            bin_dir: self.bin_dir.clone(),
+            etcd_args,
+            data_dir: self.data_dir.clone(),
+            listen_client_urls: self.listen_client_urls.clone(),
+            env_has_data_dir: self.env_has_data_dir,
+            grace: self.grace,
+            child: None,
+        }
+    }
+
+    /// Stops our etcd and says whether the stop was graceful: it was
+    /// running when asked, and ended on SIGTERM (or exit 0) within the
+    /// grace, not by SIGKILL.
+    pub async fn stop_gracefully(&mut self) -> Result<bool, SupervisorError> {
+        let Some(child) = self.child.as_mut() else {
+            return Ok(false);
+        };
+        if child.try_status().is_some() {
+            return Ok(false);
+        }
+        let (status, killed) = child.stop(self.grace).await?;
+        Ok(!killed
+            && matches!(
+                status,
+                ExitStatus::Exited(0) | ExitStatus::Signaled(nix::sys::signal::Signal::SIGTERM)
+            ))
+    }
+
     /// The command line a release runs with.
     pub fn target(&self, release: Version) -> ExecTarget {
         ExecTarget::new(

@@ -14,6 +14,9 @@
 //! - `self_join`: such a member adding itself to the membership;
 //! - `force`: one surviving member made a cluster of one when the quorum
 //!   is lost;
+//! - `pause`: the whole-cluster pause job, for the targets no cluster
+//!   takes member by member (etcd2 -> etcd3, rollbacks without an online
+//!   way);
 //! - `roll`: the observe → decide → act loop of one member, behind three
 //!   small seams (the cluster, our etcd, the data dir's records);
 //! - `member`: the real side of those seams;
@@ -29,6 +32,7 @@ pub mod join;
 pub mod lock;
 pub mod member;
 pub mod observe;
+pub mod pause;
 pub mod peer;
 pub mod roll;
 pub mod self_join;

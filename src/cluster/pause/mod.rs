@@ -1,0 +1,371 @@
+//! This module owns the whole-cluster pause job (issue 28): a target that
+//! no cluster takes member by member (etcd2 → etcd3, a rollback etcd has
+//! no online way for), done by the members together with one pause of the
+//! cluster's writes, which the operator consented to on every member
+//! (`--allow-cluster-pause` / `ALLOW_CLUSTER_PAUSE=1`).
+//!
+//! The job, in order (every member runs the same code; the keys live
+//! under `/etcd-migrate/pause/<job>/` in the cluster, the member's own
+//! part in its data dir, [`Record`]):
+//! 1. **Agree.** Each member with the consent records the job in its data
+//!    dir (fsynced), then puts `agree/<id>`. Until the job's `go`, a
+//!    member restarted with another target withdraws (a transaction that
+//!    deletes its agreement only while there is no `go`), and the job
+//!    waits, naming who has not agreed.
+//! 2. **Go.** With every member of the membership agreed and up, one
+//!    member writes `go` in a transaction that holds only while every
+//!    agreement is there and no `go` is: it carries the data (the
+//!    converter).
+//! 3. **Shrink.** Every other member says it leaves (`stopping/<id>`);
+//!    the converter, made leader (`MoveLeader`), removes them from the
+//!    membership one at a time (etcd's own `member remove`, committed by
+//!    the old cluster's quorum). A removed member's etcd stops by itself;
+//!    its entrypoint records that it left (never to serve the old data
+//!    again) and waits. The cluster serves writes all along.
+//! 4. **Take.** Alone in the membership, the converter's log holds every
+//!    committed write and it knows them committed (a cluster of one
+//!    commits alone): it records that it converts and stops gracefully.
+//!    The cluster's writes pause here.
+//! 5. **Convert.** The converter backs up and runs the route on its data
+//!    with the single-member steps, serves the target alone and puts
+//!    `served`: the writes go on.
+//! 6. **Join.** Each other member, one at a time under the new cluster's
+//!    lock, backs up its old data, removes it, adds itself, starts the
+//!    target on an empty data dir (etcd's snapshot transfer brings the
+//!    data), is proven by `HashKV` equal to the converter's at one
+//!    revision, records the target and puts `joined/<id>`. When every
+//!    member joined, the converter removes the job's keys.
+//!
+//! Why it never splits and never loses a write: the membership shrinks
+//! by raft's own reconfiguration, so no quorum of old data ever exists
+//! without the converter, and etcd turns a removed member's data away;
+//! the converter converts only once it is the cluster, so nothing is
+//! committed that it does not hold. (Rejected: stopping the others and
+//! forcing the converter's data with `--force-new-cluster`, which drops
+//! the entries past the commit index its WAL records, and a follower's
+//! may lag the leader's; see ARCHITECTURE.md.)
+//!
+//! The decisions here are pure and table-tested; `run` carries them out.
+
+pub mod entry;
+pub mod keys;
+pub mod run;
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::version::VersionPair;
+
+/// One job: one cluster (by its id before the job) going to one target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// `<cluster id hex>-<version>-<storage>`, the keys' directory.
+    pub id: String,
+    /// Where the job takes the cluster.
+    pub target: VersionPair,
+}
+
+impl Job {
+    /// The job of the cluster `cluster_id` to `target`: every member
+    /// computes the same from its own data and its own target, so members
+    /// started with different targets are in different jobs.
+    pub fn new(cluster_id: u64, target: VersionPair) -> Job {
+        Job {
+            id: format!("{cluster_id:x}-{}-{}", target.version, target.storage),
+            target,
+        }
+    }
+}
+
+/// Who carries the data, fixed by the member that wrote the job's `go`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Go {
+    /// The member that carries the data (the `go`'s writer).
+    pub converter: u64,
+    /// The old membership, by id.
+    pub members: Vec<u64>,
+}
+
+/// A member's part in the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Carries the data.
+    Converter,
+    /// Leaves the old cluster (removed by the converter) and joins the
+    /// converted one.
+    Other,
+    /// Not in the `go` (it joined the old cluster after it).
+    Outside,
+}
+
+impl Go {
+    /// The go of a job carried by `converter` for `members`.
+    pub fn new(converter: u64, members: &[u64]) -> Go {
+        let mut members = members.to_vec();
+        members.sort_unstable();
+        members.dedup();
+        Go { converter, members }
+    }
+
+    /// Member `id`'s role.
+    pub fn role(&self, id: u64) -> Role {
+        if id == self.converter {
+            Role::Converter
+        } else if self.members.contains(&id) {
+            Role::Other
+        } else {
+            Role::Outside
+        }
+    }
+
+    /// Every member but the converter.
+    pub fn others(&self) -> Vec<u64> {
+        self.members
+            .iter()
+            .copied()
+            .filter(|id| *id != self.converter)
+            .collect()
+    }
+}
+
+/// What the job's keys say, in one read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// The members that agreed.
+    pub agreed: BTreeSet<u64>,
+    /// The job's go, once written.
+    pub go: Option<Go>,
+    /// The members that know the go and leave: the converter removes them.
+    pub stopping: BTreeSet<u64>,
+    /// The converted cluster serves (written in it, by the converter).
+    pub served: bool,
+    /// The members that joined the converted cluster.
+    pub joined: BTreeSet<u64>,
+}
+
+/// The converter's next move on the way to a cluster of itself alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shrink {
+    /// Remove this member (it said it leaves).
+    Remove(u64),
+    /// Wait for these members to say they leave.
+    Wait(Vec<u64>),
+    /// The membership is the converter alone: every committed write is
+    /// in its log, and it knows them committed.
+    Alone,
+}
+
+/// The converter's next move, given the `membership` it serves (ids)
+/// and what the keys say: a member is removed only once it said it
+/// leaves (it knows the go, and will not serve its old data again).
+pub fn shrink(converter: u64, membership: &[u64], seen: &Seen) -> Shrink {
+    let others: Vec<u64> = membership
+        .iter()
+        .copied()
+        .filter(|id| *id != converter)
+        .collect();
+    if others.is_empty() {
+        return Shrink::Alone;
+    }
+    match others.iter().find(|id| seen.stopping.contains(id)) {
+        Some(id) => Shrink::Remove(*id),
+        None => Shrink::Wait(others),
+    }
+}
+
+/// The members whose agreement is missing.
+pub fn not_agreed(members: &[u64], seen: &Seen) -> Vec<u64> {
+    members
+        .iter()
+        .copied()
+        .filter(|id| !seen.agreed.contains(id))
+        .collect()
+}
+
+/// The phases a member records in its data dir ([`Record`]), in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Agreed to the job; its old data still serves, and the job may be
+    /// withdrawn from until its `go`.
+    Agreed,
+    /// The converter is the old cluster's only member and stopped: it
+    /// converts its data.
+    Converting,
+    /// Removed from the old cluster for the job: its old data never
+    /// serves again; it joins the converted cluster.
+    Stopping,
+    /// Joining the converted cluster: the old data is backed up and goes.
+    Joining,
+    /// The converter serves the converted data; the job ends when every
+    /// other member joined.
+    Serving,
+}
+
+impl Phase {
+    /// Whether the member's old data may run as a member of the old
+    /// cluster in this phase (`None`: no record): until it was removed.
+    pub fn old_data_serves(phase: Option<Phase>) -> bool {
+        matches!(phase, None | Some(Phase::Agreed))
+    }
+}
+
+/// A member as the old membership knows it: where the others find the
+/// converter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Whom {
+    /// Its member id in the old cluster.
+    pub id: u64,
+    /// Its name.
+    pub name: String,
+    /// Its peer URLs.
+    pub peer_urls: Vec<String>,
+    /// Its client URLs.
+    pub client_urls: Vec<String>,
+}
+
+/// This member's part in a job, as its data dir records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The job's id.
+    pub job: String,
+    /// The job's target (`3.3.25/etcd3`).
+    pub target: String,
+    /// What `version.txt` recorded when the member agreed.
+    pub from: String,
+    /// Where the member is.
+    pub phase: Phase,
+    /// The job's go, once the member saw it.
+    #[serde(default)]
+    pub go: Option<Go>,
+    /// The converter, once the member saw the go.
+    #[serde(default)]
+    pub converter: Option<Whom>,
+    /// The member's own id in the old cluster.
+    pub own_id: u64,
+    /// The backup of a joining member's old data.
+    #[serde(default)]
+    pub backup: Option<String>,
+    /// The old membership, as this member's data recorded it when it
+    /// agreed (a joining member's data is gone).
+    #[serde(default)]
+    pub members: Vec<Whom>,
+}
+
+impl Record {
+    /// The record in `raw` (the file's bytes).
+    pub fn parse(raw: &[u8]) -> Result<Record, String> {
+        serde_json::from_slice(raw).map_err(|e| e.to_string())
+    }
+
+    /// Its JSON, as the file holds it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The job's target.
+    pub fn target(&self) -> Result<VersionPair, String> {
+        self.target
+            .parse()
+            .map_err(|e| format!("{:?}: {e}", self.target))
+    }
+
+    /// This member's role, once it saw the go.
+    pub fn role(&self) -> Option<Role> {
+        self.go.as_ref().map(|go| go.role(self.own_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_go_is_the_same_whoever_computes_it() {
+        let go = Go::new(30, &[50, 10, 30, 40, 20]);
+        assert_eq!(go.members, vec![10, 20, 30, 40, 50]);
+        assert_eq!(go.others(), vec![10, 20, 40, 50]);
+        assert_eq!(go.role(30), Role::Converter);
+        assert_eq!(go.role(20), Role::Other);
+        assert_eq!(go.role(60), Role::Outside);
+        assert_eq!(Go::new(30, &[40, 30, 50, 20, 10, 10]), go);
+    }
+
+    #[test]
+    fn a_job_is_its_cluster_and_target() {
+        let a = Job::new(0xabc, "3.3.25/etcd3".parse().expect("pair"));
+        assert_eq!(a.id, "abc-3.3.25-etcd3");
+        let b = Job::new(0xabc, "3.3.25/etcd2".parse().expect("pair"));
+        assert_ne!(a.id, b.id);
+    }
+
+    #[test]
+    fn the_converter_removes_only_the_members_that_said_they_leave() {
+        let mut seen = Seen::default();
+        // (membership, members that said they leave, next move)
+        let rows: Vec<(Vec<u64>, Vec<u64>, Shrink)> = vec![
+            (vec![1, 2, 3], vec![], Shrink::Wait(vec![2, 3])),
+            (vec![1, 2, 3], vec![3], Shrink::Remove(3)),
+            (vec![1, 2, 3], vec![2, 3], Shrink::Remove(2)),
+            (vec![1, 3], vec![2, 3], Shrink::Remove(3)),
+            (vec![1], vec![2, 3], Shrink::Alone),
+            (vec![1], vec![], Shrink::Alone),
+            // Its own word is not asked for.
+            (vec![1, 2], vec![1], Shrink::Wait(vec![2])),
+        ];
+        for (membership, stopping, want) in rows {
+            seen.stopping = stopping.iter().copied().collect();
+            assert_eq!(
+                shrink(1, &membership, &seen),
+                want,
+                "{membership:?} {stopping:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn old_data_serves_only_before_the_member_stopped_for_the_job() {
+        assert!(Phase::old_data_serves(None));
+        assert!(Phase::old_data_serves(Some(Phase::Agreed)));
+        for phase in [
+            Phase::Converting,
+            Phase::Stopping,
+            Phase::Joining,
+            Phase::Serving,
+        ] {
+            assert!(!Phase::old_data_serves(Some(phase)), "{phase:?}");
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back() {
+        let record = Record {
+            job: "abc-3.3.25-etcd3".into(),
+            target: "3.3.25/etcd3".into(),
+            from: "3.3.25/etcd2".into(),
+            phase: Phase::Stopping,
+            go: Some(Go::new(1, &[1, 2, 3])),
+            converter: Some(Whom {
+                id: 1,
+                name: "etcd-a".into(),
+                peer_urls: vec!["https://10.0.0.1:2380".into()],
+                client_urls: vec!["https://10.0.0.1:2379".into()],
+            }),
+            own_id: 2,
+            backup: None,
+            members: Vec::new(),
+        };
+        let back = Record::parse(record.to_json().as_bytes()).expect("parse");
+        assert_eq!(back, record);
+        assert_eq!(back.role(), Some(Role::Other));
+        assert!(Record::parse(b"{}").is_err());
+    }
+
+    #[test]
+    fn every_member_must_agree() {
+        let mut seen = Seen::default();
+        seen.agreed.extend([1, 3]);
+        assert_eq!(not_agreed(&[1, 2, 3], &seen), vec![2]);
+    }
+}

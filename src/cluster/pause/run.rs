@@ -1,0 +1,1214 @@
+//! This module owns carrying the pause job out on one member (see the
+//! parent module for the job and why it is safe): its old etcd served
+//! while the members agree and stop, the converter's graceful stop as
+//! leader (the caller then forces and converts its data), the converted
+//! data served until every other member joined, and a member's join of
+//! the converted cluster. Every wait has a line that names what it waits
+//! for, repeated every `PROGRESS_EVERY`; every phase change is recorded
+//! in the data dir before it takes effect.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+
+use crate::cluster::client::connect_v3;
+use crate::cluster::join::Peer;
+use crate::cluster::lock::{Holder, Taken, UpgradeLock, V3Lock};
+use crate::cluster::member::SupervisedEtcd;
+use crate::cluster::pause::{self, keys, Go, Job, Phase, Record, Role, Seen, Shrink, Whom};
+use crate::cluster::peer::{error_text, PeerClient, TlsFiles};
+use crate::cluster::roll::MemberEtcd;
+use crate::datadir;
+use crate::log;
+use crate::supervisor::{ExitStatus, SupervisorError};
+use crate::version::{Minor, Version, VersionPair};
+
+/// The pause between two rounds.
+const ROUND: Duration = Duration::from_millis(500);
+/// How often an unchanged wait is said again.
+const PROGRESS_EVERY: Duration = Duration::from_secs(15);
+/// What one request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The lowest cluster version a job runs at: `MoveLeader` is 3.3's.
+const LOWEST_CLUSTER: Minor = Minor::new(3, 3);
+
+/// How the member's part ended.
+#[derive(Debug)]
+pub enum PauseEnd {
+    /// Its etcd exited (or was stopped on request): exit with this code.
+    Exit(u8),
+    /// The converter took the data: the caller forces it into a
+    /// one-member cluster (while it still lists several), runs the route
+    /// on it, and then calls [`Pausing::serve_converted`].
+    Convert,
+}
+
+/// Why the member's part failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PauseError {
+    /// The data dir's record.
+    #[error("the pause job's record in {path}: {why}")]
+    Record {
+        /// The file.
+        path: String,
+        /// What failed.
+        why: String,
+    },
+    /// Our etcd.
+    #[error("this member's etcd: {0}")]
+    Etcd(#[from] SupervisorError),
+    /// Our etcd exited on its own.
+    #[error("this member's etcd {release} exited ({status}) during the pause job {job}; the data dir records the member's part (.etcd-migrate.pause) and the next start carries on from there (see etcd's own lines above for why it exited)")]
+    Exited {
+        /// The release.
+        release: Version,
+        /// How.
+        status: ExitStatus,
+        /// The job.
+        job: String,
+    },
+    /// A joined etcd never proved itself.
+    #[error("this member's etcd {release} did not prove itself in the converted cluster within {} s ({why}); it was stopped, the lock released; the next start joins again (its old data is in the backup {backup})", .deadline.as_secs())]
+    NotProven {
+        /// The release.
+        release: Version,
+        /// The deadline.
+        deadline: Duration,
+        /// Why.
+        why: String,
+        /// The backup.
+        backup: String,
+    },
+    /// The backup of a joining member's old data.
+    #[error(
+        "{0}; nothing was removed and the member has not joined yet; the next start tries again"
+    )]
+    Backup(#[from] crate::backup::BackupError),
+    /// The data dir.
+    #[error("{action} in {path}: {source}")]
+    Io {
+        /// What.
+        action: &'static str,
+        /// Where.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stop request.
+    #[error("stopped by {0} during the pause job; this member's etcd was stopped gracefully; the data dir records the member's part and the next start carries on")]
+    Interrupted(Signal),
+}
+
+/// One member's part in the job, with what it needs to carry it out.
+pub struct Pausing {
+    /// The job.
+    pub job: Job,
+    /// The data dir.
+    pub data_dir: PathBuf,
+    /// What `version.txt` records now.
+    pub recorded: VersionPair,
+    /// The release that serves the old data.
+    pub old_release: Version,
+    /// The operator's consent.
+    pub consent: bool,
+    /// This member (its id in the old cluster, name, advertised URLs).
+    pub own: Whom,
+    /// The old membership.
+    pub members: Vec<Whom>,
+    /// The member's peer TLS, when its peer URLs are https.
+    pub peer_tls: Option<TlsFiles>,
+    /// The member's client TLS, when its client URLs are https.
+    pub client_tls: Option<TlsFiles>,
+    /// The member's record, as the data dir holds it.
+    pub record: Option<Record>,
+    /// How long our own etcd may take to serve.
+    pub prove_deadline: Duration,
+    /// Where backups go, and how many are kept.
+    pub backup: crate::backup::BackupPolicy,
+    /// A stop request.
+    pub termination: watch::Receiver<Option<Signal>>,
+}
+
+/// What a wait is for, said once and then every [`PROGRESS_EVERY`].
+struct Reporter {
+    last: Option<(String, Instant)>,
+}
+
+impl Reporter {
+    fn new() -> Self {
+        Reporter { last: None }
+    }
+
+    fn wait(&mut self, job: &str, why: &str) {
+        let due = match &self.last {
+            Some((last, at)) => last != why || at.elapsed() >= PROGRESS_EVERY,
+            None => true,
+        };
+        if due {
+            log::info(
+                "pause job waits",
+                &[("job", job.into()), ("for", why.into())],
+            );
+            self.last = Some((why.to_string(), Instant::now()));
+        }
+    }
+}
+
+impl Pausing {
+    fn record_path(&self) -> String {
+        self.data_dir
+            .join(datadir::PAUSE_FILE)
+            .display()
+            .to_string()
+    }
+
+    /// Records `record` durably, as ours from now on.
+    fn write(&mut self, record: Record) -> Result<(), PauseError> {
+        datadir::write_pause(&self.data_dir, &record.to_json()).map_err(|e| {
+            PauseError::Record {
+                path: self.record_path(),
+                why: e.to_string(),
+            }
+        })?;
+        log::info(
+            "pause job recorded",
+            &[
+                ("job", record.job.as_str().into()),
+                ("phase", format!("{:?}", record.phase).into()),
+            ],
+        );
+        self.record = Some(record);
+        Ok(())
+    }
+
+    /// Our record moved to `phase` (and changed by `change`).
+    fn advance(
+        &mut self,
+        phase: Phase,
+        change: impl FnOnce(&mut Record),
+    ) -> Result<(), PauseError> {
+        let mut record = self.record.clone().unwrap_or_else(|| self.fresh_record());
+        record.phase = phase;
+        change(&mut record);
+        self.write(record)
+    }
+
+    fn fresh_record(&self) -> Record {
+        Record {
+            job: self.job.id.clone(),
+            target: self.job.target.to_string(),
+            from: self.recorded.to_string(),
+            phase: Phase::Agreed,
+            go: None,
+            converter: None,
+            own_id: self.own.id,
+            backup: None,
+            members: self.members.clone(),
+        }
+    }
+
+    /// The backup of the converter's data before it converts, once taken
+    /// (a restart does not take it again).
+    pub fn backup_taken(&self) -> Option<String> {
+        self.record.as_ref().and_then(|r| r.backup.clone())
+    }
+
+    /// Records the converter's backup.
+    pub fn note_backup(&mut self, path: &Path) -> Result<(), PauseError> {
+        let phase = self.phase().unwrap_or(Phase::Converting);
+        let path = path.display().to_string();
+        self.advance(phase, |r| r.backup = Some(path))
+    }
+
+    fn phase(&self) -> Option<Phase> {
+        self.record.as_ref().map(|r| r.phase)
+    }
+
+    fn name_of(&self, id: u64) -> String {
+        self.members
+            .iter()
+            .find(|m| m.id == id)
+            .map_or_else(|| format!("{id:x}"), |m| format!("{} ({id:x})", m.name))
+    }
+
+    fn names(&self, ids: &[u64]) -> String {
+        ids.iter()
+            .map(|id| self.name_of(*id))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn stop_requested(&self) -> Option<Signal> {
+        *self.termination.borrow()
+    }
+
+    /// Carries the member's part on from where its record says (see
+    /// [`PauseEnd`]); `etcd` runs the member with the user's arguments.
+    pub async fn run(&mut self, etcd: &mut SupervisedEtcd) -> Result<PauseEnd, PauseError> {
+        let mut next = match self.phase() {
+            None | Some(Phase::Agreed) => Next::ServeOld,
+            Some(Phase::Converting) => Next::Convert,
+            Some(Phase::Stopping | Phase::Joining) => Next::Join,
+            Some(Phase::Serving) => return self.serve_converted(etcd).await,
+        };
+        loop {
+            next = match next {
+                Next::ServeOld => self.serve_old(etcd).await?,
+                Next::Join => self.join(etcd).await?,
+                Next::Convert => return Ok(PauseEnd::Convert),
+                Next::Exit(code) => return Ok(PauseEnd::Exit(code)),
+            };
+        }
+    }
+
+    /// Serves the old data as a member of the old cluster while the
+    /// members agree and stop; ends when this member stopped for the job
+    /// (then it joins) or took the data (the converter).
+    async fn serve_old(&mut self, etcd: &mut SupervisedEtcd) -> Result<Next, PauseError> {
+        let release = self.old_release;
+        etcd.start(release).await?;
+        log::info(
+            "pause job: this member serves its recorded release while the members agree",
+            &[
+                ("job", self.job.id.as_str().into()),
+                ("release", release.to_string().into()),
+                ("consent", self.consent.into()),
+            ],
+        );
+        let peer = PeerClient::new(self.peer_tls.as_ref(), REQUEST_TIMEOUT)
+            .map_err(|e| self.io_like("the peer client", e))?;
+        let mut client: Option<etcd_client::Client> = None;
+        let mut reporter = Reporter::new();
+        loop {
+            if let Some(signal) = self.stop_requested() {
+                etcd.stop().await?;
+                return Err(PauseError::Interrupted(signal));
+            }
+            if let Some(status) = etcd.exited() {
+                if self.removed(&peer).await {
+                    return self.stop_for_job(etcd).await;
+                }
+                return Err(PauseError::Exited {
+                    release,
+                    status,
+                    job: self.job.id.clone(),
+                });
+            }
+            if client.is_none() {
+                client = connect_v3(
+                    &self.own.client_urls,
+                    self.client_tls.as_ref(),
+                    REQUEST_TIMEOUT,
+                )
+                .await
+                .ok();
+            }
+            let Some(c) = client.as_mut() else {
+                reporter.wait(
+                    &self.job.id,
+                    "this member's etcd to answer on its client URL",
+                );
+                self.sleep().await;
+                continue;
+            };
+            if let Some(why) = self.withdraw_stale(c).await? {
+                reporter.wait(&self.job.id, &why);
+                self.sleep().await;
+                continue;
+            }
+            let read = keys::read(c, &self.job.id, false).await;
+            let seen = match read {
+                Ok(seen) => seen,
+                Err(why) => {
+                    if self.removed(&peer).await {
+                        return self.stop_for_job(etcd).await;
+                    }
+                    reporter.wait(
+                        &self.job.id,
+                        &format!("the old cluster to answer a read of the job's keys ({why})"),
+                    );
+                    client = None;
+                    self.sleep().await;
+                    continue;
+                }
+            };
+            let Some(go) = seen.go.clone() else {
+                if let Some(why) = self.before_go(c, &peer, &seen).await? {
+                    reporter.wait(&self.job.id, &why);
+                }
+                self.sleep().await;
+                continue;
+            };
+            if self.record.as_ref().and_then(|r| r.go.as_ref()).is_none() {
+                let converter = self.members.iter().find(|m| m.id == go.converter).cloned();
+                self.advance(Phase::Agreed, |r| {
+                    r.go = Some(go.clone());
+                    r.converter = converter;
+                })?;
+                log::info(
+                    "pause job: go",
+                    &[
+                        ("job", self.job.id.as_str().into()),
+                        ("converter", self.name_of(go.converter).into()),
+                    ],
+                );
+            }
+            match go.role(self.own.id) {
+                Role::Other => {
+                    if !seen.stopping.contains(&self.own.id) {
+                        let key = keys::stopping_key(&self.job.id, self.own.id);
+                        if let Err(why) = keys::put(c, &key, "{}").await {
+                            reporter.wait(
+                                &self.job.id,
+                                &format!("the old cluster to take this member's word that it leaves ({why})"),
+                            );
+                            self.sleep().await;
+                            continue;
+                        }
+                        log::info(
+                            "pause job: this member leaves the old cluster (the converter removes it)",
+                            &[("job", self.job.id.as_str().into())],
+                        );
+                    }
+                    if self.removed(&peer).await {
+                        return self.stop_for_job(etcd).await;
+                    }
+                    reporter.wait(
+                        &self.job.id,
+                        &format!(
+                            "{} to remove this member from the old cluster",
+                            self.name_of(go.converter)
+                        ),
+                    );
+                }
+                Role::Outside => reporter.wait(
+                    &self.job.id,
+                    "nothing: this member is not in the job's go (it joined the cluster after it); it keeps serving",
+                ),
+                Role::Converter => match self.take(c, &seen, etcd).await? {
+                    Taking::Taken => return Ok(Next::Convert),
+                    Taking::Waiting(why) => reporter.wait(&self.job.id, &why),
+                },
+            }
+            self.sleep().await;
+        }
+    }
+
+    /// An agreement to another job (the member was restarted with
+    /// another target): withdrawn while that job has no go, and the
+    /// record goes; with a go, the member is bound to it. Returns what
+    /// the member waits for when the old cluster did not answer.
+    async fn withdraw_stale(
+        &mut self,
+        client: &mut etcd_client::Client,
+    ) -> Result<Option<String>, PauseError> {
+        let Some(record) = self.record.clone() else {
+            return Ok(None);
+        };
+        if record.job == self.job.id {
+            return Ok(None);
+        }
+        match keys::withdraw(client, &record.job, self.own.id).await {
+            Ok(true) => {
+                datadir::remove_pause(&self.data_dir).map_err(|e| PauseError::Record {
+                    path: self.record_path(),
+                    why: e.to_string(),
+                })?;
+                log::info(
+                    "pause job: this member withdrew its agreement to an earlier job (its target changed before that job's go)",
+                    &[
+                        ("withdrawn", record.job.as_str().into()),
+                        ("job", self.job.id.as_str().into()),
+                    ],
+                );
+                self.record = None;
+                Ok(None)
+            }
+            Ok(false) => {
+                let target = record.target().map_err(|why| PauseError::Record {
+                    path: self.record_path(),
+                    why,
+                })?;
+                log::warn(
+                    "pause job: the job this member agreed to has its go already; it carries on with that job, and the new target comes after it",
+                    &[
+                        ("job", record.job.as_str().into()),
+                        ("target", target.to_string().into()),
+                    ],
+                );
+                self.job = Job {
+                    id: record.job.clone(),
+                    target,
+                };
+                Ok(None)
+            }
+            Err(why) => Ok(Some(format!(
+                "the old cluster to take this member's withdrawal from job {} ({why})",
+                record.job
+            ))),
+        }
+    }
+
+    /// Before the go: agree (with consent), and write the go once every
+    /// member agreed and is up. Returns what the member waits for.
+    async fn before_go(
+        &mut self,
+        client: &mut etcd_client::Client,
+        peer: &PeerClient,
+        seen: &Seen,
+    ) -> Result<Option<String>, PauseError> {
+        if self.job.target.storage == crate::version::Storage::Etcd2 {
+            // The joined members are proven by HashKV, which an etcd2
+            // store does not have: not done until they have a proof.
+            return Ok(Some(format!(
+                "nothing: a cluster is not taken back to etcd2 storage by this release (a joined member's proof, etcd's HashKV, does not cover the v2 store); keep TARGET_STORAGE at {} (this member serves {} meanwhile), or take one member back alone and rebuild the others from it",
+                self.recorded.storage, self.old_release
+            )));
+        }
+        if !self.consent {
+            return Ok(Some(format!(
+                "the operator's consent: {} -> {} pauses the whole cluster's writes for a moment (no cluster takes it member by member); set ALLOW_CLUSTER_PAUSE=1 (or --allow-cluster-pause) on every member, or keep TARGET_VERSION/TARGET_STORAGE at {}; this member serves {} meanwhile",
+                self.recorded, self.job.target, self.recorded, self.old_release
+            )));
+        }
+        if self.record.is_none() {
+            // Durably ours before the cluster hears of it: a restart finds
+            // the job even if the agreement was the last thing written.
+            let record = self.fresh_record();
+            self.write(record)?;
+        }
+        if !seen.agreed.contains(&self.own.id) {
+            let value = serde_json::json!({
+                "name": self.own.name,
+                "target": self.job.target.to_string(),
+            })
+            .to_string();
+            if let Err(why) =
+                keys::put(client, &keys::agree_key(&self.job.id, self.own.id), &value).await
+            {
+                return Ok(Some(format!(
+                    "the old cluster to take this member's agreement ({why})"
+                )));
+            }
+            log::info(
+                "pause job: this member agreed",
+                &[("job", self.job.id.as_str().into())],
+            );
+        }
+        let ids: Vec<u64> = self.members.iter().map(|m| m.id).collect();
+        let mut missing = pause::not_agreed(&ids, seen);
+        missing.retain(|id| *id != self.own.id);
+        if !missing.is_empty() {
+            return Ok(Some(format!(
+                "{} to agree (each needs TARGET_VERSION/TARGET_STORAGE = {} and ALLOW_CLUSTER_PAUSE=1, and its entrypoint restarted with them)",
+                self.names(&missing),
+                self.job.target
+            )));
+        }
+        // Every member up, at a cluster version with MoveLeader.
+        let mut down = Vec::new();
+        let mut cluster = None;
+        for member in &self.members {
+            let url = member.peer_urls.first().cloned().unwrap_or_default();
+            match peer.version(&url).await {
+                Ok(info) => cluster = cluster.or(info.cluster),
+                Err(_) => down.push(member.id),
+            }
+        }
+        if !down.is_empty() {
+            return Ok(Some(format!(
+                "{} to answer on its peer URL",
+                self.names(&down)
+            )));
+        }
+        match cluster {
+            Some(cv) if cv >= LOWEST_CLUSTER => {}
+            other => {
+                return Ok(Some(format!(
+                    "a cluster version of {LOWEST_CLUSTER} or later (it is {}): the job moves the leader with MoveLeader, 3.3's; roll the cluster to 3.3 first with the storage kept",
+                    other.map_or_else(|| "not decided".to_string(), |m| m.to_string())
+                )))
+            }
+        }
+        let go = Go::new(self.own.id, &ids);
+        match keys::write_go(client, &self.job.id, &ids, &go).await {
+            Ok(true) => log::info(
+                "pause job: every member agreed; this member wrote the go and carries the data",
+                &[("job", self.job.id.as_str().into())],
+            ),
+            Ok(false) => {}
+            Err(why) => return Ok(Some(format!("the old cluster to take the go ({why})"))),
+        }
+        Ok(None)
+    }
+
+    /// The converter's round: leader first (the removals then never
+    /// cost a leadership), then every other member removed once it said
+    /// it leaves; alone in the membership, its log holds every committed
+    /// write and it knows them committed: it stops, and the cluster's
+    /// writes pause from there.
+    async fn take(
+        &mut self,
+        client: &mut etcd_client::Client,
+        seen: &Seen,
+        etcd: &mut SupervisedEtcd,
+    ) -> Result<Taking, PauseError> {
+        let status = match client.status().await {
+            Ok(status) => status,
+            Err(e) => {
+                return Ok(Taking::Waiting(format!(
+                    "this member's etcd to tell its status ({})",
+                    error_text(&e)
+                )))
+            }
+        };
+        let leader = status.leader();
+        if leader != self.own.id {
+            let url = self
+                .members
+                .iter()
+                .find(|m| m.id == leader)
+                .and_then(|m| m.client_urls.first().cloned());
+            let Some(url) = url else {
+                return Ok(Taking::Waiting(format!(
+                    "a leader whose client URL is known (the leader is {})",
+                    self.name_of(leader)
+                )));
+            };
+            let moved = match connect_v3(&[url], self.client_tls.as_ref(), REQUEST_TIMEOUT).await {
+                Ok(mut at_leader) => at_leader
+                    .move_leader(self.own.id)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| error_text(&e)),
+                Err(e) => Err(e.to_string()),
+            };
+            return Ok(Taking::Waiting(match moved {
+                Ok(()) => format!(
+                    "leadership from {} (moved to this member)",
+                    self.name_of(leader)
+                ),
+                Err(why) => format!("leadership from {} ({why})", self.name_of(leader)),
+            }));
+        }
+        let membership: Vec<u64> = match client.member_list().await {
+            Ok(list) => list.members().iter().map(|m| m.id()).collect(),
+            Err(e) => {
+                return Ok(Taking::Waiting(format!(
+                    "the old cluster's membership ({})",
+                    error_text(&e)
+                )))
+            }
+        };
+        match pause::shrink(self.own.id, &membership, seen) {
+            Shrink::Wait(ids) => Ok(Taking::Waiting(format!(
+                "{} to say it leaves (its entrypoint sees the job's go)",
+                self.names(&ids)
+            ))),
+            Shrink::Remove(id) => {
+                if let Err(e) = client.member_remove(id).await {
+                    return Ok(Taking::Waiting(format!(
+                        "the removal of {} from the old cluster ({})",
+                        self.name_of(id),
+                        error_text(&e)
+                    )));
+                }
+                log::info(
+                    "pause job: removed a member from the old cluster (it joins the converted one)",
+                    &[
+                        ("job", self.job.id.as_str().into()),
+                        ("member", self.name_of(id).into()),
+                        ("left", (membership.len() - 1).into()),
+                    ],
+                );
+                Ok(Taking::Waiting("the next removal".to_string()))
+            }
+            Shrink::Alone => {
+                self.advance(Phase::Converting, |_| {})?;
+                log::info(
+                    "pause job: this member is the old cluster's only member and holds every committed write; it stops and converts its data: the cluster's writes pause from here",
+                    &[("job", self.job.id.as_str().into())],
+                );
+                let graceful = etcd.stop_gracefully().await?;
+                if !graceful {
+                    log::warn(
+                        "pause job: this member's etcd did not stop gracefully; its WAL is what etcd synced",
+                        &[],
+                    );
+                }
+                crate::failpoint!("pause-after-taken");
+                Ok(Taking::Taken)
+            }
+        }
+    }
+
+    /// Whether the converter removed this member: the converter's peer
+    /// URL answers a membership without it.
+    async fn removed(&self, peer: &PeerClient) -> bool {
+        let Some(go) = self.record.as_ref().and_then(|r| r.go.as_ref()) else {
+            return false;
+        };
+        if go.role(self.own.id) != Role::Other {
+            return false;
+        }
+        let Some(converter) = self.members.iter().find(|m| m.id == go.converter) else {
+            return false;
+        };
+        for url in &converter.peer_urls {
+            if let Ok(list) = peer.members(url).await {
+                return !list.iter().any(|m| m.id == self.own.id);
+            }
+        }
+        false
+    }
+
+    /// Records that this member left the old cluster for the job (its old
+    /// data never serves again), stops its etcd (etcd stops by itself
+    /// once removed), and joins.
+    async fn stop_for_job(&mut self, etcd: &mut SupervisedEtcd) -> Result<Next, PauseError> {
+        self.advance(Phase::Stopping, |_| {})?;
+        crate::failpoint!("pause-after-stopping-recorded");
+        let status = etcd.stop().await?;
+        log::info(
+            "pause job: this member left the old cluster; its old etcd stopped",
+            &[
+                ("job", self.job.id.as_str().into()),
+                ("status", status.to_string().into()),
+            ],
+        );
+        Ok(Next::Join)
+    }
+
+    async fn sleep(&mut self) {
+        let mut termination = self.termination.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(ROUND) => {}
+            _ = termination.changed() => {}
+        }
+    }
+
+    fn io_like(&self, action: &'static str, e: impl std::fmt::Display) -> PauseError {
+        PauseError::Io {
+            action,
+            path: self.data_dir.display().to_string(),
+            source: std::io::Error::other(e.to_string()),
+        }
+    }
+
+    fn converter(&self) -> Option<Whom> {
+        self.record.as_ref().and_then(|r| r.converter.clone())
+    }
+
+    /// Joins the converted cluster: says it stopped (an early member),
+    /// waits until the converter serves, backs its old data up, and then,
+    /// under the new cluster's lock, removes it, adds itself, starts the
+    /// target on the empty data dir and proves it.
+    async fn join(&mut self, etcd: &mut SupervisedEtcd) -> Result<Next, PauseError> {
+        let Some(converter) = self.converter() else {
+            return Err(PauseError::Record {
+                path: self.record_path(),
+                why: "it names no converter (it was written before the go)".to_string(),
+            });
+        };
+        // A member that left before its word reached the old cluster says
+        // it now (it cannot be removed otherwise).
+        let mut said = false;
+        let target = self.job.target.version;
+        let mut reporter = Reporter::new();
+        // Where the converted cluster is asked: the converter's client URLs.
+        let endpoints = converter.client_urls.clone();
+        loop {
+            if let Some(signal) = self.stop_requested() {
+                return Err(PauseError::Interrupted(signal));
+            }
+            if !said {
+                // Through the other members of the old cluster: ours is
+                // stopped.
+                let others: Vec<String> = self
+                    .members
+                    .iter()
+                    .filter(|m| m.id != self.own.id)
+                    .flat_map(|m| m.client_urls.iter().cloned())
+                    .collect();
+                if let Ok(mut c) =
+                    connect_v3(&others, self.client_tls.as_ref(), REQUEST_TIMEOUT).await
+                {
+                    if keys::put(&mut c, &keys::stopping_key(&self.job.id, self.own.id), "{}")
+                        .await
+                        .is_ok()
+                    {
+                        said = true;
+                    }
+                }
+            }
+            let served =
+                match connect_v3(&endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT).await {
+                    Ok(mut c) => c
+                        .get(keys::served_key(&self.job.id), None)
+                        .await
+                        .map(|r| !r.kvs().is_empty())
+                        .unwrap_or(false),
+                    Err(_) => false,
+                };
+            if served {
+                break;
+            }
+            reporter.wait(
+                &self.job.id,
+                &if said {
+                    format!(
+                        "{} to serve the converted data ({}); this member joins it then",
+                        converter.name, self.job.target
+                    )
+                } else {
+                    "the old cluster to take this member's word that it stopped".to_string()
+                },
+            );
+            self.sleep().await;
+        }
+        if self.phase() == Some(Phase::Joining)
+            && datadir::inspect(&self.data_dir).ok()
+                == Some(datadir::DirState::Recorded(self.job.target))
+        {
+            // Joined before a restart: the data is the converted cluster's.
+            return self
+                .finish_join(etcd, &endpoints, None)
+                .await
+                .map(Next::Exit);
+        }
+        if self.phase() == Some(Phase::Stopping) {
+            let path = crate::backup::create(
+                &self.data_dir,
+                &self.backup,
+                self.recorded,
+                std::time::SystemTime::now(),
+                &|| *self.termination.borrow(),
+            )?;
+            log::info(
+                "pause job: this member's old data backed up",
+                &[
+                    ("path", path.display().to_string().into()),
+                    (
+                        "verify",
+                        crate::backup::tool::verify_command_line(&path).into(),
+                    ),
+                ],
+            );
+            let backup = path.display().to_string();
+            self.advance(Phase::Joining, |r| r.backup = Some(backup))?;
+        }
+        let holder = Holder {
+            member: format!("{:x}", self.own.id),
+            name: self.own.name.clone(),
+            run: format!("pid {} (pause job)", std::process::id()),
+        };
+        let mut lock = loop {
+            if let Some(signal) = self.stop_requested() {
+                return Err(PauseError::Interrupted(signal));
+            }
+            match V3Lock::connect(
+                &endpoints,
+                self.client_tls.as_ref(),
+                holder.clone(),
+                REQUEST_TIMEOUT,
+            )
+            .await
+            {
+                Ok(mut lock) => match lock.try_take().await {
+                    Ok(Taken::Ours) => break lock,
+                    Ok(Taken::HeldBy(other)) => reporter.wait(
+                        &self.job.id,
+                        &format!(
+                            "the converted cluster's lock, held by {} (one member joins at a time)",
+                            other.name
+                        ),
+                    ),
+                    Err(e) => {
+                        reporter.wait(&self.job.id, &format!("the converted cluster's lock ({e})"))
+                    }
+                },
+                Err(e) => {
+                    reporter.wait(&self.job.id, &format!("the converted cluster's lock ({e})"))
+                }
+            }
+            self.sleep().await;
+        };
+        let joined = self.add_self(&converter).await;
+        let initial_cluster = match joined {
+            Ok(initial_cluster) => initial_cluster,
+            Err(why) => {
+                let _ = lock.release().await;
+                return Err(self.io_like("add this member to the converted cluster", why));
+            }
+        };
+        let mut joining = etcd.clone_with_args(&[
+            format!("--initial-cluster={initial_cluster}"),
+            "--initial-cluster-state=existing".to_string(),
+        ]);
+        joining.start(target).await?;
+        crate::failpoint!("pause-after-joined-start");
+        let outcome = self
+            .finish_join(&mut joining, &endpoints, Some(&mut lock))
+            .await;
+        if outcome.is_err() {
+            let _ = joining.stop().await;
+            let _ = lock.release().await;
+        }
+        outcome.map(Next::Exit)
+    }
+
+    /// Removes the old data and adds this member to the converted
+    /// cluster; returns the `--initial-cluster` its etcd joins with.
+    async fn add_self(&self, converter: &Whom) -> Result<String, String> {
+        let path = self.data_dir.join("member");
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("remove {}: {e}", path.display())),
+        }
+        crate::durable::fsync_dir(&self.data_dir).map_err(|e| e.to_string())?;
+        let peer =
+            PeerClient::new(self.peer_tls.as_ref(), REQUEST_TIMEOUT).map_err(|e| e.to_string())?;
+        let mut others = Vec::new();
+        for url in &converter.peer_urls {
+            if let Ok(list) = peer.members(url).await {
+                for member in list {
+                    if let Some(url) = member.peer_urls.first() {
+                        others.push(Peer {
+                            name: member.name.clone(),
+                            url: url.clone(),
+                        });
+                    }
+                }
+                break;
+            }
+        }
+        if others.is_empty() {
+            others = converter
+                .peer_urls
+                .iter()
+                .map(|url| Peer {
+                    name: converter.name.clone(),
+                    url: url.clone(),
+                })
+                .collect();
+        }
+        others.retain(|p| !self.own.peer_urls.contains(&p.url));
+        let joined = crate::cluster::self_join::add_self(
+            &others,
+            &self.own.name,
+            &self.own.peer_urls,
+            self.peer_tls.as_ref(),
+            self.client_tls.as_ref(),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        log::info(
+            "pause job: this member added itself to the converted cluster",
+            &[
+                ("id", format!("{:x}", joined.id).into()),
+                ("initial_cluster", joined.initial_cluster.as_str().into()),
+            ],
+        );
+        Ok(joined.initial_cluster)
+    }
+
+    /// Proves the joined etcd (its release, a write, `HashKV` equal to the
+    /// converter's at one revision), records the target, says it joined,
+    /// releases the lock, removes the record, and serves.
+    async fn finish_join(
+        &mut self,
+        etcd: &mut SupervisedEtcd,
+        endpoints: &[String],
+        lock: Option<&mut V3Lock>,
+    ) -> Result<u8, PauseError> {
+        let target = self.job.target.version;
+        if lock.is_none() {
+            etcd.start(target).await?;
+        }
+        let started = Instant::now();
+        let mut last;
+        loop {
+            self.still_running(etcd, target).await?;
+            match self.same_hash(endpoints).await {
+                Ok(revision) => {
+                    log::info(
+                        "pause job: this member serves the converted data (HashKV equal to the converter's)",
+                        &[
+                            ("revision", revision.into()),
+                            ("ms", log::ms(started.elapsed())),
+                        ],
+                    );
+                    break;
+                }
+                Err(why) => last = why,
+            }
+            if started.elapsed() > self.prove_deadline {
+                return Err(PauseError::NotProven {
+                    release: target,
+                    deadline: self.prove_deadline,
+                    why: last,
+                    backup: self
+                        .record
+                        .as_ref()
+                        .and_then(|r| r.backup.clone())
+                        .unwrap_or_default(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        datadir::write_version(&self.data_dir, self.job.target).map_err(|e| {
+            PauseError::Record {
+                path: self
+                    .data_dir
+                    .join(datadir::VERSION_FILE)
+                    .display()
+                    .to_string(),
+                why: e.to_string(),
+            }
+        })?;
+        if let Ok(mut c) = connect_v3(endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT).await {
+            let _ = keys::put(&mut c, &keys::joined_key(&self.job.id, self.own.id), "{}").await;
+        }
+        if let Some(lock) = lock {
+            if let Err(e) = lock.release().await {
+                log::warn(
+                    "pause job: the converted cluster's lock was not released (its lease ends it)",
+                    &[("error", e.to_string().into())],
+                );
+            }
+        }
+        datadir::remove_pause(&self.data_dir).map_err(|e| PauseError::Record {
+            path: self.record_path(),
+            why: e.to_string(),
+        })?;
+        log::info(
+            "pause job: this member joined the converted cluster",
+            &[
+                ("job", self.job.id.as_str().into()),
+                ("version", self.job.target.to_string().into()),
+            ],
+        );
+        self.serve(etcd).await
+    }
+
+    /// `HashKV` of our etcd and the converter's at the converter's
+    /// revision, once ours has it; the revision when equal.
+    async fn same_hash(&self, endpoints: &[String]) -> Result<i64, String> {
+        let mut theirs = connect_v3(endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut ours = connect_v3(
+            &self.own.client_urls,
+            self.client_tls.as_ref(),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let revision = theirs
+            .status()
+            .await
+            .map_err(|e| error_text(&e))?
+            .header()
+            .map_or(0, |h| h.revision());
+        let own_revision = ours
+            .get(
+                "/etcd-migrate/pause/",
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_serializable()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .map_err(|e| error_text(&e))?
+            .header()
+            .map_or(0, |h| h.revision());
+        if own_revision < revision {
+            return Err(format!(
+                "this member is at revision {own_revision}, the converter at {revision}"
+            ));
+        }
+        let a = theirs
+            .hash_kv(revision)
+            .await
+            .map_err(|e| error_text(&e))?
+            .hash();
+        let b = ours
+            .hash_kv(revision)
+            .await
+            .map_err(|e| error_text(&e))?
+            .hash();
+        if a != b {
+            return Err(format!(
+                "HashKV at revision {revision}: converter {a:x}, this member {b:x}"
+            ));
+        }
+        Ok(revision)
+    }
+
+    /// The converter, its data converted (version.txt records the
+    /// target): serves it, says so, waits until every other member joined,
+    /// then ends the job and serves on.
+    pub async fn serve_converted(
+        &mut self,
+        etcd: &mut SupervisedEtcd,
+    ) -> Result<PauseEnd, PauseError> {
+        if self.phase() != Some(Phase::Serving) {
+            self.advance(Phase::Serving, |_| {})?;
+        }
+        let target = self.job.target.version;
+        etcd.start(target).await?;
+        let started = Instant::now();
+        let mut reporter = Reporter::new();
+        let go = self.record.as_ref().and_then(|r| r.go.clone());
+        let mut served = false;
+        loop {
+            self.still_running(etcd, target).await?;
+            let mut client = match connect_v3(
+                &self.own.client_urls,
+                self.client_tls.as_ref(),
+                REQUEST_TIMEOUT,
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    reporter.wait(&self.job.id, &format!("the converted data to serve ({e})"));
+                    self.sleep().await;
+                    continue;
+                }
+            };
+            if !served {
+                match keys::put(
+                    &mut client,
+                    &keys::served_key(&self.job.id),
+                    &serde_json::json!({"target": self.job.target.to_string()}).to_string(),
+                )
+                .await
+                {
+                    Ok(()) => {
+                        served = true;
+                        log::info(
+                            "pause job: the converted data serves as a cluster of this member alone; the cluster's writes go on; the others join it now",
+                            &[
+                                ("job", self.job.id.as_str().into()),
+                                ("version", self.job.target.to_string().into()),
+                                ("ms", log::ms(started.elapsed())),
+                            ],
+                        );
+                    }
+                    Err(why) => {
+                        reporter.wait(
+                            &self.job.id,
+                            &format!("the converted data to take a write ({why})"),
+                        );
+                        self.sleep().await;
+                        continue;
+                    }
+                }
+            }
+            let seen = keys::read(&mut client, &self.job.id, false)
+                .await
+                .unwrap_or_default();
+            let others = go.as_ref().map(Go::others).unwrap_or_default();
+            let missing: Vec<u64> = others
+                .iter()
+                .copied()
+                .filter(|id| !seen.joined.contains(id))
+                .collect();
+            if missing.is_empty() {
+                if let Err(why) = keys::remove_all(&mut client, &self.job.id).await {
+                    reporter.wait(&self.job.id, &format!("the job's keys to go ({why})"));
+                    self.sleep().await;
+                    continue;
+                }
+                datadir::remove_pause(&self.data_dir).map_err(|e| PauseError::Record {
+                    path: self.record_path(),
+                    why: e.to_string(),
+                })?;
+                log::info(
+                    "pause job done: every member joined the converted cluster",
+                    &[("job", self.job.id.as_str().into())],
+                );
+                return self.serve(etcd).await.map(PauseEnd::Exit);
+            }
+            reporter.wait(
+                &self.job.id,
+                &format!("{} to join the converted cluster", self.names(&missing)),
+            );
+            self.sleep().await;
+        }
+    }
+
+    /// Fails when a stop request came (our etcd stopped gracefully) or
+    /// our etcd running `release` exited.
+    async fn still_running(
+        &self,
+        etcd: &mut SupervisedEtcd,
+        release: Version,
+    ) -> Result<(), PauseError> {
+        if let Some(signal) = self.stop_requested() {
+            etcd.stop().await?;
+            return Err(PauseError::Interrupted(signal));
+        }
+        match etcd.exited() {
+            Some(status) => Err(PauseError::Exited {
+                release,
+                status,
+                job: self.job.id.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Serves until our etcd exits or a stop request comes.
+    async fn serve(&mut self, etcd: &mut SupervisedEtcd) -> Result<u8, PauseError> {
+        let mut termination = self.termination.clone();
+        loop {
+            if let Some(signal) = *termination.borrow() {
+                etcd.stop().await?;
+                return Ok(crate::signal_exit_code(signal));
+            }
+            tokio::select! {
+                status = etcd.wait() => {
+                    log::info("member etcd exited", &[("status", status.to_string().into())]);
+                    return Ok(match status {
+                        ExitStatus::Exited(code) => u8::try_from(code).unwrap_or(crate::EXIT_FAILURE),
+                        ExitStatus::Signaled(signal) => crate::signal_exit_code(signal),
+                    });
+                }
+                _ = termination.changed() => {}
+            }
+        }
+    }
+}
+
+/// Where the member's part goes next.
+enum Next {
+    /// Serve the old data (until the member stops for the job).
+    ServeOld,
+    /// Join the converted cluster.
+    Join,
+    /// The converter took the data.
+    Convert,
+    /// Served until its etcd exited: exit with this code.
+    Exit(u8),
+}
+
+/// What the converter's round came to.
+enum Taking {
+    /// The data is taken.
+    Taken,
+    /// Not yet, and why.
+    Waiting(String),
+}
+
+/// The path of the pause record in `dir`, for messages.
+pub fn record_path(dir: &Path) -> PathBuf {
+    dir.join(datadir::PAUSE_FILE)
+}
