@@ -67,11 +67,6 @@ pub const ALL: &[&str] = &[
     // (e2e/restores.rs kills there)
     "restore-after-tool",
     "restore-after-swap",
-    // pause: the whole-cluster pause job (cluster-tests/pauses.rs kills
-    // there)
-    "pause-after-taken",
-    "pause-after-stopping-recorded",
-    "pause-after-joined-start",
     // lib: the end of the run
     "before-exec",
 ];

@@ -282,13 +282,18 @@ impl Pausing {
             .map_err(|e| self.io_like("the peer client", e))?;
         let mut client: Option<etcd_client::Client> = None;
         let mut reporter = Reporter::new();
+        let mut leaving = false;
         loop {
             if let Some(signal) = self.stop_requested() {
                 etcd.stop().await?;
                 return Err(PauseError::Interrupted(signal));
             }
             if let Some(status) = etcd.exited() {
-                if self.removed(&peer).await {
+                // A member that said it leaves is being removed: etcd
+                // stops by itself once it is, and the converter may be
+                // converting already (its peer URL silent). Its old data
+                // never serves again either way.
+                if leaving || self.removed(&peer).await {
                     return self.stop_for_job(etcd).await;
                 }
                 return Err(PauseError::Exited {
@@ -358,7 +363,8 @@ impl Pausing {
             }
             match go.role(self.own.id) {
                 Role::Other => {
-                    if !seen.stopping.contains(&self.own.id) {
+                    leaving = seen.stopping.contains(&self.own.id);
+                    if !leaving {
                         let key = keys::stopping_key(&self.job.id, self.own.id);
                         if let Err(why) = keys::put(c, &key, "{}").await {
                             reporter.wait(
@@ -372,6 +378,7 @@ impl Pausing {
                             "pause job: this member leaves the old cluster (the converter removes it)",
                             &[("job", self.job.id.as_str().into())],
                         );
+                        leaving = true;
                     }
                     if self.removed(&peer).await {
                         return self.stop_for_job(etcd).await;
@@ -639,7 +646,6 @@ impl Pausing {
                         &[],
                     );
                 }
-                crate::failpoint!("pause-after-taken");
                 Ok(Taking::Taken)
             }
         }
@@ -670,7 +676,6 @@ impl Pausing {
     /// once removed), and joins.
     async fn stop_for_job(&mut self, etcd: &mut SupervisedEtcd) -> Result<Next, PauseError> {
         self.advance(Phase::Stopping, |_| {})?;
-        crate::failpoint!("pause-after-stopping-recorded");
         let status = etcd.stop().await?;
         log::info(
             "pause job: this member left the old cluster; its old etcd stopped",
@@ -849,7 +854,6 @@ impl Pausing {
             "--initial-cluster-state=existing".to_string(),
         ]);
         joining.start(target).await?;
-        crate::failpoint!("pause-after-joined-start");
         let outcome = self
             .finish_join(&mut joining, &endpoints, Some(&mut lock))
             .await;
