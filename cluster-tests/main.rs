@@ -32,8 +32,9 @@
 //!   change) keep quorum and every write; the monitor proven to catch a
 //!   member run by hand two minors ahead.
 //! - `pauses`: targets no roll can reach member by member (etcd2 →
-//!   etcd3, 3.4 → 3.3) reached through one whole-cluster pause with every
-//!   member's consent, and a job that waits for a member without it
+//!   etcd3 with 3 and 5 members, 3.4 → 3.3) reached through one
+//!   whole-cluster pause with every member's consent, a job that waits for
+//!   a member without it, and members SIGKILLed at each phase of the job
 //!   (issue 28).
 
 mod harness;
@@ -112,6 +113,11 @@ fn main() {
         pauses::three_members_etcd2_to_etcd3_with_one_pause,
         pauses::three_members_3_4_to_3_3_with_one_pause,
         pauses::without_consent_on_one_member_the_job_waits,
+        pauses::five_members_gce_style_etcd2_to_etcd3_with_one_pause,
+        pauses::members_killed_at_each_phase_converge::converter_at_the_go_then_a_member_that_left,
+        pauses::members_killed_at_each_phase_converge::member_leaving_then_converter_taking_the_data,
+        pauses::members_killed_at_each_phase_converge::converter_converted_then_member_added_to_it,
+        pauses::members_killed_at_each_phase_converge::converter_serving_then_member_proven,
     ];
     let mut trials: Vec<Trial> = scenarios
         .into_iter()

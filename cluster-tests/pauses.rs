@@ -12,11 +12,21 @@
 //! - `without_consent_on_one_member_the_job_waits`: one member without
 //!   the consent holds the job; the cluster serves 3.4.23 and takes writes
 //!   meanwhile, its members say why; once it consents the job is done.
+//! - `five_members_gce_style_etcd2_to_etcd3_with_one_pause`: the etcd2
+//!   scenario with 5 members (four joins, one at a time).
+//! - `members_killed_at_each_phase_converge`: 3.4.23 back to 3.3.25 with a
+//!   writer, a member SIGKILLed (container and all) where its log shows a
+//!   phase of the job and started again as it was, as a static pod's
+//!   kubelet does; two kills a run, four runs, every phase's line once:
+//!   the go, a member leaving and having left, the converter taking the
+//!   data, having converted it and serving it, a member added to the
+//!   converted cluster and proven in it. Each run ends as the others do.
 
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::harness::cluster::{Cluster, Rollout, Style, Target};
+use crate::harness::docker::{first_to_log, Container, State};
 use crate::harness::monitor;
 use crate::harness::pause::{ALLOW_CLUSTER_PAUSE, JOB_DEADLINE};
 use crate::harness::{ready, say, Api};
@@ -34,6 +44,10 @@ const TTL_S: u64 = 600;
 const WAITS_FOR: Duration = Duration::from_secs(30);
 /// What a member may take to say why the job waits.
 const SAYS_WHY_DEADLINE: Duration = Duration::from_secs(120);
+/// What the job may take to reach the point a kill waits for, from the
+/// rollout or the kill before: agreeing, one stop, a conversion and a
+/// join on a loaded two-core machine, with a member restarted meanwhile.
+const POINT_DEADLINE: Duration = Duration::from_secs(180);
 
 /// A member's manifest with TARGET_VERSION `version`, TARGET_STORAGE
 /// `storage` and the operator's consent to a pause.
@@ -81,12 +95,24 @@ fn answer_within(cluster: &Cluster, i: usize, deadline: Duration) -> String {
 /// v3 key (a TTL key under a lease with what was left of its TTL), and
 /// v3 writes go on.
 pub(crate) fn three_members_etcd2_to_etcd3_with_one_pause() {
-    let test = "pause-etcd2-etcd3";
+    etcd2_to_etcd3("pause-etcd2-etcd3", 3);
+}
+
+/// The same with 5 members: one converter and four members joining it one
+/// at a time, each after etcd's settling since the add before.
+pub(crate) fn five_members_gce_style_etcd2_to_etcd3_with_one_pause() {
+    etcd2_to_etcd3("pause-etcd2-etcd3-5", 5);
+}
+
+/// `size` members of 3.3.25 on etcd2 data, GCE's exec style, taken to
+/// etcd3 with one pause (see [`three_members_etcd2_to_etcd3_with_one_pause`]).
+fn etcd2_to_etcd3(test: &str, size: usize) {
     let Some(ready) = ready(test, &["3.3.25"]) else {
         return;
     };
     let started = Instant::now();
-    let mut cluster = Cluster::start_with(&ready.image, test, Style::GceHa, 3, "3.3.25", "etcd2");
+    let mut cluster =
+        Cluster::start_with(&ready.image, test, Style::GceHa, size, "3.3.25", "etcd2");
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
@@ -101,13 +127,13 @@ pub(crate) fn three_members_etcd2_to_etcd3_with_one_pause() {
     // member.
     monitor.excuse_down(true);
     cluster.roll_out(
-        &vec![consenting("3.3.25", "etcd3"); 3],
+        &vec![consenting("3.3.25", "etcd3"); size],
         Rollout::Apart(ROLLOUT_GAP),
     );
     let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
     monitor.excuse_down(false);
     say(&format!(
-        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after the last restart",
+        "{test}: every member of {size} records and serves 3.3.25/etcd3 {:.1} s after the last restart",
         took.as_secs_f64()
     ));
     cluster.switch_data("etcd3", Api::V3);
@@ -232,4 +258,257 @@ pub(crate) fn without_consent_on_one_member_the_job_waits() {
     ));
     writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
     cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+}
+
+/// A point of the job: the line the member there prints (an exact part of
+/// the entrypoint's line), and whether the member's old data may serve
+/// again after a restart from it (its record is from before it left, or
+/// before the converter took the data).
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    /// What the member did, for the test's lines.
+    what: &'static str,
+    /// The same in a word, for the job's progress.
+    tag: &'static str,
+    /// What the entrypoint prints there (part of its line).
+    line: &'static str,
+    /// Whether a restart from there may start the old data's release.
+    old_may_serve: bool,
+}
+
+/// The converter wrote the job's go (the old cluster still has every
+/// member).
+const GO: Point = Point {
+    what: "the converter wrote the go",
+    tag: "go",
+    line: "this member wrote the go and carries the data",
+    old_may_serve: true,
+};
+/// A member saw the go and said it leaves (not removed yet).
+const LEAVES: Point = Point {
+    what: "a member said it leaves",
+    tag: "leaves",
+    line: "this member leaves the old cluster (the converter removes it)",
+    old_may_serve: true,
+};
+/// A member's removal from the old cluster recorded, its old etcd stopped.
+const LEFT: Point = Point {
+    what: "a member left the old cluster",
+    tag: "left",
+    line: "this member left the old cluster; its old etcd stopped",
+    old_may_serve: false,
+};
+/// The converter alone in the membership, about to stop and convert.
+const TAKEN: Point = Point {
+    what: "the converter took the data",
+    tag: "taken",
+    line: "is the old cluster's only member and holds every committed write; it stops and converts its data",
+    old_may_serve: false,
+};
+/// The converter's data converted, not served yet.
+const CONVERTED: Point = Point {
+    what: "the converter converted the data",
+    tag: "converted",
+    line: "pause job: the taken data converted",
+    old_may_serve: false,
+};
+/// The converter serves the converted data alone.
+const SERVING: Point = Point {
+    what: "the converter serves the converted data",
+    tag: "serving",
+    line: "the converted data serves as a cluster of this member alone",
+    old_may_serve: false,
+};
+/// A member added itself to the converted cluster (its etcd starting).
+const ADDED: Point = Point {
+    what: "a member added itself to the converted cluster",
+    tag: "added",
+    line: "pause job: this member added itself to the converted cluster",
+    old_may_serve: false,
+};
+/// A joined member proven (its version.txt about to record the target).
+const PROVEN: Point = Point {
+    what: "a joined member was proven",
+    tag: "proven",
+    line: "this member serves the converted data (HashKV equal to the converter's)",
+    old_may_serve: false,
+};
+/// Every point, in the job's order (for the progress a kill reports).
+const POINTS: [Point; 8] = [GO, LEAVES, LEFT, TAKEN, CONVERTED, SERVING, ADDED, PROVEN];
+/// The line of a member starting its old data's release during the job.
+const SERVES_OLD: &str =
+    "pause job: this member serves its recorded release while the members agree";
+/// The converter's line for each member it removed from the old cluster.
+const REMOVED: &str = "pause job: removed a member from the old cluster";
+
+/// The whole-cluster pause job with members SIGKILLed at its phases
+/// (issue 28): four runs of 3.4.23 back to 3.3.25, two kills each, every
+/// phase's line once, each run its own scenario (`make cluster-test
+/// TESTS=members_killed_at_each_phase_converge` runs the four).
+pub(crate) mod members_killed_at_each_phase_converge {
+    use super::{killed_at, ADDED, CONVERTED, GO, LEAVES, LEFT, PROVEN, SERVING, TAKEN};
+
+    /// The converter killed right after it wrote the go (before its
+    /// removals: the old cluster keeps quorum with the other two, who
+    /// wait for it), then the first member to have left the old cluster
+    /// (waiting for the converted one, its old data never to serve).
+    pub(crate) fn converter_at_the_go_then_a_member_that_left() {
+        killed_at("pause-kill-go-left", &[GO, LEFT]);
+    }
+
+    /// A member killed right after it said it leaves (the converter may
+    /// remove it while it is down), then the converter right after it
+    /// stopped to convert the data: killed mid-conversion, it converts
+    /// from where its steps' records say.
+    pub(crate) fn member_leaving_then_converter_taking_the_data() {
+        killed_at("pause-kill-leaves-taken", &[LEAVES, TAKEN]);
+    }
+
+    /// The converter killed right after its data converted, before it
+    /// serves it, then a member right after it added itself to the
+    /// converted cluster (a cluster of two voters, one of them down).
+    pub(crate) fn converter_converted_then_member_added_to_it() {
+        killed_at("pause-kill-converted-added", &[CONVERTED, ADDED]);
+    }
+
+    /// The converter killed right after the converted data served alone,
+    /// then a joined member right after its proof, before (or as) its
+    /// version.txt records the target.
+    pub(crate) fn converter_serving_then_member_proven() {
+        killed_at("pause-kill-serving-proven", &[SERVING, PROVEN]);
+    }
+}
+
+/// 3 members of 3.4.23 (kubeadm style), a v3 client writing throughout;
+/// the operator rolls out TARGET_VERSION=3.3.25 with the consent, 3 s
+/// apart. At each of `points` in turn, the first member whose log shows it
+/// is SIGKILLed (`docker kill`: the entrypoint and its etcd) and its
+/// container started again as it was. The job ends as without the kills:
+/// every member records and serves 3.3.25/etcd3, every acknowledged write
+/// on every member, names and URLs kept; a member killed past the point
+/// where it left (or took the data) never served its old data again.
+fn killed_at(test: &str, points: &[Point]) {
+    let Some(ready) = ready(test, &["3.4.23", "3.3.25"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.4.23");
+    let before = cluster.baseline();
+    let monitor = cluster.start_monitor();
+    let writer = cluster.start_writer();
+    writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
+    monitor.excuse_down(true);
+    cluster.roll_out(
+        &vec![consenting("3.3.25", "etcd3"); 3],
+        Rollout::Apart(ROLLOUT_GAP),
+    );
+    let rolled = Instant::now();
+    // (victim, what, how often it had started its old data by the kill)
+    let mut killed = Vec::new();
+    for point in points {
+        let victim = wait_for_point(&cluster, point, POINT_DEADLINE);
+        let name = cluster.members[victim].name.clone();
+        if let State::Exited(code) = cluster.container(victim).state() {
+            panic!(
+                "{name} logged {:?}, then exited {code} by itself before the kill; logs:\n{}",
+                point.line,
+                cluster.all_logs()
+            );
+        }
+        cluster.container(victim).kill();
+        let role = if cluster.container(victim).count_in_log(GO.line) > 0 {
+            "the converter"
+        } else {
+            "a member leaving for the converted cluster"
+        };
+        say(&format!(
+            "{test}: {name} ({role}) SIGKILLed {:.1} s after the rollout, at {:?}; the job by then: {}; {name}'s last line: {}",
+            rolled.elapsed().as_secs_f64(),
+            point.what,
+            progress(&cluster),
+            last_line(&cluster.container(victim).logs())
+        ));
+        killed.push((
+            victim,
+            *point,
+            cluster.container(victim).count_in_log(SERVES_OLD),
+        ));
+        // The kubelet starts a static pod's container again, as it was.
+        cluster.container(victim).start();
+    }
+    let after_kills = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
+    monitor.excuse_down(false);
+    say(&format!(
+        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after the last restart of the rollout ({:.1} s after the last kill)",
+        rolled.elapsed().as_secs_f64(),
+        after_kills.as_secs_f64()
+    ));
+    for (victim, point, old_starts) in &killed {
+        if !point.old_may_serve {
+            assert_eq!(
+                cluster.container(*victim).count_in_log(SERVES_OLD),
+                *old_starts,
+                "{} killed at {:?} started its old data again; its log:\n{}",
+                cluster.members[*victim].name,
+                point.what,
+                cluster.container(*victim).logs()
+            );
+        }
+    }
+    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
+    cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+}
+
+/// The first member whose log shows `point`'s line, within `deadline`
+/// (its output followed: the kill comes right after the line).
+fn wait_for_point(cluster: &Cluster, point: &Point, deadline: Duration) -> usize {
+    let containers: Vec<&Container> = (0..cluster.members.len())
+        .map(|i| cluster.container(i))
+        .collect();
+    match first_to_log(&containers, point.line, deadline) {
+        Some(i) => i,
+        None => panic!(
+            "no member reached {:?} ({:?}) within {deadline:?}; the job: {}; logs:\n{}",
+            point.what,
+            point.line,
+            progress(cluster),
+            cluster.all_logs()
+        ),
+    }
+}
+
+/// Where the job is, as the members' logs say: per member, the points it
+/// logged and the removals it made.
+fn progress(cluster: &Cluster) -> String {
+    (0..cluster.members.len())
+        .map(|i| {
+            let log = cluster.container(i).logs();
+            let mut reached: Vec<String> = POINTS
+                .iter()
+                .filter(|p| log.contains(p.line))
+                .map(|p| p.tag.to_string())
+                .collect();
+            let removed = log.matches(REMOVED).count();
+            if removed > 0 {
+                reached.push(format!("removed {removed}"));
+            }
+            format!("{}: [{}]", cluster.members[i].name, reached.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The entrypoint's last line in `log` (what it was doing when killed),
+/// cut to a readable length.
+fn last_line(log: &str) -> String {
+    const SHOWN: usize = 300;
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("[etcd-migrate]"))
+        .unwrap_or("(none)");
+    match line.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{}...", &line[..at]),
+        None => line.to_string(),
+    }
 }

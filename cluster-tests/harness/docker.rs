@@ -3,8 +3,9 @@
 //! that remove them when they drop (also when a test fails). Every object
 //! carries the run's label and a name unique to the run.
 
-use std::io::Read;
-use std::process::{Command, Output, Stdio};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -74,6 +75,66 @@ pub fn docker(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr).trim()
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The first of `containers` whose output shows `needle` (what it printed
+/// before the call included), or None when none did within `deadline` or
+/// every one's output ended. The output is followed as docker streams it
+/// (`docker logs -f`), so a line is seen within milliseconds of its
+/// printing, not a round of full reads later: a kill on a log line lands
+/// in the phase the line opens.
+pub fn first_to_log(containers: &[&Container], needle: &str, deadline: Duration) -> Option<usize> {
+    /// Kills the followers however the wait ends.
+    struct Followers(Vec<Child>);
+    impl Drop for Followers {
+        fn drop(&mut self) {
+            for child in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+    fn watch(
+        pipe: impl Read + Send + 'static,
+        i: usize,
+        needle: String,
+        seen: mpsc::Sender<usize>,
+    ) {
+        thread::spawn(move || {
+            let mut reader = BufReader::new(pipe);
+            let mut line = Vec::new();
+            // Bytes, not lines of UTF-8: etcd's output is not bound to be.
+            while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+                if String::from_utf8_lossy(&line).contains(&needle) {
+                    let _ = seen.send(i);
+                    return;
+                }
+                line.clear();
+            }
+        });
+    }
+    let (seen, first) = mpsc::channel();
+    let mut followers = Followers(Vec::new());
+    for (i, container) in containers.iter().enumerate() {
+        let mut child = Command::new("docker")
+            .args(["logs", "-f", &container.name])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run docker logs -f {}: {e}", container.name));
+        if let Some(out) = child.stdout.take() {
+            watch(out, i, needle.to_string(), seen.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            watch(err, i, needle.to_string(), seen.clone());
+        }
+        followers.0.push(child);
+    }
+    drop(seen);
+    let found = first.recv_timeout(deadline).ok();
+    drop(followers);
+    found
 }
 
 /// A private bridge network with its own /24, removed on drop.

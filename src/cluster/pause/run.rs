@@ -707,8 +707,8 @@ impl Pausing {
         self.record.as_ref().and_then(|r| r.converter.clone())
     }
 
-    /// Joins the converted cluster: says it stopped (an early member),
-    /// waits until the converter serves, backs its old data up, and then,
+    /// Joins the converted cluster (it left the old one): waits until the
+    /// converter serves, backs its old data up, and then,
     /// under the new cluster's lock, removes it, adds itself, starts the
     /// target on the empty data dir and proves it.
     async fn join(&mut self, etcd: &mut SupervisedEtcd) -> Result<Next, PauseError> {
@@ -718,9 +718,6 @@ impl Pausing {
                 why: "it names no converter (it was written before the go)".to_string(),
             });
         };
-        // A member that left before its word reached the old cluster says
-        // it now (it cannot be removed otherwise).
-        let mut said = false;
         let target = self.job.target.version;
         let mut reporter = Reporter::new();
         // Where the converted cluster is asked: the converter's client URLs.
@@ -729,30 +726,16 @@ impl Pausing {
             if let Some(signal) = self.stop_requested() {
                 return Err(PauseError::Interrupted(signal));
             }
-            if !said {
-                // Through the other members of the old cluster: ours is
-                // stopped.
-                let others: Vec<String> = self
-                    .members
-                    .iter()
-                    .filter(|m| m.id != self.own.id)
-                    .flat_map(|m| m.client_urls.iter().cloned())
-                    .collect();
-                if let Ok(mut c) =
-                    connect_v3(&others, self.client_tls.as_ref(), REQUEST_TIMEOUT).await
-                {
-                    if keys::put(&mut c, &keys::stopping_key(&self.job.id, self.own.id), "{}")
-                        .await
-                        .is_ok()
-                    {
-                        said = true;
-                    }
-                }
-            }
             let served =
                 match connect_v3(&endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT).await {
+                    // Serializable: the converter applied `served` alone,
+                    // and a joiner that died half-joined leaves it without
+                    // a quorum until that joiner is back.
                     Ok(mut c) => c
-                        .get(keys::served_key(&self.job.id), None)
+                        .get(
+                            keys::served_key(&self.job.id),
+                            Some(etcd_client::GetOptions::new().with_serializable()),
+                        )
                         .await
                         .map(|r| !r.kvs().is_empty())
                         .unwrap_or(false),
@@ -763,14 +746,10 @@ impl Pausing {
             }
             reporter.wait(
                 &self.job.id,
-                &if said {
-                    format!(
-                        "{} to serve the converted data ({}); this member joins it then",
-                        converter.name, self.job.target
-                    )
-                } else {
-                    "the old cluster to take this member's word that it stopped".to_string()
-                },
+                &format!(
+                    "{} to serve the converted data ({}); this member joins it then",
+                    converter.name, self.job.target
+                ),
             );
             self.sleep().await;
         }
@@ -783,6 +762,20 @@ impl Pausing {
                 .finish_join(etcd, &endpoints, None)
                 .await
                 .map(Next::Exit);
+        }
+        if self.phase() == Some(Phase::Joining) {
+            if let Some(mut resumed) = self.resume_join(etcd, &converter).await? {
+                // Our entry is in the converted cluster already: it counts
+                // us as a voter, and may have no quorum until our etcd is
+                // back, so neither the lock nor a membership call comes
+                // first.
+                resumed.start(target).await?;
+                let outcome = self.finish_join(&mut resumed, &endpoints, None).await;
+                if outcome.is_err() {
+                    let _ = resumed.stop().await;
+                }
+                return outcome.map(Next::Exit);
+            }
         }
         if self.phase() == Some(Phase::Stopping) {
             let path = crate::backup::create(
@@ -805,11 +798,7 @@ impl Pausing {
             let backup = path.display().to_string();
             self.advance(Phase::Joining, |r| r.backup = Some(backup))?;
         }
-        let holder = Holder {
-            member: format!("{:x}", self.own.id),
-            name: self.own.name.clone(),
-            run: format!("pid {} (pause job)", std::process::id()),
-        };
+        let holder = self.holder();
         let mut lock = loop {
             if let Some(signal) = self.stop_requested() {
                 return Err(PauseError::Interrupted(signal));
@@ -862,6 +851,65 @@ impl Pausing {
             let _ = lock.release().await;
         }
         outcome.map(Next::Exit)
+    }
+
+    /// A join that died after this member was added to the converted
+    /// cluster (its entry there, by our peer URL): the etcd that resumes
+    /// it, on the data its earlier start received when that data is the
+    /// entry's, else on an empty data dir, with the membership as it is.
+    /// `None`: no entry of ours, the join starts over.
+    async fn resume_join(
+        &self,
+        etcd: &SupervisedEtcd,
+        converter: &Whom,
+    ) -> Result<Option<SupervisedEtcd>, PauseError> {
+        let Ok(peer) = PeerClient::new(self.peer_tls.as_ref(), REQUEST_TIMEOUT) else {
+            return Ok(None);
+        };
+        let mut membership = None;
+        for url in &converter.peer_urls {
+            if let Ok(list) = peer.members(url).await {
+                membership = Some(list);
+                break;
+            }
+        }
+        let Some(membership) = membership else {
+            return Ok(None);
+        };
+        let Some(entry) = membership
+            .iter()
+            .find(|m| m.peer_urls.iter().any(|u| self.own.peer_urls.contains(u)))
+        else {
+            return Ok(None);
+        };
+        let on_disk = crate::ondisk::read_with(&self.data_dir, &crate::ondisk::Want::default())
+            .ok()
+            .and_then(|d| d.member_id);
+        if on_disk != Some(entry.id) {
+            let path = self.data_dir.join("member");
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(self.io_like("remove the half-joined data", e)),
+            }
+        }
+        let members: Vec<(u64, String, Vec<String>)> = membership
+            .iter()
+            .map(|m| (m.id, m.name.clone(), m.peer_urls.clone()))
+            .collect();
+        let initial_cluster =
+            crate::cluster::self_join::initial_cluster(&members, entry.id, &self.own.name);
+        log::info(
+            "pause job: this member was added to the converted cluster before its restart; its etcd starts again as that member",
+            &[
+                ("id", format!("{:x}", entry.id).into()),
+                ("data_kept", (on_disk == Some(entry.id)).into()),
+            ],
+        );
+        Ok(Some(etcd.clone_with_args(&[
+            format!("--initial-cluster={initial_cluster}"),
+            "--initial-cluster-state=existing".to_string(),
+        ])))
     }
 
     /// Removes the old data and adds this member to the converted
@@ -978,6 +1026,9 @@ impl Pausing {
         if let Ok(mut c) = connect_v3(endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT).await {
             let _ = keys::put(&mut c, &keys::joined_key(&self.job.id, self.own.id), "{}").await;
         }
+        if lock.is_none() {
+            self.release_lock_left(endpoints).await;
+        }
         if let Some(lock) = lock {
             if let Err(e) = lock.release().await {
                 log::warn(
@@ -998,6 +1049,32 @@ impl Pausing {
             ],
         );
         self.serve(etcd).await
+    }
+
+    /// The converted cluster's lock, if an earlier run of ours died
+    /// holding it: taken as ours again and released (its lease would end
+    /// it, a minute later, for the next member to join).
+    async fn release_lock_left(&self, endpoints: &[String]) {
+        let holder = self.holder();
+        if let Ok(mut lock) =
+            V3Lock::connect(endpoints, self.client_tls.as_ref(), holder, REQUEST_TIMEOUT).await
+        {
+            if let Ok(Some(current)) = lock.holder().await {
+                if current.member == format!("{:x}", self.own.id)
+                    && matches!(lock.try_take().await, Ok(Taken::Ours))
+                {
+                    let _ = lock.release().await;
+                }
+            }
+        }
+    }
+
+    fn holder(&self) -> Holder {
+        Holder {
+            member: format!("{:x}", self.own.id),
+            name: self.own.name.clone(),
+            run: format!("pid {} (pause job)", std::process::id()),
+        }
     }
 
     /// `HashKV` of our etcd and the converter's at the converter's
