@@ -886,12 +886,8 @@ impl Pausing {
             .ok()
             .and_then(|d| d.member_id);
         if on_disk != Some(entry.id) {
-            let path = self.data_dir.join("member");
-            match std::fs::remove_dir_all(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(self.io_like("remove the half-joined data", e)),
-            }
+            self.remove_member_dir()
+                .map_err(|e| self.io_like("remove the half-joined data", e))?;
         }
         let members: Vec<(u64, String, Vec<String>)> = membership
             .iter()
@@ -912,15 +908,21 @@ impl Pausing {
         ])))
     }
 
+    /// Removes the data dir's `member/` (the old data, backed up, or a
+    /// half-joined copy of the new), if it is there.
+    fn remove_member_dir(&self) -> Result<(), String> {
+        let path = self.data_dir.join("member");
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("remove {}: {e}", path.display())),
+        }
+    }
+
     /// Removes the old data and adds this member to the converted
     /// cluster; returns the `--initial-cluster` its etcd joins with.
     async fn add_self(&self, converter: &Whom) -> Result<String, String> {
-        let path = self.data_dir.join("member");
-        match std::fs::remove_dir_all(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("remove {}: {e}", path.display())),
-        }
+        self.remove_member_dir()?;
         crate::durable::fsync_dir(&self.data_dir).map_err(|e| e.to_string())?;
         let peer =
             PeerClient::new(self.peer_tls.as_ref(), REQUEST_TIMEOUT).map_err(|e| e.to_string())?;
