@@ -75,6 +75,15 @@ pub enum SupervisorError {
         #[source]
         source: io::Error,
     },
+    /// A second etcd was asked for while the member's etcd still runs:
+    /// two would race for the same ports and data dir.
+    #[error("cannot start {program}: this member's etcd (pid {pid}) still runs; one member runs one etcd")]
+    AlreadyRunning {
+        /// The running child.
+        pid: i32,
+        /// The program asked for.
+        program: String,
+    },
     /// A child did not exit even after SIGKILL.
     #[error("pid {pid} ({program}) did not exit within {waited:?} of SIGKILL")]
     Unkillable {

@@ -714,6 +714,17 @@ impl SupervisedEtcd {
     /// Spawns `command` (a release's, see [`SupervisedEtcd::target`]) as
     /// our member's etcd (a supervised child, output straight to ours).
     fn spawn(&mut self, mut command: std::process::Command) -> Result<(), SupervisorError> {
+        // One member, one etcd: a second start while the first still runs
+        // would lose the race for the ports (etcd exits 1, "address already
+        // in use") while the first serves unsupervised.
+        if let Some(running) = self.child.as_mut() {
+            if running.try_status().is_none() {
+                return Err(SupervisorError::AlreadyRunning {
+                    pid: running.pid(),
+                    program: command.get_program().to_string_lossy().into_owned(),
+                });
+            }
+        }
         command
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())

@@ -758,6 +758,7 @@ impl Pausing {
                 == Some(datadir::DirState::Recorded(self.job.target))
         {
             // Joined before a restart: the data is the converted cluster's.
+            etcd.start(target).await?;
             return self
                 .finish_join(etcd, &endpoints, None)
                 .await
@@ -971,7 +972,7 @@ impl Pausing {
         Ok(joined.initial_cluster)
     }
 
-    /// Proves the joined etcd (its release, a write, `HashKV` equal to the
+    /// Proves the joined etcd (started by the caller: its release, a write, `HashKV` equal to the
     /// converter's at one revision), records the target, says it joined,
     /// releases the lock, removes the record, and serves.
     async fn finish_join(
@@ -981,9 +982,6 @@ impl Pausing {
         lock: Option<&mut V3Lock>,
     ) -> Result<u8, PauseError> {
         let target = self.job.target.version;
-        if lock.is_none() {
-            etcd.start(target).await?;
-        }
         let started = Instant::now();
         let mut last;
         loop {
