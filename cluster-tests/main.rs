@@ -118,6 +118,7 @@ fn main() {
         pauses::members_killed_at_each_phase_converge::member_leaving_then_converter_taking_the_data,
         pauses::members_killed_at_each_phase_converge::converter_converted_then_member_added_to_it,
         pauses::members_killed_at_each_phase_converge::converter_serving_then_member_proven,
+        pauses::members_killed_at_each_phase_converge::learner_added_then_promoted,
     ];
     let mut trials: Vec<Trial> = scenarios
         .into_iter()

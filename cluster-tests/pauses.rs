@@ -20,7 +20,9 @@
 //!   kubelet does; two kills a run, four runs, every phase's line once:
 //!   the go, a member leaving and having left, the converter taking the
 //!   data, having converted it and serving it, a member added to the
-//!   converted cluster and proven in it. Each run ends as the others do.
+//!   converted cluster and proven in it; and 3.5.16 back to 3.4.23, whose
+//!   joiners are learners, killed once added and once promoted. Each run
+//!   ends as the others do.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -326,6 +328,13 @@ const ADDED: Point = Point {
     line: "pause job: this member added itself to the converted cluster",
     old_may_serve: false,
 };
+/// A member that joined as a learner promoted to a voter (3.4+ targets).
+const PROMOTED: Point = Point {
+    what: "a member that joined as a learner was promoted",
+    tag: "promoted",
+    line: "pause job: this member, joined as a learner, is a voter now",
+    old_may_serve: false,
+};
 /// A joined member proven (its version.txt about to record the target).
 const PROVEN: Point = Point {
     what: "a joined member was proven",
@@ -334,7 +343,9 @@ const PROVEN: Point = Point {
     old_may_serve: false,
 };
 /// Every point, in the job's order (for the progress a kill reports).
-const POINTS: [Point; 8] = [GO, LEAVES, LEFT, TAKEN, CONVERTED, SERVING, ADDED, PROVEN];
+const POINTS: [Point; 9] = [
+    GO, LEAVES, LEFT, TAKEN, CONVERTED, SERVING, ADDED, PROMOTED, PROVEN,
+];
 /// The line of a member starting its old data's release during the job.
 const SERVES_OLD: &str =
     "pause job: this member serves its recorded release while the members agree";
@@ -342,18 +353,22 @@ const SERVES_OLD: &str =
 const REMOVED: &str = "pause job: removed a member from the old cluster";
 
 /// The whole-cluster pause job with members SIGKILLed at its phases
-/// (issue 28): four runs of 3.4.23 back to 3.3.25, two kills each, every
+/// (issue 28): four runs of 3.4.23 back to 3.3.25 and one of 3.5.16 back
+/// to 3.4.23 (the joiners are learners there), two kills each, every
 /// phase's line once, each run its own scenario (`make cluster-test
-/// TESTS=members_killed_at_each_phase_converge` runs the four).
+/// TESTS=members_killed_at_each_phase_converge` runs the five).
 pub(crate) mod members_killed_at_each_phase_converge {
-    use super::{killed_at, ADDED, CONVERTED, GO, LEAVES, LEFT, PROVEN, SERVING, TAKEN};
+    use super::{killed_at, ADDED, CONVERTED, GO, LEAVES, LEFT, PROMOTED, PROVEN, SERVING, TAKEN};
+
+    /// 3.4.23 back to 3.3.25: the joiners are voters.
+    const VOTERS: (&str, &str) = ("3.4.23", "3.3.25");
 
     /// The converter killed right after it wrote the go (before its
     /// removals: the old cluster keeps quorum with the other two, who
     /// wait for it), then the first member to have left the old cluster
     /// (waiting for the converted one, its old data never to serve).
     pub(crate) fn converter_at_the_go_then_a_member_that_left() {
-        killed_at("pause-kill-go-left", &[GO, LEFT]);
+        killed_at("pause-kill-go-left", VOTERS, &[GO, LEFT]);
     }
 
     /// A member killed right after it said it leaves (the converter may
@@ -361,45 +376,58 @@ pub(crate) mod members_killed_at_each_phase_converge {
     /// stopped to convert the data: killed mid-conversion, it converts
     /// from where its steps' records say.
     pub(crate) fn member_leaving_then_converter_taking_the_data() {
-        killed_at("pause-kill-leaves-taken", &[LEAVES, TAKEN]);
+        killed_at("pause-kill-leaves-taken", VOTERS, &[LEAVES, TAKEN]);
     }
 
     /// The converter killed right after its data converted, before it
     /// serves it, then a member right after it added itself to the
     /// converted cluster (a cluster of two voters, one of them down).
     pub(crate) fn converter_converted_then_member_added_to_it() {
-        killed_at("pause-kill-converted-added", &[CONVERTED, ADDED]);
+        killed_at("pause-kill-converted-added", VOTERS, &[CONVERTED, ADDED]);
     }
 
     /// The converter killed right after the converted data served alone,
     /// then a joined member right after its proof, before (or as) its
     /// version.txt records the target.
     pub(crate) fn converter_serving_then_member_proven() {
-        killed_at("pause-kill-serving-proven", &[SERVING, PROVEN]);
+        killed_at("pause-kill-serving-proven", VOTERS, &[SERVING, PROVEN]);
+    }
+
+    /// 3.5.16 back to 3.4.23 (3.5 has no downgrade: a snapshot rollback,
+    /// so a pause): a member killed right after it added itself to the
+    /// converted cluster as a learner (not counted for its quorum, so the
+    /// converter serves on), then a member right after its promotion to a
+    /// voter, before its proof.
+    pub(crate) fn learner_added_then_promoted() {
+        killed_at(
+            "pause-kill-learner-added-promoted",
+            ("3.5.16", "3.4.23"),
+            &[ADDED, PROMOTED],
+        );
     }
 }
 
-/// 3 members of 3.4.23 (kubeadm style), a v3 client writing throughout;
-/// the operator rolls out TARGET_VERSION=3.3.25 with the consent, 3 s
+/// 3 members of `from` (kubeadm style), a v3 client writing throughout;
+/// the operator rolls out TARGET_VERSION=`to` with the consent, 3 s
 /// apart. At each of `points` in turn, the first member whose log shows it
 /// is SIGKILLed (`docker kill`: the entrypoint and its etcd) and its
 /// container started again as it was. The job ends as without the kills:
-/// every member records and serves 3.3.25/etcd3, every acknowledged write
+/// every member records and serves `to`/etcd3, every acknowledged write
 /// on every member, names and URLs kept; a member killed past the point
 /// where it left (or took the data) never served its old data again.
-fn killed_at(test: &str, points: &[Point]) {
-    let Some(ready) = ready(test, &["3.4.23", "3.3.25"]) else {
+fn killed_at(test: &str, (from, to): (&str, &str), points: &[Point]) {
+    let Some(ready) = ready(test, &[from, to]) else {
         return;
     };
     let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.4.23");
+    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, from);
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
     writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
     monitor.excuse_down(true);
     cluster.roll_out(
-        &vec![consenting("3.3.25", "etcd3"); 3],
+        &vec![consenting(to, "etcd3"); 3],
         Rollout::Apart(ROLLOUT_GAP),
     );
     let rolled = Instant::now();
@@ -436,10 +464,10 @@ fn killed_at(test: &str, points: &[Point]) {
         // The kubelet starts a static pod's container again, as it was.
         cluster.container(victim).start();
     }
-    let after_kills = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
+    let after_kills = cluster.wait_job_done(to, "etcd3", JOB_DEADLINE);
     monitor.excuse_down(false);
     say(&format!(
-        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after the last restart of the rollout ({:.1} s after the last kill)",
+        "{test}: every member records and serves {to}/etcd3 {:.1} s after the last restart of the rollout ({:.1} s after the last kill)",
         rolled.elapsed().as_secs_f64(),
         after_kills.as_secs_f64()
     ));

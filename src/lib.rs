@@ -607,6 +607,9 @@ fn check_join(config: &Config) -> Result<Option<String>, Error> {
         peer_tls.as_ref(),
         client_tls.as_ref(),
         cluster::join::PROBE_TIMEOUT * 2,
+        // A voter: the etcd this member runs is exec'd, and no one would
+        // be left to promote a learner.
+        false,
     ))?;
     Ok(Some(joined.initial_cluster))
 }

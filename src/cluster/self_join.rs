@@ -12,7 +12,11 @@
 //! refused by name. The calls go to the members that answer, through the
 //! client API with the member's own client TLS; etcd itself refuses an
 //! add that would cost the quorum (`--strict-reconfig-check`). The member
-//! joins as a voter, as `etcdctl member add` makes it.
+//! joins as a voter, as `etcdctl member add` makes it, or, where the caller
+//! asks (a release with learners, 3.4+, and a caller that stays to promote
+//! it: the pause job's joiners), as a learner that [`try_promote`] makes a voter
+//! once etcd says it caught up: until then it counts for no quorum, so a
+//! joiner that dies half-joined costs the cluster nothing.
 
 use std::time::Duration;
 
@@ -35,6 +39,8 @@ pub struct Joined {
     pub id: u64,
     /// `name=url,...` of the membership.
     pub initial_cluster: String,
+    /// Added as a learner: promote it once its etcd runs ([`try_promote`]).
+    pub learner: bool,
 }
 
 /// `name=url,...` of `members` (id, name, peer URLs), ours (`own_id`,
@@ -58,6 +64,8 @@ pub enum Change {
     AddedAlready {
         /// The entry's id.
         id: u64,
+        /// The entry is a learner's.
+        learner: bool,
     },
     /// Not there: add us.
     Add,
@@ -129,7 +137,10 @@ pub fn change(
             .find(|u| ours.contains(u));
         if let Some(url) = shared {
             if member.name.is_empty() {
-                return Ok(Change::AddedAlready { id: member.id });
+                return Ok(Change::AddedAlready {
+                    id: member.id,
+                    learner: member.is_learner,
+                });
             }
             if member.name == name {
                 return Ok(Change::Replace { id: member.id });
@@ -152,7 +163,7 @@ pub fn change(
 }
 
 /// Adds this member (`name`, `peer_urls`) to the cluster `others` belong
-/// to, as [`change`] says.
+/// to, as [`change`] says; as a learner when `as_learner`.
 pub async fn add_self(
     others: &[Peer],
     name: &str,
@@ -160,6 +171,7 @@ pub async fn add_self(
     peer_tls: Option<&TlsFiles>,
     client_tls: Option<&TlsFiles>,
     timeout: Duration,
+    as_learner: bool,
 ) -> Result<Joined, SelfJoinError> {
     let peer = PeerClient::new(peer_tls, timeout).map_err(|e| SelfJoinError::NoAnswer {
         tried: e.to_string(),
@@ -181,10 +193,13 @@ pub async fn add_self(
         });
     };
     let what = change(&members, name, peer_urls)?;
-    if let Change::AddedAlready { id } = what {
+    if let Change::AddedAlready { id, learner } = what {
         log::info(
             "this member is in the membership already, never started: joining as it is",
-            &[("id", format!("{id:x}").into())],
+            &[
+                ("id", format!("{id:x}").into()),
+                ("learner", learner.into()),
+            ],
         );
         let list: Vec<(u64, String, Vec<String>)> = members
             .iter()
@@ -193,6 +208,7 @@ pub async fn add_self(
         return Ok(Joined {
             id,
             initial_cluster: initial_cluster(&list, id, name),
+            learner,
         });
     }
     // The others' client URLs, one at a time: a client balancing over all
@@ -209,8 +225,12 @@ pub async fn add_self(
         .collect();
     let mut last = None;
     for endpoint in &endpoints {
-        match membership_change(endpoint, client_tls, timeout, what.clone(), name, peer_urls).await
-        {
+        let asked = Asked {
+            name,
+            peer_urls,
+            as_learner,
+        };
+        match membership_change(endpoint, client_tls, timeout, what.clone(), &asked).await {
             Ok(joined) => return Ok(joined),
             Err(err) => {
                 log::warn(
@@ -229,15 +249,26 @@ pub async fn add_self(
     }))
 }
 
+/// Who asks to be added, and how.
+struct Asked<'a> {
+    name: &'a str,
+    peer_urls: &'a [String],
+    as_learner: bool,
+}
+
 /// The remove (for [`Change::Replace`]) and the add, through `endpoint`.
 async fn membership_change(
     endpoint: &str,
     client_tls: Option<&TlsFiles>,
     timeout: Duration,
     what: Change,
-    name: &str,
-    peer_urls: &[String],
+    asked: &Asked<'_>,
 ) -> Result<Joined, SelfJoinError> {
+    let Asked {
+        name,
+        peer_urls,
+        as_learner,
+    } = *asked;
     let mut api = client::connect_v3(&[endpoint.to_string()], client_tls, timeout).await?;
     let failed = |action: String| {
         let endpoints = endpoint.to_string();
@@ -263,7 +294,8 @@ async fn membership_change(
     // cluster that just (re)started is asked again, up to a deadline.
     let deadline = std::time::Instant::now() + UNHEALTHY_RETRY;
     let added = loop {
-        match api.member_add(peer_urls, None).await {
+        let options = as_learner.then(|| etcd_client::MemberAddOptions::new().with_is_learner());
+        match api.member_add(peer_urls, options).await {
             Ok(added) => break added,
             Err(err)
                 if error_text(&err).contains("unhealthy cluster")
@@ -286,6 +318,7 @@ async fn membership_change(
             ("name", name.into()),
             ("peer_urls", peer_urls.join(",").into()),
             ("members", (added.member_list().len()).into()),
+            ("learner", as_learner.into()),
         ],
     );
     let list: Vec<(u64, String, Vec<String>)> = added
@@ -296,7 +329,70 @@ async fn membership_change(
     Ok(Joined {
         id,
         initial_cluster: initial_cluster(&list, id, name),
+        learner: as_learner,
     })
+}
+
+/// What a promote of a learner came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Promoted {
+    /// A voter now (or already: an earlier attempt whose answer was lost).
+    Done,
+    /// Not yet: etcd's answer (not in sync with the leader yet, or no
+    /// member answered); ask again.
+    NotYet(String),
+}
+
+/// Asks once, through `endpoints` (one at a time), that learner `id`
+/// become a voter; etcd grants it once the learner caught up with the
+/// leader. An error only for a member that is gone (`member not found`).
+pub async fn try_promote(
+    endpoints: &[String],
+    client_tls: Option<&TlsFiles>,
+    timeout: Duration,
+    id: u64,
+) -> Result<Promoted, SelfJoinError> {
+    let mut last = String::from("no client URL to ask");
+    for endpoint in endpoints {
+        let mut api =
+            match client::connect_v3(std::slice::from_ref(endpoint), client_tls, timeout).await {
+                Ok(api) => api,
+                Err(err) => {
+                    last = format!("{endpoint}: {err}");
+                    continue;
+                }
+            };
+        match api.member_promote(id).await {
+            Ok(_) => {
+                log::info(
+                    "learner promoted to a voter",
+                    &[("id", format!("{id:x}").into())],
+                );
+                return Ok(Promoted::Done);
+            }
+            Err(err) => {
+                let answer = error_text(&err);
+                if promoted_already(&answer) {
+                    return Ok(Promoted::Done);
+                }
+                if answer.contains("member not found") {
+                    return Err(SelfJoinError::Call {
+                        action: format!("member promote {id:x}"),
+                        endpoints: endpoint.clone(),
+                        reason: answer,
+                    });
+                }
+                last = format!("{endpoint}: {answer}");
+            }
+        }
+    }
+    Ok(Promoted::NotYet(last))
+}
+
+/// etcd's answer to a promote of a member that is no learner (any more).
+fn promoted_already(answer: &str) -> bool {
+    answer.contains("can only promote a learner member")
+        && !answer.contains("which is in sync with leader")
 }
 
 #[cfg(test)]
@@ -350,7 +446,24 @@ mod tests {
             (
                 "added by hand, unstarted: as it is",
                 vec![a.clone(), member(0xd, "", "https://10.0.0.4:2380/")],
-                Ok(Change::AddedAlready { id: 0xd }),
+                Ok(Change::AddedAlready {
+                    id: 0xd,
+                    learner: false,
+                }),
+            ),
+            (
+                "added as a learner, unstarted: as it is, promoted later",
+                vec![
+                    a.clone(),
+                    Member {
+                        is_learner: true,
+                        ..member(0xd, "", "https://10.0.0.4:2380")
+                    },
+                ],
+                Ok(Change::AddedAlready {
+                    id: 0xd,
+                    learner: true,
+                }),
             ),
             (
                 "our stale entry: replace",
@@ -376,5 +489,17 @@ mod tests {
                 (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_promote_of_a_voter_counts_as_done_and_one_not_in_sync_is_asked_again() {
+        // etcd's own answers (etcdserver/errors.go).
+        assert!(promoted_already(
+            "etcdserver: can only promote a learner member"
+        ));
+        assert!(!promoted_already(
+            "etcdserver: can only promote a learner member which is in sync with leader"
+        ));
+        assert!(!promoted_already("etcdserver: member not found"));
     }
 }

@@ -30,9 +30,11 @@
 //!    with the single-member steps, serves the target alone and puts
 //!    `served`: the writes go on.
 //! 6. **Join.** Each other member, one at a time under the new cluster's
-//!    lock, backs up its old data, removes it, adds itself, starts the
-//!    target on an empty data dir (etcd's snapshot transfer brings the
-//!    data), is proven by `HashKV` equal to the converter's at one
+//!    lock, backs up its old data, removes it, adds itself (as a learner
+//!    where the target has them, [`joins_as_learner`], promoted once etcd
+//!    says it caught up), starts the target on an empty data dir (etcd's
+//!    snapshot transfer brings the data), is proven by `HashKV` equal to
+//!    the converter's at one
 //!    revision, records the target and puts `joined/<id>`. When every
 //!    member joined, the converter removes the job's keys.
 //!
@@ -56,6 +58,14 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use crate::version::VersionPair;
+
+/// Whether a member joining a cluster of `target` joins as a learner: a
+/// release with learners (3.4+). A learner counts for no quorum until it
+/// is promoted, so a joiner that dies half-joined costs the converted
+/// cluster nothing; before 3.4 it joins as a voter, one at a time.
+pub fn joins_as_learner(target: crate::version::Version) -> bool {
+    target >= crate::version::Version::new(3, 4, 0)
+}
 
 /// One job: one cluster (by its id before the job) going to one target.
 #[derive(Debug, Clone, PartialEq, Eq)]

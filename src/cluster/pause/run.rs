@@ -760,18 +760,20 @@ impl Pausing {
             // Joined before a restart: the data is the converted cluster's.
             etcd.start(target).await?;
             return self
-                .finish_join(etcd, &endpoints, None)
+                .finish_join(etcd, &endpoints, None, None)
                 .await
                 .map(Next::Exit);
         }
         if self.phase() == Some(Phase::Joining) {
-            if let Some(mut resumed) = self.resume_join(etcd, &converter).await? {
-                // Our entry is in the converted cluster already: it counts
-                // us as a voter, and may have no quorum until our etcd is
+            if let Some((mut resumed, learner)) = self.resume_join(etcd, &converter).await? {
+                // Our entry is in the converted cluster already: as a voter
+                // it counts us, and may have no quorum until our etcd is
                 // back, so neither the lock nor a membership call comes
                 // first.
                 resumed.start(target).await?;
-                let outcome = self.finish_join(&mut resumed, &endpoints, None).await;
+                let outcome = self
+                    .finish_join(&mut resumed, &endpoints, None, learner)
+                    .await;
                 if outcome.is_err() {
                     let _ = resumed.stop().await;
                 }
@@ -832,20 +834,21 @@ impl Pausing {
             self.sleep().await;
         };
         let joined = self.add_self(&converter).await;
-        let initial_cluster = match joined {
-            Ok(initial_cluster) => initial_cluster,
+        let joined = match joined {
+            Ok(joined) => joined,
             Err(why) => {
                 let _ = lock.release().await;
                 return Err(self.io_like("add this member to the converted cluster", why));
             }
         };
         let mut joining = etcd.clone_with_args(&[
-            format!("--initial-cluster={initial_cluster}"),
+            format!("--initial-cluster={}", joined.initial_cluster),
             "--initial-cluster-state=existing".to_string(),
         ]);
         joining.start(target).await?;
+        let learner = joined.learner.then_some(joined.id);
         let outcome = self
-            .finish_join(&mut joining, &endpoints, Some(&mut lock))
+            .finish_join(&mut joining, &endpoints, Some(&mut lock), learner)
             .await;
         if outcome.is_err() {
             let _ = joining.stop().await;
@@ -857,13 +860,14 @@ impl Pausing {
     /// A join that died after this member was added to the converted
     /// cluster (its entry there, by our peer URL): the etcd that resumes
     /// it, on the data its earlier start received when that data is the
-    /// entry's, else on an empty data dir, with the membership as it is.
-    /// `None`: no entry of ours, the join starts over.
+    /// entry's, else on an empty data dir, with the membership as it is,
+    /// and the entry's id if it is a learner's (to promote). `None`: no
+    /// entry of ours, the join starts over.
     async fn resume_join(
         &self,
         etcd: &SupervisedEtcd,
         converter: &Whom,
-    ) -> Result<Option<SupervisedEtcd>, PauseError> {
+    ) -> Result<Option<(SupervisedEtcd, Option<u64>)>, PauseError> {
         let Ok(peer) = PeerClient::new(self.peer_tls.as_ref(), REQUEST_TIMEOUT) else {
             return Ok(None);
         };
@@ -901,12 +905,14 @@ impl Pausing {
             &[
                 ("id", format!("{:x}", entry.id).into()),
                 ("data_kept", (on_disk == Some(entry.id)).into()),
+                ("learner", entry.is_learner.into()),
             ],
         );
-        Ok(Some(etcd.clone_with_args(&[
+        let resumed = etcd.clone_with_args(&[
             format!("--initial-cluster={initial_cluster}"),
             "--initial-cluster-state=existing".to_string(),
-        ])))
+        ]);
+        Ok(Some((resumed, entry.is_learner.then_some(entry.id))))
     }
 
     /// Removes the data dir's `member/` (the old data, backed up, or a
@@ -921,8 +927,12 @@ impl Pausing {
     }
 
     /// Removes the old data and adds this member to the converted
-    /// cluster; returns the `--initial-cluster` its etcd joins with.
-    async fn add_self(&self, converter: &Whom) -> Result<String, String> {
+    /// cluster (a learner where the target has them); returns its entry
+    /// and the `--initial-cluster` its etcd joins with.
+    async fn add_self(
+        &self,
+        converter: &Whom,
+    ) -> Result<crate::cluster::self_join::Joined, String> {
         self.remove_member_dir()?;
         crate::durable::fsync_dir(&self.data_dir).map_err(|e| e.to_string())?;
         let peer =
@@ -959,6 +969,7 @@ impl Pausing {
             self.peer_tls.as_ref(),
             self.client_tls.as_ref(),
             REQUEST_TIMEOUT,
+            super::joins_as_learner(self.job.target.version),
         )
         .await
         .map_err(|e| e.to_string())?;
@@ -967,9 +978,65 @@ impl Pausing {
             &[
                 ("id", format!("{:x}", joined.id).into()),
                 ("initial_cluster", joined.initial_cluster.as_str().into()),
+                ("learner", joined.learner.into()),
             ],
         );
-        Ok(joined.initial_cluster)
+        Ok(joined)
+    }
+
+    /// Promotes this member, joined as learner `id`, once etcd says it
+    /// caught up with the converter; within the proof's deadline, its etcd
+    /// watched throughout.
+    async fn promote(
+        &mut self,
+        etcd: &mut SupervisedEtcd,
+        endpoints: &[String],
+        id: u64,
+    ) -> Result<(), PauseError> {
+        let target = self.job.target.version;
+        let started = Instant::now();
+        let mut reporter = Reporter::new();
+        loop {
+            self.still_running(etcd, target).await?;
+            let answer = crate::cluster::self_join::try_promote(
+                endpoints,
+                self.client_tls.as_ref(),
+                REQUEST_TIMEOUT,
+                id,
+            )
+            .await;
+            let why = match answer {
+                Ok(crate::cluster::self_join::Promoted::Done) => {
+                    log::info(
+                        "pause job: this member, joined as a learner, is a voter now",
+                        &[
+                            ("id", format!("{id:x}").into()),
+                            ("ms", log::ms(started.elapsed())),
+                        ],
+                    );
+                    return Ok(());
+                }
+                Ok(crate::cluster::self_join::Promoted::NotYet(why)) => why,
+                Err(e) => e.to_string(),
+            };
+            if started.elapsed() > self.prove_deadline {
+                return Err(PauseError::NotProven {
+                    release: target,
+                    deadline: self.prove_deadline,
+                    why: format!("learner {id:x} not promoted: {why}"),
+                    backup: self
+                        .record
+                        .as_ref()
+                        .and_then(|r| r.backup.clone())
+                        .unwrap_or_default(),
+                });
+            }
+            reporter.wait(
+                &self.job.id,
+                &format!("this member, a learner, to catch up and be promoted ({why})"),
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Proves the joined etcd (started by the caller: its release, a write, `HashKV` equal to the
@@ -980,9 +1047,13 @@ impl Pausing {
         etcd: &mut SupervisedEtcd,
         endpoints: &[String],
         lock: Option<&mut V3Lock>,
+        learner: Option<u64>,
     ) -> Result<u8, PauseError> {
         let target = self.job.target.version;
         let started = Instant::now();
+        if let Some(id) = learner {
+            self.promote(etcd, endpoints, id).await?;
+        }
         let mut last;
         loop {
             self.still_running(etcd, target).await?;
