@@ -113,6 +113,7 @@ fn main() {
         pauses::three_members_etcd2_to_etcd3_with_one_pause,
         pauses::three_members_3_4_to_3_3_with_one_pause,
         pauses::without_consent_on_one_member_the_job_waits,
+        pauses::a_target_raised_before_the_go_cancels_the_job,
         pauses::five_members_gce_style_etcd2_to_etcd3_with_one_pause,
         pauses::members_killed_at_each_phase_converge::converter_at_the_go_then_a_member_that_left,
         pauses::members_killed_at_each_phase_converge::member_leaving_then_converter_taking_the_data,

@@ -5,15 +5,21 @@
 //! its name and URLs but new ids, and every acknowledged write kept.
 //!
 //! - `three_members_etcd2_to_etcd3_with_one_pause`: 3.3.25 on etcd2 data
-//!   (GCE's exec style) to etcd3; v2 keys with and without a TTL arrive
-//!   as v3 keys with and without a lease, and v3 writes go on after.
+//!   (GCE's exec style) to 3.5.16 on etcd3 in one rollout (the storage
+//!   migration and two minors up, the joiners learners); v2 keys with and
+//!   without a TTL arrive as v3 keys with and without a lease, and v3
+//!   writes go on after.
 //! - `three_members_3_4_to_3_3_with_one_pause`: 3.4.23 back to 3.3.25
 //!   (kubeadm style), with a v3 client writing through the pause.
 //! - `without_consent_on_one_member_the_job_waits`: one member without
 //!   the consent holds the job; the cluster serves 3.4.23 and takes writes
 //!   meanwhile, its members say why; once it consents the job is done.
+//! - `a_target_raised_before_the_go_cancels_the_job`: the same held job,
+//!   then the target raised to 3.5.16: the agreements are withdrawn and
+//!   the cluster rolls up as any roll does, nothing paused.
 //! - `five_members_gce_style_etcd2_to_etcd3_with_one_pause`: the etcd2
-//!   scenario with 5 members (four joins, one at a time).
+//!   scenario with 5 members, to 3.3.25/etcd3 (four voters join, one at a
+//!   time).
 //! - `members_killed_at_each_phase_converge`: 3.4.23 back to 3.3.25 with a
 //!   writer, a member SIGKILLed (container and all) where its log shows a
 //!   phase of the job and started again as it was, as a static pod's
@@ -43,7 +49,7 @@ const ROLLOUT_GAP: Duration = Duration::from_secs(3);
 /// none may have expired by the check.
 const TTL_S: u64 = 600;
 /// How long the job must be seen waiting for the missing consent.
-const WAITS_FOR: Duration = Duration::from_secs(30);
+const WAITS_FOR: Duration = Duration::from_secs(20);
 /// What a member may take to say why the job waits.
 const SAYS_WHY_DEADLINE: Duration = Duration::from_secs(120);
 /// What the job may take to reach the point a kill waits for, from the
@@ -91,25 +97,28 @@ fn answer_within(cluster: &Cluster, i: usize, deadline: Duration) -> String {
 
 /// 3 members of 3.3.25 on etcd2 data (GCE's exec style: the entrypoint
 /// supervises etcd), written over v2, with 20 keys of a 600 s TTL and 200
-/// plain ones seeded; the operator rolls out TARGET_STORAGE=etcd3 with
-/// the consent, 3 s apart. Every member ends recording 3.3.25/etcd3, its
-/// name and URLs kept and its id new; each v2 write and seeded key is a
-/// v3 key (a TTL key under a lease with what was left of its TTL), and
-/// v3 writes go on.
+/// plain ones seeded; the operator rolls out TARGET_VERSION=3.5.16
+/// TARGET_STORAGE=etcd3 with the consent, 3 s apart: a chain (the storage
+/// migration, which cannot roll, then two minors up) in one rollout.
+/// Every member ends recording 3.5.16/etcd3, its name and URLs kept and
+/// its id new; each v2 write and seeded key is a v3 key (a TTL key under a
+/// lease with what was left of its TTL), and v3 writes go on.
 pub(crate) fn three_members_etcd2_to_etcd3_with_one_pause() {
-    etcd2_to_etcd3("pause-etcd2-etcd3", 3);
+    etcd2_to_etcd3("pause-etcd2-etcd3", 3, "3.5.16");
 }
 
-/// The same with 5 members: one converter and four members joining it one
-/// at a time, each after etcd's settling since the add before.
+/// 5 members taken to 3.3.25/etcd3: one converter and four members
+/// joining it one at a time (voters, 3.3 has no learners), each after
+/// etcd's settling since the add before.
 pub(crate) fn five_members_gce_style_etcd2_to_etcd3_with_one_pause() {
-    etcd2_to_etcd3("pause-etcd2-etcd3-5", 5);
+    etcd2_to_etcd3("pause-etcd2-etcd3-5", 5, "3.3.25");
 }
 
 /// `size` members of 3.3.25 on etcd2 data, GCE's exec style, taken to
-/// etcd3 with one pause (see [`three_members_etcd2_to_etcd3_with_one_pause`]).
-fn etcd2_to_etcd3(test: &str, size: usize) {
-    let Some(ready) = ready(test, &["3.3.25"]) else {
+/// `target`/etcd3 with one pause (see
+/// [`three_members_etcd2_to_etcd3_with_one_pause`]).
+fn etcd2_to_etcd3(test: &str, size: usize, target: &str) {
+    let Some(ready) = ready(test, &["3.3.25", "3.4.23", target]) else {
         return;
     };
     let started = Instant::now();
@@ -129,13 +138,13 @@ fn etcd2_to_etcd3(test: &str, size: usize) {
     // member.
     monitor.excuse_down(true);
     cluster.roll_out(
-        &vec![consenting("3.3.25", "etcd3"); size],
+        &vec![consenting(target, "etcd3"); size],
         Rollout::Apart(ROLLOUT_GAP),
     );
-    let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
+    let took = cluster.wait_job_done(target, "etcd3", JOB_DEADLINE);
     monitor.excuse_down(false);
     say(&format!(
-        "{test}: every member of {size} records and serves 3.3.25/etcd3 {:.1} s after the last restart",
+        "{test}: every member of {size} records and serves {target}/etcd3 {:.1} s after the last restart",
         took.as_secs_f64()
     ));
     cluster.switch_data("etcd3", Api::V3);
@@ -177,7 +186,7 @@ pub(crate) fn three_members_3_4_to_3_3_with_one_pause() {
 
 /// 3 members of 3.4.23 (kubeadm style): the operator rolls out
 /// TARGET_VERSION=3.3.25, each member once the one before serves, with
-/// the consent on two and not on the third. For 30 s every member still
+/// the consent on two and not on the third. For 20 s every member still
 /// serves 3.4.23 and records 3.4.23/etcd3, writes are acknowledged
 /// throughout (never two members down), and every member's log names
 /// `ALLOW_CLUSTER_PAUSE`. Once the third is restarted with it too, the
@@ -188,20 +197,56 @@ pub(crate) fn without_consent_on_one_member_the_job_waits() {
         return;
     };
     let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.4.23");
+    let Held {
+        mut cluster,
+        before,
+        monitor,
+        writer,
+    } = held_without_consent(&ready.image, test, WAITS_FOR);
+    let last = cluster.members[2].name.clone();
+    // The third's restart, then the job's stop of every member.
+    monitor.excuse_down(true);
+    cluster.restart_as(2, &consenting("3.3.25", "etcd3"));
+    let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
+    monitor.excuse_down(false);
+    say(&format!(
+        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after {last} consented",
+        took.as_secs_f64()
+    ));
+    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
+    cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+}
+
+/// A point of the job: the line the member there prints (an exact part of
+/// the entrypoint's line), and whether the member's old data may serve
+/// again after a restart from it (its record is from before it left, or
+/// before the converter took the data).
+/// A cluster whose pause job waits for the third member's consent.
+struct Held {
+    cluster: Cluster,
+    before: crate::harness::cluster::Baseline,
+    monitor: crate::harness::monitor::Monitor,
+    writer: crate::harness::writer::Writer,
+}
+
+/// 3 members of 3.4.23 (kubeadm style), a writer and the monitor; the
+/// operator rolls out TARGET_VERSION=3.3.25, each member once the one
+/// before serves, with the consent on the first two only. For `watch`
+/// every member still serves 3.4.23 (writes acknowledged throughout),
+/// then each records 3.4.23/etcd3 and names `ALLOW_CLUSTER_PAUSE` in its
+/// log.
+fn held_without_consent(image: &str, test: &str, watch: Duration) -> Held {
+    let mut cluster = Cluster::start(image, test, Style::Kubeadm, 3, "3.4.23");
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
     let mut acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
     let consent = consenting("3.3.25", "etcd3");
     let without = Target::new("3.3.25", "etcd3");
-    cluster.roll_out(
-        &[consent.clone(), consent.clone(), without],
-        Rollout::Serving,
-    );
+    cluster.roll_out(&[consent.clone(), consent, without], Rollout::Serving);
     let last = cluster.members[2].name.clone();
     let watching = Instant::now();
-    while watching.elapsed() < WAITS_FOR {
+    while watching.elapsed() < watch {
         acks = writer.wait_acks(
             acks,
             ACKS,
@@ -249,23 +294,56 @@ pub(crate) fn without_consent_on_one_member_the_job_waits() {
         "{test}: the job waited {:.1} s for {last}'s consent, writes going on, every member naming {ALLOW_CLUSTER_PAUSE}",
         watching.elapsed().as_secs_f64()
     ));
-    // The third's restart, then the job's stop of every member.
-    monitor.excuse_down(true);
-    cluster.restart_as(2, &consent);
-    let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
-    monitor.excuse_down(false);
-    say(&format!(
-        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after {last} consented",
-        took.as_secs_f64()
-    ));
-    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
-    cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+    Held {
+        cluster,
+        before,
+        monitor,
+        writer,
+    }
 }
 
-/// A point of the job: the line the member there prints (an exact part of
-/// the entrypoint's line), and whether the member's old data may serve
-/// again after a restart from it (its record is from before it left, or
-/// before the converter took the data).
+/// The job held by a missing consent, as above; then the operator raises
+/// the target to 3.5.16 on every member, each once the one before serves
+/// (as kubeadm does). The two that agreed withdraw their agreement (the
+/// job had no go) and their records go; the cluster rolls to 3.5.16 as
+/// any roll does: never two members down, ids and membership unchanged,
+/// every acknowledged write kept, nothing paused.
+pub(crate) fn a_target_raised_before_the_go_cancels_the_job() {
+    let test = "pause-cancelled";
+    let Some(ready) = ready(test, &["3.4.23", "3.3.25", "3.5.16"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let Held {
+        mut cluster,
+        before,
+        monitor,
+        writer,
+    } = held_without_consent(&ready.image, test, Duration::ZERO);
+    cluster.roll_out(&vec![consenting("3.5.16", "etcd3"); 3], Rollout::Serving);
+    let took = cluster.wait_job_done("3.5.16", "etcd3", JOB_DEADLINE);
+    say(&format!(
+        "{test}: every member records and serves 3.5.16/etcd3 {:.1} s after the last restart",
+        took.as_secs_f64()
+    ));
+    for i in 0..2 {
+        wait_logged(&cluster, i, WITHDREW, SAYS_WHY_DEADLINE);
+    }
+    for i in 0..cluster.members.len() {
+        let record = cluster.try_data_file(i, ".etcd-migrate.pause");
+        assert!(
+            record.is_err(),
+            "{} still holds a pause record after the job was cancelled: {record:?}",
+            cluster.members[i].name
+        );
+    }
+    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the roll");
+    cluster.finish_scenario(test, started, &before, writer, monitor);
+}
+
+/// A member's line once it withdrew its agreement to a job.
+const WITHDREW: &str = "pause job: this member withdrew its agreement to an earlier job";
+
 #[derive(Debug, Clone, Copy)]
 struct Point {
     /// What the member did, for the test's lines.

@@ -299,14 +299,43 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     // A member in a whole-cluster pause job carries on with it, whatever
     // its data and its target say now: its record says where it is.
     if let Some(record) = cluster::pause::entry::read_record(config)? {
+        // An agreement to a job whose target is no longer the member's
+        // (raised or lowered before the go) is withdrawn first; a target
+        // that needs no pause then runs as it would have.
+        let target_pauses = match survey.on_disk() {
+            Some(on_disk) => make_plan(
+                config,
+                survey.state(),
+                &bundle,
+                (on_disk.members.len(), on_disk.v2_requests_past_snapshot),
+                survey.restart_mark().is_some(),
+            )
+            .ok()
+            .map(|plan| matches!(plan.work(), Work::Pause { .. })),
+            None => None,
+        };
+        let withdraw_only = record.withdraws_only(config.target, target_pauses);
         if config.mode == Mode::DryRun {
-            println!(
-                "this member takes part in the whole-cluster pause job {} (to {}), phase {:?}: a real run carries on with it (see docs/cluster-pause.md)",
-                record.job, record.target, record.phase
-            );
+            if withdraw_only {
+                println!(
+                    "this member agreed to the whole-cluster pause job {} (to {}): a real run withdraws that agreement (the job has no go yet) and then goes to {} without a pause (see docs/cluster-pause.md)",
+                    record.job, record.target, config.target
+                );
+            } else {
+                println!(
+                    "this member takes part in the whole-cluster pause job {} (to {}), phase {:?}: a real run carries on with it (see docs/cluster-pause.md)",
+                    record.job, record.target, record.phase
+                );
+            }
             return Ok(Outcome::Exit);
         }
-        return pause_as_member(config, survey, Some(record), bundle, original_mask);
+        return pause_as_member(
+            config,
+            survey,
+            (Some(record), withdraw_only),
+            bundle,
+            original_mask,
+        );
     }
     let marked = survey.restart_mark();
     let on_disk = survey.on_disk();
@@ -351,7 +380,7 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     }
     if let Work::Pause { .. } = plan.work() {
         log_plan(config, &plan, &member, &bundle);
-        return pause_as_member(config, survey, None, bundle, original_mask);
+        return pause_as_member(config, survey, (None, false), bundle, original_mask);
     }
     if let (Work::Roll { .. }, Some(on_disk)) = (plan.work(), survey.on_disk()) {
         cluster::entry::check_mode(config, on_disk)?;
@@ -704,7 +733,7 @@ fn roll_as_member(
 fn pause_as_member(
     config: &Config,
     mut survey: Survey,
-    record: Option<cluster::pause::Record>,
+    (record, withdraw_only): (Option<cluster::pause::Record>, bool),
     bundle: Bundle,
     original_mask: SigSet,
 ) -> Result<Outcome, Error> {
@@ -729,7 +758,7 @@ fn pause_as_member(
     let mut pausing = cluster::pause::entry::prepare(
         config,
         on_disk.as_ref(),
-        record,
+        (record, withdraw_only),
         recorded,
         old_release,
         &etcd,
@@ -764,6 +793,9 @@ fn pause_as_member(
     };
     match end {
         PauseEnd::Exit(code) => Ok(Outcome::ExitCode(code)),
+        // Withdrawn, the record gone: the run starts over with the target
+        // as it is (once: with no record, it never comes back here).
+        PauseEnd::Withdrawn => run(config, original_mask),
         PauseEnd::Convert => Err(Error::Runtime(
             "the pause job asked for a second conversion".to_string(),
         )),

@@ -184,9 +184,22 @@ pub struct Child {
 }
 
 impl Supervisor {
-    /// Starts the signal thread. `original_mask` is what [`block_signals`]
-    /// returned; children get it back before they exec.
+    /// Starts the signal thread, once per process: a second call (a run
+    /// that starts over, `PauseEnd::Withdrawn`) gets the same supervisor,
+    /// since one thread must own the signals and every child's `waitpid`.
+    /// `original_mask` is what [`block_signals`] returned; children get it
+    /// back before they exec.
     pub fn start(original_mask: SigSet) -> Result<Supervisor, SupervisorError> {
+        static STARTED: std::sync::OnceLock<Supervisor> = std::sync::OnceLock::new();
+        if let Some(started) = STARTED.get() {
+            return Ok(started.clone());
+        }
+        let supervisor = Self::start_thread(original_mask)?;
+        Ok(STARTED.get_or_init(|| supervisor).clone())
+    }
+
+    /// The signal thread and the supervisor it serves.
+    fn start_thread(original_mask: SigSet) -> Result<Supervisor, SupervisorError> {
         let (termination, _) = watch::channel(None);
         let inner = Arc::new(Inner {
             waiters: Mutex::new(HashMap::new()),

@@ -948,16 +948,22 @@ impl Cluster {
     /// [`Cluster::version_txt`], or why it cannot be read now (a member
     /// whose data dir is being replaced may have none for a while).
     pub fn try_version_txt(&self, i: usize) -> Result<String, String> {
+        self.try_data_file(i, "version.txt")
+    }
+
+    /// The file `name` of member `i`'s data dir, trimmed, or why it cannot
+    /// be read (it is not there).
+    pub fn try_data_file(&self, i: usize, name: &str) -> Result<String, String> {
         let m = &self.members[i];
         if let Some(example) = self.style.example(&m.name) {
-            let path = self.example_root(i).join(example.data).join("version.txt");
+            let path = self.example_root(i).join(example.data).join(name);
             return std::fs::read_to_string(&path)
                 .map(|s| s.trim().to_string())
                 .map_err(|e| format!("read {}: {e}", path.display()));
         }
         let (mount, file) = match self.style {
-            Style::Kubeadm => ("/var/lib/etcd", "/var/lib/etcd/version.txt"),
-            Style::Gce | Style::GceHa => ("/var/etcd", "/var/etcd/data/version.txt"),
+            Style::Kubeadm => ("/var/lib/etcd", format!("/var/lib/etcd/{name}")),
+            Style::Gce | Style::GceHa => ("/var/etcd", format!("/var/etcd/data/{name}")),
             Style::KubeadmExample | Style::GceExample => unreachable!("read from the host"),
         };
         let out = docker_output(&[

@@ -107,11 +107,13 @@ pub fn read_record(config: &Config) -> Result<Option<Record>, EntryError> {
 
 /// The member's part: its job (the record's, once the member stopped for
 /// it; else the one its data and target make), the old membership (the
-/// data's, else the record's), its own name and URLs from its settings.
+/// data's, else the record's), its own name and URLs from its settings;
+/// `withdraw_only` when its target needs no pause and its record is an
+/// agreement to an earlier target's job ([`Record::withdraws_only`]).
 pub fn prepare(
     config: &Config,
     on_disk: Option<&OnDisk>,
-    record: Option<Record>,
+    (record, withdraw_only): (Option<Record>, bool),
     recorded: VersionPair,
     old_release: Version,
     etcd: &SupervisedEtcd,
@@ -222,5 +224,6 @@ pub fn prepare(
         prove_deadline: config.health_timeout,
         backup: config.backup.clone(),
         termination: supervisor.termination(),
+        withdraw_only,
     })
 }

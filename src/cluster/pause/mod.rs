@@ -264,6 +264,18 @@ pub struct Record {
 }
 
 impl Record {
+    /// Whether a member with this record and the target `target` only
+    /// withdraws from the job: the record is an agreement (no stop for it
+    /// yet) to another target, and `target` is reached without a pause
+    /// (`target_pauses`: its plan is a pause job; `None`: it has no plan,
+    /// an error the run after the withdrawal reports). After the go the
+    /// member is bound to the job whatever its target says.
+    pub fn withdraws_only(&self, target: VersionPair, target_pauses: Option<bool>) -> bool {
+        self.phase == Phase::Agreed
+            && self.target().ok() != Some(target)
+            && target_pauses != Some(true)
+    }
+
     /// The record in `raw` (the file's bytes).
     pub fn parse(raw: &[u8]) -> Result<Record, String> {
         serde_json::from_slice(raw).map_err(|e| e.to_string())
@@ -370,6 +382,40 @@ mod tests {
         assert_eq!(back, record);
         assert_eq!(back.role(), Some(Role::Other));
         assert!(Record::parse(b"{}").is_err());
+    }
+
+    #[test]
+    fn an_agreement_to_another_target_is_withdrawn_when_the_new_target_needs_no_pause() {
+        let pair = |s: &str| s.parse::<VersionPair>().expect("pair");
+        let agreed = |phase| Record {
+            job: "abc-3.3.25-etcd3".into(),
+            target: "3.3.25/etcd3".into(),
+            from: "3.4.23/etcd3".into(),
+            phase,
+            go: None,
+            converter: None,
+            own_id: 2,
+            backup: None,
+            members: Vec::new(),
+        };
+        #[rustfmt::skip]
+        let cases = [
+            // (why, phase, target now, the target's plan pauses, withdraws only)
+            ("raised: a rolling upgrade", Phase::Agreed, "3.5.16/etcd3", Some(false), true),
+            ("back to what it records", Phase::Agreed, "3.4.23/etcd3", Some(false), true),
+            ("no plan: withdrawn, then the plan's error", Phase::Agreed, "3.9.0/etcd3", None, true),
+            ("another pause target: a job of its own", Phase::Agreed, "3.3.25/etcd2", Some(true), false),
+            ("the same target", Phase::Agreed, "3.3.25/etcd3", Some(true), false),
+            ("stopped for the job: bound to it", Phase::Stopping, "3.5.16/etcd3", Some(false), false),
+            ("converting: bound to it", Phase::Converting, "3.5.16/etcd3", Some(false), false),
+        ];
+        for (why, phase, target, pauses, want) in cases {
+            assert_eq!(
+                agreed(phase).withdraws_only(pair(target), pauses),
+                want,
+                "{why}"
+            );
+        }
     }
 
     #[test]

@@ -43,6 +43,11 @@ pub enum PauseEnd {
     /// one-member cluster (while it still lists several), runs the route
     /// on it, and then calls [`Pausing::serve_converted`].
     Convert,
+    /// The member withdrew its agreement to a job its target no longer
+    /// asks for (raised or lowered before the job's go, to a target that
+    /// needs no pause); its etcd stopped, its record gone: the caller
+    /// starts over with the target as it is now.
+    Withdrawn,
 }
 
 /// Why the member's part failed.
@@ -130,6 +135,9 @@ pub struct Pausing {
     pub backup: crate::backup::BackupPolicy,
     /// A stop request.
     pub termination: watch::Receiver<Option<Signal>>,
+    /// The member's target needs no pause (its record is an agreement to
+    /// an earlier target's job): withdraw, then end ([`PauseEnd::Withdrawn`]).
+    pub withdraw_only: bool,
 }
 
 /// What a wait is for, said once and then every [`PROGRESS_EVERY`].
@@ -248,6 +256,9 @@ impl Pausing {
     /// Carries the member's part on from where its record says (see
     /// [`PauseEnd`]); `etcd` runs the member with the user's arguments.
     pub async fn run(&mut self, etcd: &mut SupervisedEtcd) -> Result<PauseEnd, PauseError> {
+        if self.withdraw_only && self.withdraw_through_others().await? {
+            return Ok(PauseEnd::Withdrawn);
+        }
         let mut next = match self.phase() {
             None | Some(Phase::Agreed) => Next::ServeOld,
             Some(Phase::Converting) => Next::Convert,
@@ -260,6 +271,7 @@ impl Pausing {
                 Next::Join => self.join(etcd).await?,
                 Next::Convert => return Ok(PauseEnd::Convert),
                 Next::Exit(code) => return Ok(PauseEnd::Exit(code)),
+                Next::Withdrawn => return Ok(PauseEnd::Withdrawn),
             };
         }
     }
@@ -323,6 +335,17 @@ impl Pausing {
                 reporter.wait(&self.job.id, &why);
                 self.sleep().await;
                 continue;
+            }
+            if self.withdraw_only && self.record.is_none() {
+                // Withdrawn (with no go, the job cannot happen without
+                // this member): the target as it is now takes over, from
+                // the old data, which never stopped being the cluster's.
+                etcd.stop_gracefully().await?;
+                log::info(
+                    "pause job: this member's target needs no pause any more; its etcd stopped and the new target takes over",
+                    &[("target", self.job.target.to_string().into())],
+                );
+                return Ok(Next::Withdrawn);
             }
             let read = keys::read(c, &self.job.id, false).await;
             let seen = match read {
@@ -402,6 +425,36 @@ impl Pausing {
             }
             self.sleep().await;
         }
+    }
+
+    /// Withdraws this member's agreement through the other members'
+    /// client URLs, its own etcd not started: the target that needs no
+    /// pause then starts it once, as its own path does (a start here and
+    /// a stop after the withdrawal would take this member down twice, the
+    /// second time while the operator may be restarting another). `false`
+    /// when the others did not take it (they lack a quorum without this
+    /// member, or the job has its go): the withdrawal goes on with this
+    /// member's etcd serving ([`Pausing::serve_old`]).
+    async fn withdraw_through_others(&mut self) -> Result<bool, PauseError> {
+        let endpoints: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.id != self.own.id)
+            .flat_map(|m| m.client_urls.iter().cloned())
+            .collect();
+        let Ok(mut client) =
+            connect_v3(&endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT).await
+        else {
+            return Ok(false);
+        };
+        let withdrawn = self.withdraw_stale(&mut client).await?.is_none() && self.record.is_none();
+        if withdrawn {
+            log::info(
+                "pause job: this member's target needs no pause any more; the new target takes over",
+                &[("target", self.job.target.to_string().into())],
+            );
+        }
+        Ok(withdrawn)
     }
 
     /// An agreement to another job (the member was restarted with
@@ -1350,6 +1403,8 @@ enum Next {
     Convert,
     /// Served until its etcd exited: exit with this code.
     Exit(u8),
+    /// Withdrawn from a job the target no longer asks for.
+    Withdrawn,
 }
 
 /// What the converter's round came to.
