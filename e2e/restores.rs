@@ -201,6 +201,75 @@ fn a_snapshot_that_is_not_the_one_vouched_for_or_not_whole_is_refused_with_the_d
 }
 
 #[test]
+fn a_member_is_restored_from_one_of_our_backups_vouched_for_by_its_manifest() {
+    let tmp = temp_dir("restore-backup");
+    let data = tmp.path().join("data");
+    let member = Member::new("restore-backup");
+    fixture::build(FixtureSpec::small("3.5.16"), &data, &member, tmp.path());
+    let file = tmp.path().join("snapshot.db");
+    snapshot_of("3.5.16", &data, &member, tmp.path(), &file);
+    // The data as it is (AFTER in it), backed up by the snapshot's restore.
+    let held = read_back("3.5.16", &member, &data, tmp.path());
+    assert!(held.entries.contains_key(AFTER.as_bytes()));
+    restoring("3.5.16", &data, &member, &file, &sha256(&file))
+        .run()
+        .assert_code(0);
+    let taken = backups(&data);
+    assert_eq!(taken.len(), 1, "the restore backed the data up");
+    let backup = taken[0].clone();
+    let manifest_sha = sha256(&backup.join("MANIFEST.sha256"));
+
+    // Refused, nothing touched: another hash, a backup that no longer
+    // verifies, a directory that is no backup.
+    let damaged = tmp.path().join("damaged");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&backup)
+        .arg(&damaged)
+        .status()
+        .expect("cp");
+    assert!(copied.success());
+    let db = damaged.join("member/snap/db");
+    let mut bytes = std::fs::read(&db).expect("read");
+    bytes[5000] ^= 0xff;
+    std::fs::write(&db, &bytes).expect("write");
+    let before = fingerprint(&data);
+    for (what, dir, hash, says) in [
+        ("another hash", &backup, "0".repeat(64), "MANIFEST.sha256"),
+        (
+            "a byte changed",
+            &damaged,
+            manifest_sha.clone(),
+            "does not verify",
+        ),
+        (
+            "no backup",
+            &tmp.path().to_path_buf(),
+            manifest_sha.clone(),
+            "not an etcd-migrate backup",
+        ),
+    ] {
+        let run = restoring("3.5.16", &data, &member, dir, &hash).run();
+        run.assert_code(2);
+        run.assert_stderr_has(says);
+        before.assert_unchanged(&fingerprint(&data), what);
+    }
+
+    // The backup, vouched for by its manifest's hash: the data as it was
+    // before the snapshot's restore, AFTER and all, the revision bumped.
+    let run = restoring("3.5.16", &data, &member, &backup, &manifest_sha).run();
+    run.assert_code(0);
+    assert_eq!(run.lines_with("restored").len(), 1, "{}", run.explain());
+    let restored = read_back("3.5.16", &member, &data, tmp.path());
+    restored.assert_kept(&held, 3000);
+    assert!(
+        restored.revision > 1_000_000_000,
+        "the revision is bumped: {}",
+        restored.revision
+    );
+}
+
+#[test]
 fn a_restore_killed_at_each_point_converges_on_the_next_start() {
     for point in ["restore-after-tool", "restore-after-swap"] {
         let tmp = temp_dir("restore-kill");

@@ -464,7 +464,7 @@ fn restore_snapshot(
     let stop = || supervisor.terminated();
     runtime.block_on(restore::restore(
         config,
-        request,
+        (request, &checked),
         &mut survey,
         &launcher,
         &stop,

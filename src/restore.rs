@@ -7,7 +7,13 @@
 //!    setting on every member, so every member restores the same bytes),
 //!    the integrity hash `etcdctl snapshot save` appends holds (a file cut
 //!    short fails it), the file is a bolt db etcd could open, and the
-//!    release that wrote it is not newer than the target.
+//!    release that wrote it is not newer than the target. Our own backups
+//!    (`etcd-migrate backup` dirs) are taken too ([`check_backup`]): the
+//!    sha256 given is then the one of the backup's `MANIFEST.sha256`,
+//!    every file is verified against the manifest, and the backup's db is
+//!    restored (`--skip-hash-check`: a db copied from a stopped data dir
+//!    has no appended hash; the manifest vouches for it instead) only if
+//!    its WAL changes no key past it.
 //! 2. The data dir backed up as it is (when it holds a member), then the
 //!    target's own restore tool (`etcdutl`, `etcdctl` before 3.5) writes a
 //!    fresh member into the scratch dir, with the member's name, peer URLs,
@@ -127,6 +133,11 @@ pub struct Checked {
     pub cluster_version: Option<String>,
     /// Its size in bytes.
     pub bytes: u64,
+    /// The bolt db the restore tool reads: the snapshot file, or a
+    /// backup's `member/snap/db`.
+    pub db: PathBuf,
+    /// The db is a backup's (no hash appended: `--skip-hash-check`).
+    pub from_backup: bool,
 }
 
 /// The checks before anything is touched (see the module doc).
@@ -143,6 +154,9 @@ pub fn check(config: &Config, request: &RestoreRequest) -> Result<Checked, Resto
             format!("the target is {target}, and a snapshot holds a v3 keyspace only"),
             "restore with TARGET_VERSION 3.x and TARGET_STORAGE etcd3",
         ));
+    }
+    if file.is_dir() {
+        return check_backup(config, request);
     }
     let (whole, body, tail, bytes) = hashes(file)?;
     if whole != request.sha256 {
@@ -175,6 +189,112 @@ pub fn check(config: &Config, request: &RestoreRequest) -> Result<Checked, Resto
             "take the snapshot with `etcdctl snapshot save` from a member that serves",
         )
     })?;
+    let cluster_version =
+        not_newer(&versions, target.version).map_err(|(reason, fix)| refused(reason, &fix))?;
+    Ok(Checked {
+        cluster_version,
+        bytes,
+        db: file.clone(),
+        from_backup: false,
+    })
+}
+
+/// The checks of one of our backups named by `RESTORE_SNAPSHOT` (see the
+/// module doc); nothing is touched.
+fn check_backup(config: &Config, request: &RestoreRequest) -> Result<Checked, RestoreError> {
+    let dir = &request.file;
+    let refused = |reason: String, fix: &str| RestoreError::Refused {
+        file: dir.clone(),
+        reason,
+        fix: fix.to_string(),
+    };
+    let manifest = dir.join(backup::MANIFEST_FILE);
+    if !manifest.is_file() {
+        return Err(refused(
+            format!("a directory with no {}: not an etcd-migrate backup", backup::MANIFEST_FILE),
+            "name a snapshot file (`etcdctl snapshot save`) or a backup dir `etcd-migrate backup list` shows",
+        ));
+    }
+    let (whole, _, _, _) = hashes(&manifest)?;
+    if whole != request.sha256 {
+        return Err(refused(
+            format!(
+                "the sha256 of its {} is {whole}, not the {} RESTORE_SNAPSHOT_SHA256 gives",
+                backup::MANIFEST_FILE,
+                request.sha256
+            ),
+            &format!(
+                "give every member the same backup and `sha256sum {}`",
+                manifest.display()
+            ),
+        ));
+    }
+    backup::tool::verify(dir).map_err(|err| {
+        refused(
+            format!("it does not verify: {err}"),
+            "copy the backup again whole, or choose another",
+        )
+    })?;
+    let db = dir.join("member").join("snap").join("db");
+    if !db.is_file() {
+        return Err(refused(
+            "it holds no member/snap/db: etcd2 data, which no snapshot restore takes".to_string(),
+            &format!(
+                "put it back on one member with `{}`, then migrate that member to etcd3",
+                backup::tool::restore_command_line(&config.data_dir, dir)
+            ),
+        ));
+    }
+    let read = ondisk::read_with(
+        dir,
+        &ondisk::Want {
+            v3_keys: true,
+            ..ondisk::Want::default()
+        },
+    )
+    .map_err(|err| {
+        refused(
+            format!("its data cannot be read: {err}"),
+            "choose another backup",
+        )
+    })?;
+    if let Some(Err(why)) = read.v3_keys {
+        return Err(refused(
+            format!("its db is not the whole keyspace: {why}"),
+            &format!(
+                "put it back on one member with `{}`, start it, and take a snapshot with `etcdctl snapshot save`",
+                backup::tool::restore_command_line(&config.data_dir, dir)
+            ),
+        ));
+    }
+    let versions = ondisk::snapshot_versions(&db).map_err(|err| {
+        refused(
+            format!("its db is not one etcd can restore: {err}"),
+            "choose another backup",
+        )
+    })?;
+    let cluster_version = not_newer(&versions, config.target.version)
+        .map_err(|(reason, fix)| refused(reason, &fix))?;
+    let bytes = std::fs::metadata(&db)
+        .map_err(|source| RestoreError::Read {
+            file: db.clone(),
+            source,
+        })?
+        .len();
+    Ok(Checked {
+        cluster_version,
+        bytes,
+        db,
+        from_backup: true,
+    })
+}
+
+/// The snapshot's cluster version, unless it records a storage or
+/// cluster version newer than `target` (why, and what to do).
+fn not_newer(
+    versions: &ondisk::SnapshotVersions,
+    target: Version,
+) -> Result<Option<String>, (String, String)> {
     for (what, version) in [
         ("storage version", versions.storage_version.as_deref()),
         ("cluster version", versions.cluster_version.as_deref()),
@@ -182,20 +302,16 @@ pub fn check(config: &Config, request: &RestoreRequest) -> Result<Checked, Resto
         let Some(minor) = version.and_then(parse_minor) else {
             continue;
         };
-        if minor > target.version.minor_line() {
-            return Err(refused(
+        if minor > target.minor_line() {
+            return Err((
                 format!(
-                    "it records {what} {minor}, newer than the target {}: that release cannot serve it",
-                    target.version
+                    "it records {what} {minor}, newer than the target {target}: that release cannot serve it"
                 ),
-                &format!("restore with TARGET_VERSION {minor}.x or newer, then downgrade the cluster"),
+                format!("restore with TARGET_VERSION {minor}.x or newer, then downgrade the cluster"),
             ));
         }
     }
-    Ok(Checked {
-        cluster_version: versions.cluster_version,
-        bytes,
-    })
+    Ok(versions.cluster_version.clone())
 }
 
 /// `3.5.0` or `3.6` as its minor line.
@@ -288,7 +404,7 @@ impl MemberSettings {
 /// during the backup.
 pub async fn restore<T: Tools>(
     config: &Config,
-    request: &RestoreRequest,
+    (request, checked): (&RestoreRequest, &Checked),
     survey: &mut Survey,
     tools: &T,
     stop: StopCheck<'_>,
@@ -325,7 +441,7 @@ pub async fn restore<T: Tools>(
     let mut args = vec![
         "snapshot".to_string(),
         "restore".to_string(),
-        file.to_string_lossy().into_owned(),
+        checked.db.to_string_lossy().into_owned(),
         "--data-dir".to_string(),
         rebuilt.to_string_lossy().into_owned(),
         "--name".to_string(),
@@ -337,6 +453,9 @@ pub async fn restore<T: Tools>(
         "--initial-cluster-token".to_string(),
         token.clone(),
     ];
+    if checked.from_backup {
+        args.push("--skip-hash-check".to_string());
+    }
     let bumps = has_restore_bump(target.version);
     if bumps {
         args.extend([
