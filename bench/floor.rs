@@ -228,6 +228,10 @@ fn step_line(args: &HashMap<String, String>, etcd: &str) -> Result<(Vec<String>,
         member: &member,
         data_dir,
         new_cluster: false,
+        snapshot_every_entry: etcd_migrate::dialect::snapshots_every_entry(
+            etcd_migrate::ondisk::newest_snap_bytes(std::path::Path::new(data_dir)),
+            false,
+        ),
     };
     let client_url = spec.client_url();
     let mut flags = spec.args();

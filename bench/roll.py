@@ -44,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 NAMES = ("etcd-a", "etcd-b", "etcd-c")
@@ -94,9 +95,16 @@ class Http:
             self.conn.close()
             self.conn = None
 
-    def request(self, method, path, body=None):
-        """(ok, HTTP status or None, payload bytes or error text)."""
-        data = None if body is None else json.dumps(body).encode()
+    def request(self, method, path, body=None, form=None, ok_status=(200,)):
+        """(ok, HTTP status or None, payload bytes or error text). `body` is
+        sent as JSON, `form` (the v2 API's) form-encoded; a status outside
+        `ok_status` fails."""
+        if form is not None:
+            data = urllib.parse.urlencode(form).encode()
+            ctype = "application/x-www-form-urlencoded"
+        else:
+            data = None if body is None else json.dumps(body).encode()
+            ctype = "application/json"
         switched = retried = False
         while True:
             fresh = self.conn is None
@@ -105,7 +113,7 @@ class Http:
             full = (self.gateway + path) if path.startswith("/kv/") else path
             try:
                 self.conn.request(method, full, body=data,
-                                  headers={"Content-Type": "application/json"} if data else {})
+                                  headers={"Content-Type": ctype} if data else {})
                 r = self.conn.getresponse()
                 payload = r.read()
             except socket.timeout as e:
@@ -123,13 +131,25 @@ class Http:
                 switched = True
                 self.gateway = "/v3" if self.gateway == "/v3beta" else "/v3beta"
                 continue
-            if r.status != 200:
+            if r.status not in ok_status:
                 return False, r.status, payload[:300]
             return True, r.status, payload
 
     def put(self, key, value):
         ok, status, payload = self.request("POST", "/kv/put", {"key": b64(key), "value": b64(value)})
         if ok and b'"header"' not in payload:
+            return False, status, payload[:300]
+        return ok, status, payload
+
+    def put_v2(self, key, value, ttl=None):
+        """A put through the v2 API (`key` starts with '/'), with a TTL in
+        seconds if given (bench/pause.py's etcd2 data)."""
+        form = {"value": value}
+        if ttl:
+            form["ttl"] = str(ttl)
+        ok, status, payload = self.request("PUT", "/v2/keys" + urllib.parse.quote(key), form=form,
+                                           ok_status=(200, 201))
+        if ok and b'"node"' not in payload:
             return False, status, payload[:300]
         return ok, status, payload
 
@@ -216,9 +236,10 @@ class Prober(threading.Thread):
     whether or not the ones before have answered (up to `workers` in
     flight, each on its own keep-alive connection): a request that hangs
     until its deadline (a proposal dropped at a leader change) does not
-    hide the answers of those sent after it. Records (start, end, ok)."""
+    hide the answers of those sent after it. Records (start, end, ok).
+    `put(http, key, value)` is the put sent (default: the v3 gateway's)."""
 
-    def __init__(self, name, port, period, timeout, workers=64):
+    def __init__(self, name, port, period, timeout, workers=64, put=None):
         super().__init__(name=f"probe-{name}", daemon=True)
         self.key = f"/bench/probe/{name}"
         self.port = port
@@ -229,6 +250,7 @@ class Prober(threading.Thread):
         self.local = threading.local()
         self.conns = []
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"probe-{name}")
+        self.put = put or Http.put
 
     def one(self):
         h = getattr(self.local, "h", None)
@@ -236,7 +258,7 @@ class Prober(threading.Thread):
             h = self.local.h = Http(self.port, self.timeout)
             self.conns.append(h)
         s = time.monotonic()
-        ok, _, _ = h.put(self.key, "x")
+        ok, _, _ = self.put(h, self.key, "x")
         self.samples.append((s, time.monotonic(), ok, None))
 
     def run(self):

@@ -46,6 +46,39 @@
 #                         BENCH_LEASED as above)
 #   BENCH_ROLL_COMMIT     how the table names the build measured (default: the
 #                         checkout's commit, flagged when src/ has changes)
+#   BENCH_PAUSE=1         the pause bench instead (issue 28, item 9): per case, 3
+#                         members on loopback created at FROM under etcd-migrate,
+#                         data written, then each member's etcd-migrate restarted
+#                         with TARGET_VERSION=3.3.25 TARGET_STORAGE=etcd3
+#                         ALLOW_CLUSTER_PAUSE=1, one after the other (a rollout):
+#                         the writer's pause (first failed put -> first accepted
+#                         put after it) and the whole job (first restart -> every
+#                         member serves and records the target), against the
+#                         single-member step on the same data (a cluster of one
+#                         written the same way, migrated by etcd-migrate alone:
+#                         spawn -> its target accepts a put); every write the
+#                         writer got acknowledged is read back; writes
+#                         pause-<case>.{md,json} to BENCH_OUT (default
+#                         <repo>/bench/results) (bench/pause.py)
+#   BENCH_PAUSE_CASES=etcd2,3.4.23-3.3.25   etcd2: 3.3.25 etcd2 -> etcd3 (the
+#                         data written through the v2 API); F-T: etcd3 F -> T
+#                         (written through v3 by `floor seed`)
+#   BENCH_PAUSE_VARIANTS=cluster,step  one alone only logs its figures (to look
+#                         into one; no results written)
+#   BENCH_PAUSE_RUNS=1    rounds per case (each: the cluster and the step, on
+#                         fresh data, alternating which goes first)
+#   BENCH_PAUSE_KEYS=10000 small keys (BENCH_PAUSE_SMALL_BYTES=128 each), of which
+#                         BENCH_PAUSE_LEASED=1000 with a 1 h TTL (etcd2) or on
+#                         10 leases of 1 h (etcd3)
+#   BENCH_PAUSE_BIG=200000 big keys of BENCH_PAUSE_BIG_BYTES=1024
+#   BENCH_PAUSE_PORT=24200 first of the ports used (up to +34; keep them below
+#                         the ephemeral range)
+#   BENCH_PAUSE_DEADLINE_S=600  what a job, a seeding (or any wait) may take
+#                         before the round fails with the members' logs
+#   BENCH_PAUSE_SEED_CONNS=16  connections (8 puts pipelined on each) seeding
+#                         etcd2 data through the v2 API
+#   BENCH_PAUSE_COMMIT    how the table names the build measured (as
+#                         BENCH_ROLL_COMMIT)
 #
 # Needs: cargo (+ protoc for etcd-client), python3 (stdlib only), and
 # etcd-3.3.25, etcd-3.4.23, etcd-3.5.16 in the bin dir.
@@ -134,6 +167,21 @@ if [[ ${BENCH_ROLL:-0} == 1 ]]; then
     --keys "${BENCH_ROLL_KEYS:-1000}" --leased "${BENCH_LEASED:-100}" \
     --value-bytes "${BENCH_VALUE_BYTES:-512}" --poll-ms "$poll_ms" \
     ${BENCH_ROLL_COMMIT:+--commit-label "$BENCH_ROLL_COMMIT"}
+  exit 0
+fi
+if [[ ${BENCH_PAUSE:-0} == 1 ]]; then
+  pause_port=${BENCH_PAUSE_PORT:-24200}
+  echo "bench: scratch dir $work; ports $((pause_port + 1))-$((pause_port + 34))" >&2
+  "$python" "$repo/bench/pause.py" \
+    --root "$work" --bin-dir "$bin_dir" --migrate "$migrate" --floor "$floor" --repo "$repo" \
+    --out "${BENCH_OUT:-$repo/bench/results}" --runs "${BENCH_PAUSE_RUNS:-1}" \
+    --cases "${BENCH_PAUSE_CASES:-etcd2,3.4.23-3.3.25}" --variants "${BENCH_PAUSE_VARIANTS:-cluster,step}" \
+    --base-port "$pause_port" --deadline-s "${BENCH_PAUSE_DEADLINE_S:-600}" \
+    --keys "${BENCH_PAUSE_KEYS:-10000}" --leased "${BENCH_PAUSE_LEASED:-1000}" \
+    --small-bytes "${BENCH_PAUSE_SMALL_BYTES:-128}" \
+    --big "${BENCH_PAUSE_BIG:-200000}" --big-bytes "${BENCH_PAUSE_BIG_BYTES:-1024}" \
+    --seed-conns "${BENCH_PAUSE_SEED_CONNS:-16}" --poll-ms "$poll_ms" \
+    ${BENCH_PAUSE_COMMIT:+--commit-label "$BENCH_PAUSE_COMMIT"}
   exit 0
 fi
 echo "bench: scratch dir $work; ports client $client_port, peer $peer_port" >&2

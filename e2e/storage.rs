@@ -237,3 +237,52 @@ fn flat_ttl_leases_put_the_ttl_directory_under_one_hour_lease() {
         "keys without TTL outside the directory get no lease"
     );
 }
+
+/// Every TTL key with a TTL of its own, so a lease of its own: the copy
+/// that gets the leases must not snapshot its v2 store after each of those
+/// writes. With a snapshot after every entry, each lease cost a
+/// serialization of the whole v2 store: at 200k × 1 KiB (the pause bench
+/// of issue 28) 19 s a snapshot, and the step never ended.
+#[test]
+fn leases_for_many_ttls_are_attached_without_a_snapshot_per_write() {
+    const TTL_KEYS: i64 = 120;
+    let tmp = temp_dir("storage-many-ttls");
+    let data = tmp.path().join("data");
+    let member = Member::new("storage-many-ttls");
+    let keys: Vec<V2Key> = (0..TTL_KEYS)
+        .map(|i| {
+            V2Key::expiring(
+                format!("/registry/events/ns-0/event-{i:03}"),
+                format!("event {i}"),
+                600 + 10 * i,
+            )
+        })
+        .collect();
+    v2::build("3.3.25", &data, &member, tmp.path(), &[keys]);
+
+    let run = Migration::new("3.3.25", &data, &member)
+        .arg("--target-storage")
+        .arg("etcd3")
+        .run();
+    run.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.3.25/etcd3");
+    let leases: usize = run
+        .lines_with("leases attached")
+        .iter()
+        .filter_map(|line| crate::harness::migrator::field(line, "leases"))
+        .filter_map(|n| n.parse::<usize>().ok())
+        .sum();
+    assert!(
+        leases as i64 >= TTL_KEYS / 2,
+        "a lease per TTL (or two keys' expiry in one second): {leases}\n{}",
+        run.explain()
+    );
+    // The source's etcd snapshots after every entry (its store is small):
+    // at its start and after its health write. The copy's, never.
+    let snapshots = run.stderr.matches("saved snapshot at index").count();
+    assert!(
+        snapshots < 10,
+        "{snapshots} raft snapshots for {leases} leases: the copy snapshots per write\n{}",
+        run.explain()
+    );
+}

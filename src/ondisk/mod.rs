@@ -263,6 +263,24 @@ fn member_dir(data_dir: &Path) -> Option<PathBuf> {
 
 /// The names of the entries of `dir` (lossy UTF-8); none for a missing
 /// dir, which a fresh or partial data dir may lack.
+/// The size of the newest raft snapshot (`member/snap/*.snap`, the v2
+/// store and the membership) of the data in `data_dir`; 0 when there is
+/// none or it cannot be read (the size only tunes how a step's etcd
+/// runs).
+pub fn newest_snap_bytes(data_dir: &Path) -> u64 {
+    let dir = data_dir.join("member").join("snap");
+    let Ok(names) = file_names(&dir) else {
+        return 0;
+    };
+    // `<16 hex term>-<16 hex index>.snap`: the greatest name is the newest.
+    names
+        .iter()
+        .filter(|name| name.ends_with(".snap"))
+        .max()
+        .and_then(|name| std::fs::metadata(dir.join(name)).ok())
+        .map_or(0, |meta| meta.len())
+}
+
 fn file_names(dir: &Path) -> Result<Vec<String>, OnDiskError> {
     let io = |source| OnDiskError::Io {
         path: dir.to_path_buf(),

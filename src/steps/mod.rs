@@ -139,6 +139,10 @@ pub(crate) struct Run<'p> {
     /// The data is being walked down to this minor by etcd's downgrade
     /// (its cluster version may be there already).
     pub(crate) downgrading_to: Option<Minor>,
+    /// The step writes many entries through this etcd (a lease per TTL
+    /// key, every key of a copy): no snapshot after each
+    /// (`dialect::snapshots_every_entry`).
+    pub(crate) writes_many: bool,
 }
 
 impl Run<'_> {
@@ -262,12 +266,17 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     /// How `run`'s etcd is started: its release's flags on the shared
     /// settings.
     fn spec<'s>(&'s self, run: Run<'_>, data_dir: &'s str) -> StepEtcd<'s> {
+        let v2_snap_bytes = crate::ondisk::newest_snap_bytes(run.data_dir);
         StepEtcd {
             version: run.version,
             storage: run.storage,
             member: self.settings.member,
             data_dir,
             new_cluster: run.new_cluster,
+            snapshot_every_entry: crate::dialect::snapshots_every_entry(
+                v2_snap_bytes,
+                run.writes_many,
+            ),
         }
     }
 
@@ -778,6 +787,17 @@ pub(crate) fn run(version: Version, storage: Storage, data_dir: &Path) -> Run<'_
         data_dir,
         new_cluster: false,
         downgrading_to: None,
+        writes_many: false,
+    }
+}
+
+impl<'p> Run<'p> {
+    /// The same run, for a step that writes many entries through it.
+    pub(crate) fn writing_many(self) -> Run<'p> {
+        Run {
+            writes_many: true,
+            ..self
+        }
     }
 }
 

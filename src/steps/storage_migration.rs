@@ -113,7 +113,9 @@ async fn prove_converted<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     source: &Source,
     before: Option<&Fingerprint>,
 ) -> Result<Fingerprint, Failure> {
-    let mut serving = cx.start_serving(run(at, Storage::Etcd3, converted)).await?;
+    let mut serving = cx
+        .start_serving(run(at, Storage::Etcd3, converted).writing_many())
+        .await?;
     let plan = attach_leases(cx, &mut serving, source).await?;
     let after = verify_converted(cx, &mut serving, source, &plan, before).await?;
     log::info(

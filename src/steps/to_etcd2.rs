@@ -61,7 +61,7 @@ async fn build_v2_store<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
     before: &Fingerprint,
 ) -> Result<Fingerprint, Failure> {
     let mut serving = cx
-        .start_serving(run_new(to, Storage::Etcd2, rebuilt))
+        .start_serving(run_new(to, Storage::Etcd2, rebuilt).writing_many())
         .await?;
     let all: Vec<Entry> = read
         .entries
