@@ -300,6 +300,14 @@ mod tests {
     use super::*;
 
     fn step(version: &str, storage: Storage) -> Vec<String> {
+        step_snapshotting(version, storage, true)
+    }
+
+    fn step_snapshotting(
+        version: &str,
+        storage: Storage,
+        snapshot_every_entry: bool,
+    ) -> Vec<String> {
         let member = Member {
             name: "etcd-m1".to_string(),
             client_port: 18629,
@@ -315,7 +323,7 @@ mod tests {
             member: &member,
             data_dir: "/var/etcd/data",
             new_cluster: false,
-            snapshot_every_entry: true,
+            snapshot_every_entry,
         }
         .args()
     }
@@ -338,24 +346,7 @@ mod tests {
                 "{bytes} bytes, many {many}"
             );
         }
-        let member = Member {
-            name: "etcd-m1".to_string(),
-            client_port: 18629,
-            listen_peer_urls: "http://localhost:2380".to_string(),
-            initial_advertise_peer_urls: "http://localhost:2380".to_string(),
-            initial_cluster: "etcd-m1=http://localhost:2380".to_string(),
-            initial_cluster_token: "etcd-cluster".to_string(),
-            extra_args: Vec::new(),
-        };
-        let args = StepEtcd {
-            version: "3.3.25".parse().expect("version"),
-            storage: Storage::Etcd3,
-            member: &member,
-            data_dir: "/var/etcd/data",
-            new_cluster: false,
-            snapshot_every_entry: false,
-        }
-        .args();
+        let args = step_snapshotting("3.3.25", Storage::Etcd3, false);
         assert!(
             !args.iter().any(|a| a.starts_with("--snapshot-count")),
             "{args:?}"
