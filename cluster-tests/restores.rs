@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::harness::cluster::{Cluster, Style, START_DEADLINE, STOP_GRACE_S};
+use crate::harness::docker::first_to_log;
 use crate::harness::writer::{connect, runtime, REQUEST_DEADLINE};
 use crate::harness::{ready, say};
 
@@ -242,13 +243,24 @@ pub(crate) fn a_whole_cluster_is_restored_from_one_snapshot() {
     ));
 }
 
-/// Members that join by themselves (issue 29 item 3): a fourth member
-/// started on an empty data dir with `--initial-cluster-state existing`
-/// and nobody's `member add` adds itself and serves; then a member that
-/// lost its data (its volume replaced by an empty one, its stale entry
-/// still in the membership) removes that entry, adds itself again and
-/// serves. Writes go on throughout; the keyspace ends equal on every
-/// member.
+/// The line an entrypoint logs right after it added its member.
+const ADDED: &str = "added this member to the cluster";
+/// The line an entrypoint logs right after its learner was promoted.
+const PROMOTED: &str = "this member, joined as a learner, is a voter now";
+/// The line of a restart that finds a join as a learner cut short.
+const JOIN_AGAIN: &str = "a join as a learner died before its promotion was recorded";
+
+/// Members that join by themselves (issue 29 item 3), as learners (3.5):
+/// a fourth member started on an empty data dir with
+/// `--initial-cluster-state existing` and nobody's `member add` adds
+/// itself; SIGKILLed right after its add (a learner, its half-joined data
+/// never recorded), it is started again as the kubelet would, joins anew,
+/// is promoted and serves. Then a member that lost its data (its volume
+/// replaced by an empty one, its stale entry still in the membership)
+/// removes that entry, adds itself again, and is SIGKILLed right after
+/// its promotion; started again, it serves (as recorded, or joined anew
+/// if the kill beat the record). The membership ends with four voters,
+/// no stale entry, and every key on every member.
 pub(crate) fn members_join_by_themselves_new_and_after_losing_their_data() {
     let test = "self-join";
     let Some((started, mut cluster, _)) = three_with_keys(test) else {
@@ -256,62 +268,106 @@ pub(crate) fn members_join_by_themselves_new_and_after_losing_their_data() {
     };
 
     let d = cluster.add_member_by_itself("3.5.16");
+    kill_at_line(&cluster, d, ADDED);
     cluster.wait_healthy(d, START_DEADLINE);
-    let (membership, _) = cluster.membership(0);
-    assert_eq!(
-        membership.members.len(),
-        4,
-        "the fourth member added itself: {membership:?}"
-    );
+    let membership = wait_for_voters(&cluster, 4, START_DEADLINE);
     let ip_d = cluster.members[d].ip.clone();
     assert_eq!(
         count(&cluster, &ip_d, BEFORE).0,
         KEYS,
         "the new member holds the keyspace"
     );
+    let log_d = cluster.container(d).logs();
     assert_eq!(
-        cluster
-            .container(d)
-            .count_in_log("added this member to the cluster"),
+        log_d.matches(JOIN_AGAIN).count(),
         1,
-        "{}",
-        cluster.container(d).logs()
+        "the restart found the join cut short: {log_d}"
     );
+    assert_eq!(log_d.matches(PROMOTED).count(), 1, "{log_d}");
 
     let c = 2;
     let old_id = membership
-        .members
         .iter()
-        .find(|(_, (name, _, _))| *name == cluster.members[c].name)
-        .map(|(id, _)| *id)
+        .find(|m| m.0 == cluster.members[c].name)
+        .map(|m| m.1)
         .expect("etcd-c in the membership");
     cluster.wipe_and_rejoin(c, "3.5.16");
+    kill_at_line(&cluster, c, PROMOTED);
     cluster.wait_healthy(c, START_DEADLINE);
-    let (membership, _) = cluster.membership(0);
-    assert_eq!(
-        membership.members.len(),
-        4,
-        "still four members: {membership:?}"
-    );
+    let membership = wait_for_voters(&cluster, 4, START_DEADLINE);
     assert!(
-        !membership.members.contains_key(&old_id),
+        !membership.iter().any(|m| m.1 == old_id),
         "the stale entry {old_id:x} is gone: {membership:?}"
     );
-    assert_eq!(
-        cluster
-            .container(c)
-            .count_in_log("removed this member's stale entry"),
-        1,
-        "{}",
-        cluster.container(c).logs()
+    let log_c = cluster.container(c).logs();
+    assert!(
+        log_c.contains("removed this member's stale entry"),
+        "{log_c}"
     );
     let ip_c = cluster.members[c].ip.clone();
     put_keys(&cluster, &ip_c, AFTER);
     every_member_holds(&cluster, &[BEFORE, AFTER]);
     say(&format!(
-        "{test}: a member added itself, a wiped member replaced its stale entry; passed in {:.1} s",
+        "{test}: a member added itself (killed once as a learner), a wiped member replaced its stale entry (killed once after its promotion); {}; passed in {:.1} s",
+        if log_c.contains(JOIN_AGAIN) {
+            "the second kill beat its record: it joined anew"
+        } else {
+            "the second kill came after its record: it served as recorded"
+        },
         started.elapsed().as_secs_f64()
     ));
+}
+
+/// Member `i`'s entrypoint SIGKILLed (with its etcd) right after it logs
+/// `line`, then its container started again as the kubelet would.
+fn kill_at_line(cluster: &Cluster, i: usize, line: &str) {
+    let container = cluster.container(i);
+    if first_to_log(&[container], line, START_DEADLINE).is_none() {
+        panic!(
+            "{} never logged {line:?} within {START_DEADLINE:?}; its log:\n{}",
+            cluster.members[i].name,
+            container.logs()
+        );
+    }
+    container.kill();
+    say(&format!(
+        "{} SIGKILLed right after {line:?}",
+        cluster.members[i].name
+    ));
+    container.start();
+}
+
+/// Waits until member 0 lists `size` members, every one a started voter
+/// (no learner, no unnamed entry); returns them as (name, id).
+fn wait_for_voters(cluster: &Cluster, size: usize, deadline: Duration) -> Vec<(String, u64)> {
+    let pki = cluster.client.clone();
+    let ip = cluster.members[0].ip.clone();
+    let started = Instant::now();
+    loop {
+        let listed: Vec<(String, u64, bool)> = runtime().block_on(async {
+            let mut c = connect(&pki, &ip).await.unwrap_or_else(|e| panic!("{e}"));
+            let resp = tokio::time::timeout(REQUEST_DEADLINE, c.member_list())
+                .await
+                .unwrap_or_else(|_| panic!("member list from {ip}: no answer in time"))
+                .unwrap_or_else(|e| panic!("member list from {ip}: {e}"));
+            resp.members()
+                .iter()
+                .map(|m| (m.name().to_string(), m.id(), m.is_learner()))
+                .collect()
+        });
+        if listed.len() == size
+            && listed
+                .iter()
+                .all(|(name, _, learner)| !name.is_empty() && !learner)
+        {
+            return listed.into_iter().map(|(name, id, _)| (name, id)).collect();
+        }
+        assert!(
+            started.elapsed() < deadline,
+            "not {size} started voters within {deadline:?}: {listed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 /// A cluster that lost its quorum (issue 29 item 2): 3 members at 3.5.16,
@@ -390,6 +446,8 @@ pub(crate) fn a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor() {
     for i in 1..3 {
         cluster.run_member(i, "3.5.16");
         cluster.wait_healthy(i, START_DEADLINE);
+        // Each joins as a learner: serving reads once promoted.
+        wait_for_voters(&cluster, i + 1, START_DEADLINE);
     }
     let (membership, _) = cluster.membership(0);
     assert_eq!(

@@ -62,6 +62,19 @@ pub const PAUSE_FILE: &str = ".etcd-migrate.pause";
 /// The temporary name the pause record is written under.
 const PAUSE_TEMP_FILE: &str = ".etcd-migrate.pause.tmp";
 
+/// The record of a join as a learner in progress (issue 29 item 3): an
+/// exec'd member that added itself as a learner runs its etcd under our
+/// supervision until it is promoted, and only then records the target in
+/// `version.txt`. Written, fsynced, before the add; removed after that
+/// record. While it is there without a `version.txt`, the data dir's
+/// `member/` is the half-joined copy an earlier start received (never
+/// recorded, from a member that counted for no quorum or is replaced):
+/// the next start discards it and joins again.
+pub const JOINING_FILE: &str = ".etcd-migrate.joining";
+
+/// The temporary name the join's record is written under.
+const JOINING_TEMP_FILE: &str = ".etcd-migrate.joining.tmp";
+
 /// The temporary name the force's record is written under.
 const FORCED_TEMP_FILE: &str = ".etcd-migrate.forced.tmp";
 
@@ -75,11 +88,13 @@ pub const WORK_DIR: &str = ".etcd-migrate.work";
 
 /// Entries that do not make a data dir "non-empty": a filesystem's
 /// `lost+found` at the root of a volume, and our own leftovers.
-const IGNORED_ENTRIES: [&str; 4] = [
+const IGNORED_ENTRIES: [&str; 6] = [
     "lost+found",
     VERSION_TEMP_FILE,
     WORK_DIR,
     RESTART_MARK_TEMP_FILE,
+    JOINING_FILE,
+    JOINING_TEMP_FILE,
 ];
 
 /// What the data dir holds, as far as planning is concerned.
@@ -307,11 +322,16 @@ pub fn inspect(dir: &Path) -> Result<DirState, DataDirError> {
                 })
         }
         Err(VersionFileError::Missing) => {
+            // A join that died before its promotion: its `member/` is
+            // discarded by the next run (`recover_interrupted_join`), so
+            // the data dir is as empty as it was before the join.
+            let joining = dir.join(JOINING_FILE).exists();
             let mut entries = Vec::new();
             for entry in fs::read_dir(dir).map_err(io_err("list data dir", dir))? {
                 let entry = entry.map_err(io_err("list data dir", dir))?;
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if !IGNORED_ENTRIES.contains(&name.as_str()) {
+                let half_joined = joining && name == "member";
+                if !(IGNORED_ENTRIES.contains(&name.as_str()) || half_joined) {
                     entries.push(name);
                 }
             }
@@ -650,6 +670,66 @@ pub fn write_forced(dir: &Path, json: &str) -> Result<(), DataDirError> {
     )
 }
 
+/// Writes the record of a join as a learner ([`JOINING_FILE`]), durably,
+/// before the member adds itself.
+pub fn write_joining(dir: &Path, json: &str) -> Result<(), DataDirError> {
+    replace_file(
+        dir,
+        JOINING_TEMP_FILE,
+        JOINING_FILE,
+        format!("{json}\n").as_bytes(),
+    )
+}
+
+/// Records `pair` in `version.txt`, then removes the join's record (in
+/// that order: a crash between leaves a record beside a `version.txt`,
+/// which says the join was done).
+pub fn record_joined(dir: &Path, pair: VersionPair) -> Result<(), DataDirError> {
+    write_version(dir, pair)?;
+    remove_durably(dir, JOINING_FILE)
+}
+
+/// After a join as a learner that died (see [`JOINING_FILE`]): with a
+/// `version.txt`, the join was done and only its record is removed;
+/// without one, the half-joined `member/` is removed first (fsynced), then
+/// the record, and the data dir is empty again for the join to start over
+/// (its stale entry in the membership is replaced as a lost member's is).
+/// Call under the lock.
+pub fn recover_interrupted_join(dir: &Path) -> Result<(), DataDirError> {
+    if !dir.join(JOINING_FILE).exists() {
+        return Ok(());
+    }
+    if !dir.join(VERSION_FILE).exists() {
+        let member = dir.join("member");
+        let removed = match fs::remove_dir_all(&member) {
+            Ok(()) => {
+                durable::fsync_dir(dir).map_err(|err| DataDirError::Io {
+                    op: err.op,
+                    path: err.path,
+                    source: err.source,
+                })?;
+                true
+            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => false,
+            Err(source) => {
+                return Err(DataDirError::Io {
+                    op: "remove",
+                    path: member,
+                    source,
+                })
+            }
+        };
+        crate::log::info(
+            "a join as a learner died before its promotion was recorded: the member joins again, on an empty data dir",
+            &[
+                ("half_joined_data_removed", removed.into()),
+                ("path", member.display().to_string().into()),
+            ],
+        );
+    }
+    remove_durably(dir, JOINING_FILE)
+}
+
 /// The pause job's record ([`PAUSE_FILE`]), raw, if there is one.
 pub fn read_pause(dir: &Path) -> Result<Option<Vec<u8>>, DataDirError> {
     let path = dir.join(PAUSE_FILE);
@@ -890,6 +970,59 @@ mod tests {
         assert!(
             !dir.join(VERSION_TEMP_FILE).exists(),
             "the temp file is renamed away"
+        );
+    }
+
+    #[test]
+    fn a_join_that_died_before_its_record_is_started_over_and_one_that_recorded_is_kept() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path();
+        // Died as a learner: the record and the half-joined `member/`.
+        write_joining(dir, r#"{"target":"3.5.16/etcd3"}"#).expect("record");
+        fs::create_dir_all(dir.join("member/wal")).expect("mkdir");
+        fs::write(dir.join("member/wal/0.wal"), "x").expect("write");
+        assert_eq!(
+            inspect(dir).expect("inspects"),
+            DirState::Empty,
+            "a half-joined member/ is no data of the member's"
+        );
+        recover_interrupted_join(dir).expect("recovers");
+        assert!(!dir.join("member").exists(), "the half-joined data is gone");
+        assert!(!dir.join(JOINING_FILE).exists(), "and its record");
+        assert_eq!(inspect(dir).expect("inspects"), DirState::Empty);
+
+        // Died after version.txt recorded the promoted member: kept.
+        write_joining(dir, r#"{"target":"3.5.16/etcd3"}"#).expect("record");
+        fs::create_dir_all(dir.join("member/wal")).expect("mkdir");
+        write_version(dir, pair("3.5.16/etcd3")).expect("version");
+        recover_interrupted_join(dir).expect("recovers");
+        assert!(dir.join("member/wal").exists(), "the joined data is kept");
+        assert!(!dir.join(JOINING_FILE).exists());
+        assert_eq!(
+            inspect(dir).expect("inspects"),
+            DirState::Recorded(pair("3.5.16/etcd3"))
+        );
+
+        // No record: a member/ without version.txt is still refused.
+        fs::remove_file(dir.join(VERSION_FILE)).expect("rm");
+        recover_interrupted_join(dir).expect("nothing to recover");
+        assert!(
+            dir.join("member/wal").exists(),
+            "never removed without the record"
+        );
+        assert!(matches!(inspect(dir), Err(DataDirError::Unrecorded { .. })));
+    }
+
+    #[test]
+    fn record_joined_writes_the_version_before_removing_the_record() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path();
+        write_joining(dir, "{}").expect("record");
+        record_joined(dir, pair("3.4.23/etcd3")).expect("records");
+        assert!(!dir.join(JOINING_FILE).exists());
+        assert_eq!(
+            inspect(dir).expect("inspects"),
+            DirState::Recorded(pair("3.4.23/etcd3"))
         );
     }
 

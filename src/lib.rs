@@ -178,6 +178,9 @@ pub enum Error {
     /// 29; nothing was started).
     #[error(transparent)]
     SelfJoin(#[from] cluster::self_join::SelfJoinError),
+    /// A join as a learner, after the add.
+    #[error(transparent)]
+    Learner(#[from] cluster::self_join::LearnerError),
     /// The restore from a snapshot (issue 29) was refused or failed.
     #[error(transparent)]
     Restore(#[from] restore::RestoreError),
@@ -214,6 +217,7 @@ impl Error {
             Error::Cluster(err) => err.exit_code(),
             Error::Restore(err) if err.is_refusal() => EXIT_PRECONDITION,
             Error::SelfJoin(_) => EXIT_PRECONDITION,
+            Error::Learner(err) => err.exit_code(),
             Error::Restore(_) => EXIT_STEP_FAILED,
             Error::PauseEntry(_) => EXIT_PRECONDITION,
             Error::Pause(cluster::pause::run::PauseError::Interrupted(signal)) => {
@@ -351,10 +355,15 @@ pub fn run(config: &Config, original_mask: SigSet) -> Result<Outcome, Error> {
     // A member that added itself to a live cluster starts with the
     // membership as it is now (`--initial-cluster`, appended last).
     let joined = if plan.is_fresh() && config.mode != Mode::DryRun {
-        check_join(config)?
+        check_join(config, &mut survey)?
     } else {
         None
     };
+    if let Some(joined) = joined.as_ref().filter(|j| j.learner) {
+        log_plan(config, &plan, &config.member, &bundle);
+        return join_as_learner(config, joined, survey, original_mask);
+    }
+    let joined = joined.map(|j| j.initial_cluster);
     let recorded_name = match survey.on_disk() {
         Some(on_disk) if plan.is_recorded() && (!plan.is_noop() || plan.cluster.is_some()) => {
             preconditions::check_recorded_data(config, &plan, on_disk)?
@@ -594,7 +603,10 @@ fn offline_baseline(plan: &Plan, on_disk: Option<&OnDisk>) -> Option<baseline::O
 /// names other members, they are asked their cluster version, and the
 /// target must fit it (`cluster::join`). Nobody answering means a cluster
 /// being bootstrapped.
-fn check_join(config: &Config) -> Result<Option<String>, Error> {
+fn check_join(
+    config: &Config,
+    survey: &mut Survey,
+) -> Result<Option<cluster::self_join::Joined>, Error> {
     let args = config.member_args();
     let initial_cluster = config::flag_in_args(&args, "initial-cluster").unwrap_or_default();
     let name = config::flag_in_args(&args, "name").unwrap_or_default();
@@ -629,6 +641,22 @@ fn check_join(config: &Config) -> Result<Option<String>, Error> {
     let peer_urls = cluster::settings::url_list(&args, &env, "initial-advertise-peer-urls");
     let client_urls = cluster::settings::url_list(&args, &env, "advertise-client-urls");
     let client_tls = cluster::settings::client_tls(&args, &env, &client_urls)?;
+    // A learner where the release has them and this run stays beside its
+    // etcd to promote it (not `--no-exec`, which exits before etcd runs:
+    // a voter then, as `etcdctl member add` makes it). Its record first,
+    // so that a start after a crash knows whose `member/` it finds.
+    let as_learner = matches!(config.mode, Mode::Exec { .. })
+        && cluster::self_join::joins_as_learner(config.target.version);
+    if as_learner {
+        survey.make_ready()?;
+        let record = serde_json::json!({
+            "target": config.target.to_string(),
+            "name": name,
+            "peer_urls": peer_urls,
+            "since": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        });
+        datadir::write_joining(&config.data_dir, &record.to_string())?;
+    }
     let joined = runtime.block_on(cluster::self_join::add_self(
         &others,
         &name,
@@ -636,11 +664,62 @@ fn check_join(config: &Config) -> Result<Option<String>, Error> {
         peer_tls.as_ref(),
         client_tls.as_ref(),
         cluster::join::PROBE_TIMEOUT * 2,
-        // A voter: the etcd this member runs is exec'd, and no one would
-        // be left to promote a learner.
-        false,
+        as_learner,
     ))?;
-    Ok(Some(joined.initial_cluster))
+    Ok(Some(joined))
+}
+
+/// A member that added itself as a learner ([`check_join`]): its etcd
+/// runs as our child with the membership's `--initial-cluster` until etcd
+/// promotes it, and `version.txt` records the target only then (until
+/// then the join's record says the data is half-joined: a restart joins
+/// again). Then it serves under our supervision, as a rolled member does,
+/// and we exit with its code.
+fn join_as_learner(
+    config: &Config,
+    joined: &cluster::self_join::Joined,
+    survey: Survey,
+    original_mask: SigSet,
+) -> Result<Outcome, Error> {
+    let Mode::Exec { etcd_args } = &config.mode else {
+        return Err(Error::Runtime(
+            "a learner's join needs the exec mode".to_string(),
+        ));
+    };
+    let runtime = async_runtime()?;
+    let supervisor = Supervisor::start(original_mask)?;
+    let lock = survey.into_lock()?;
+    binaries::check_present(&config.bin_dir, &[Binary::etcd(config.target.version)])?;
+    log::info(
+        "this member joins as a learner: its etcd runs under etcd-migrate until it is promoted, then serves",
+        &[("initial_cluster", joined.initial_cluster.as_str().into())],
+    );
+    let mut etcd = cluster::member::SupervisedEtcd::new(
+        supervisor.clone(),
+        &config.bin_dir,
+        etcd_args,
+        &config.data_dir,
+        config.listen_client_urls.as_deref(),
+        cluster::entry::STOP_GRACE,
+    )
+    .with_arg(&format!("--initial-cluster={}", joined.initial_cluster));
+    let args = config.member_args();
+    let env = |name: &str| std::env::var(name).ok();
+    let client_urls = cluster::settings::url_list(&args, &env, "advertise-client-urls");
+    let client_tls = cluster::settings::client_tls(&args, &env, &client_urls)?;
+    let ended = runtime.block_on(cluster::self_join::promote_then_serve(
+        &mut etcd,
+        (joined, config.target.version),
+        client_tls.as_ref(),
+        config.health_timeout,
+        supervisor.termination(),
+        || datadir::record_joined(&config.data_dir, config.target),
+    ))?;
+    drop(lock);
+    Ok(Outcome::ExitCode(cluster::entry::exit_code(
+        ended,
+        &config.data_dir,
+    )))
 }
 
 /// Logs each setting whose flag won over a different env var.

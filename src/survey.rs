@@ -81,7 +81,9 @@ pub fn glance(dir: &Path, restoring: bool, forcing: bool) -> Result<Glance, Prec
         || dir.join(datadir::VERSION_TEMP_FILE).exists()
         || dir.join(datadir::RESTART_MARK_FILE).exists()
         // A member in a whole-cluster pause job carries on with the job.
-        || dir.join(datadir::PAUSE_FILE).exists();
+        || dir.join(datadir::PAUSE_FILE).exists()
+        // A join as a learner died before it was recorded.
+        || dir.join(datadir::JOINING_FILE).exists();
     let state = preconditions::check_not_held(datadir::inspect(dir))?;
     let restored = restoring.then(|| datadir::read_restored(dir)).flatten();
     let forced = forcing && datadir::forced(dir);
@@ -119,6 +121,7 @@ impl Survey {
             if glance.interrupted {
                 datadir::remove_stale_version_temp(&dir)?;
                 swap::recover_interrupted_swap(&dir)?;
+                datadir::recover_interrupted_join(&dir)?;
             }
             Some(lock)
         } else {

@@ -38,7 +38,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// What our etcd's graceful stop may take before SIGKILL (a leader hands
 /// over first; a large WAL is synced). Well under the lock's TTL: nothing
 /// refreshes the lock while the stop runs.
-const STOP_GRACE: Duration = Duration::from_secs(20);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(20);
 
 /// Why the cluster mode could not run, or how it failed.
 #[derive(Debug, thiserror::Error)]
@@ -419,7 +419,7 @@ fn back_up(
 
 /// The exit code of the member's etcd, as if it had been exec'd: its own
 /// code, or 128 + the signal that ended it.
-fn exit_code(ended: Ended, data_dir: &Path) -> u8 {
+pub(crate) fn exit_code(ended: Ended, data_dir: &Path) -> u8 {
     let status = match ended {
         Ended::Exited(status) => {
             log::info(

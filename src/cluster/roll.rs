@@ -1158,7 +1158,7 @@ async fn pause(round: Duration, termination: &mut watch::Receiver<Option<Signal>
 
 /// After the roll: our etcd serves until it exits, or a stop request comes
 /// (then it is stopped gracefully, and we report the signal).
-async fn serve<E: MemberEtcd>(
+pub(crate) async fn serve<E: MemberEtcd>(
     etcd: &mut E,
     termination: &mut watch::Receiver<Option<Signal>>,
 ) -> Result<Ended, RollError> {

@@ -18,16 +18,35 @@
 //! once etcd says it caught up: until then it counts for no quorum, so a
 //! joiner that dies half-joined costs the cluster nothing.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
 
 use crate::cluster::client::{self, ClientError};
 use crate::cluster::decide::Member;
 use crate::cluster::join::Peer;
+use crate::cluster::member::SupervisedEtcd;
 use crate::cluster::peer::{error_text, PeerClient, TlsFiles};
+use crate::cluster::roll::{self, Ended, MemberEtcd};
+use crate::datadir::DataDirError;
 use crate::log;
+use crate::supervisor::{ExitStatus, SupervisorError};
+use crate::version::Version;
 
 /// How long a member add refused as "unhealthy cluster" is asked again.
 const UNHEALTHY_RETRY: Duration = Duration::from_secs(60);
+/// The pause between two promotes of a learner that has not caught up.
+const PROMOTE_EVERY: Duration = Duration::from_millis(200);
+/// How often an unchanged wait for the promotion is reported again.
+const PROGRESS_EVERY: Duration = Duration::from_secs(15);
+
+/// Whether a member joining a cluster of `target` joins as a learner
+/// (etcd has learners from 3.4 on), where a caller stays to promote it
+/// (the pause job's joiners, and an exec'd member's self-join).
+pub fn joins_as_learner(target: Version) -> bool {
+    target >= Version::new(3, 4, 0)
+}
 
 /// This member in its cluster after the join: its id, and the
 /// `--initial-cluster` etcd must start with to join it (every member's
@@ -41,6 +60,9 @@ pub struct Joined {
     pub initial_cluster: String,
     /// Added as a learner: promote it once its etcd runs ([`try_promote`]).
     pub learner: bool,
+    /// The client URLs of the other started members (where a promote is
+    /// asked).
+    pub endpoints: Vec<String>,
 }
 
 /// `name=url,...` of `members` (id, name, peer URLs), ours (`own_id`,
@@ -193,6 +215,18 @@ pub async fn add_self(
         });
     };
     let what = change(&members, name, peer_urls)?;
+    // The others' client URLs, one at a time: a client balancing over all
+    // of them sends a call to one that is down (our own stale entry's
+    // above all) and fails it.
+    let ours = match what {
+        Change::Replace { id } | Change::AddedAlready { id, .. } => Some(id),
+        Change::Add => None,
+    };
+    let endpoints: Vec<String> = members
+        .iter()
+        .filter(|m| !m.name.is_empty() && Some(m.id) != ours)
+        .flat_map(|m| m.client_urls.iter().cloned())
+        .collect();
     if let Change::AddedAlready { id, learner } = what {
         log::info(
             "this member is in the membership already, never started: joining as it is",
@@ -209,20 +243,9 @@ pub async fn add_self(
             id,
             initial_cluster: initial_cluster(&list, id, name),
             learner,
+            endpoints,
         });
     }
-    // The others' client URLs, one at a time: a client balancing over all
-    // of them sends a call to one that is down (our own stale entry's
-    // above all) and fails it.
-    let ours = match what {
-        Change::Replace { id } => Some(id),
-        _ => None,
-    };
-    let endpoints: Vec<String> = members
-        .iter()
-        .filter(|m| !m.name.is_empty() && Some(m.id) != ours)
-        .flat_map(|m| m.client_urls.iter().cloned())
-        .collect();
     let mut last = None;
     for endpoint in &endpoints {
         let asked = Asked {
@@ -231,7 +254,10 @@ pub async fn add_self(
             as_learner,
         };
         match membership_change(endpoint, client_tls, timeout, what.clone(), &asked).await {
-            Ok(joined) => return Ok(joined),
+            Ok(mut joined) => {
+                joined.endpoints.clone_from(&endpoints);
+                return Ok(joined);
+            }
             Err(err) => {
                 log::warn(
                     "a member could not make the membership change; trying the next",
@@ -330,6 +356,7 @@ async fn membership_change(
         id,
         initial_cluster: initial_cluster(&list, id, name),
         learner: as_learner,
+        endpoints: Vec::new(),
     })
 }
 
@@ -363,13 +390,8 @@ pub async fn try_promote(
                 }
             };
         match api.member_promote(id).await {
-            Ok(_) => {
-                log::info(
-                    "learner promoted to a voter",
-                    &[("id", format!("{id:x}").into())],
-                );
-                return Ok(Promoted::Done);
-            }
+            // The caller says it, once, in its own words.
+            Ok(_) => return Ok(Promoted::Done),
             Err(err) => {
                 let answer = error_text(&err);
                 if promoted_already(&answer) {
@@ -388,6 +410,152 @@ pub async fn try_promote(
     }
     Ok(Promoted::NotYet(last))
 }
+
+/// Why an exec'd member's join as a learner ended before it served as a
+/// voter. Its etcd is stopped; the join's record stays in the data dir, so
+/// the next start discards the half-joined data and joins again.
+#[derive(Debug, thiserror::Error)]
+pub enum LearnerError {
+    /// Not caught up within the deadline.
+    #[error("this member, added as learner {id:x}, was not promoted to a voter within {deadline:?} ({why}); its etcd is stopped and its entry stays a learner, which counts for no quorum; start the member again to join anew (its half-joined data is discarded), give a large keyspace's first sync more time with --health-timeout, or remove the entry (etcdctl member remove {id:x})")]
+    NotPromoted {
+        /// Our member id.
+        id: u64,
+        /// The deadline (the health timeout).
+        deadline: Duration,
+        /// etcd's last answer.
+        why: String,
+    },
+    /// Our etcd exited before its promotion.
+    #[error("this member's etcd {release}, added as learner {id:x}, exited {status} before its promotion (its own log above says why); start the member again to join anew (its half-joined data is discarded)")]
+    Exited {
+        /// The release.
+        release: Version,
+        /// Our member id.
+        id: u64,
+        /// How it exited.
+        status: ExitStatus,
+    },
+    /// Our entry is gone (removed by someone while we joined).
+    #[error("{0}; start the member again to join anew")]
+    Removed(SelfJoinError),
+    /// Stopped before the promotion.
+    #[error("stopped by {0} while this member, a learner, caught up; the next start joins again")]
+    Interrupted(Signal),
+    /// Starting, stopping or watching our etcd.
+    #[error("this member's etcd, joining as a learner: {0}")]
+    Supervisor(#[from] SupervisorError),
+    /// The record after the promotion (a voter now, still serving until
+    /// stopped).
+    #[error("this member was promoted to a voter, but recording the target failed: {0}; its etcd is stopped, and the next start joins again")]
+    Record(#[from] DataDirError),
+    /// Serving after the promotion.
+    #[error(transparent)]
+    Serve(#[from] roll::RollError),
+}
+
+impl LearnerError {
+    /// 128 + the signal when stopped, else 1 (a run that started etcd).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            LearnerError::Interrupted(signal) => crate::signal_exit_code(*signal),
+            _ => crate::EXIT_FAILURE,
+        }
+    }
+}
+
+/// The exec'd member that added itself as a learner (`joined`): its etcd
+/// (`release`, with the membership's `--initial-cluster` in its arguments)
+/// runs as our child until etcd promotes it to a voter, asked every
+/// [`PROMOTE_EVERY`] through the other members within `deadline`; then
+/// `record` writes `version.txt` (the release has run on the data as a
+/// member), and the etcd serves until it exits or a stop request comes.
+pub async fn promote_then_serve(
+    etcd: &mut SupervisedEtcd,
+    (joined, release): (&Joined, Version),
+    client_tls: Option<&TlsFiles>,
+    deadline: Duration,
+    mut termination: watch::Receiver<Option<Signal>>,
+    record: impl FnOnce() -> Result<(), DataDirError>,
+) -> Result<Ended, LearnerError> {
+    etcd.start(release).await?;
+    let started = Instant::now();
+    let mut said = None::<Instant>;
+    loop {
+        if let Some(signal) = *termination.borrow() {
+            stop_quietly(etcd).await;
+            return Err(LearnerError::Interrupted(signal));
+        }
+        if let Some(status) = etcd.exited() {
+            return Err(LearnerError::Exited {
+                release,
+                id: joined.id,
+                status,
+            });
+        }
+        let why = match try_promote(&joined.endpoints, client_tls, PROBE, joined.id).await {
+            Ok(Promoted::Done) => break,
+            Ok(Promoted::NotYet(why)) => why,
+            Err(err) => {
+                stop_quietly(etcd).await;
+                return Err(LearnerError::Removed(err));
+            }
+        };
+        if started.elapsed() > deadline {
+            stop_quietly(etcd).await;
+            return Err(LearnerError::NotPromoted {
+                id: joined.id,
+                deadline,
+                why,
+            });
+        }
+        if said.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
+            said = Some(Instant::now());
+            log::info(
+                "waiting for this member, a learner, to catch up with the leader before its promotion",
+                &[
+                    ("id", format!("{:x}", joined.id).into()),
+                    ("etcd", why.into()),
+                    ("ms", log::ms(started.elapsed())),
+                ],
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(PROMOTE_EVERY) => {}
+            _ = termination.changed() => {}
+        }
+    }
+    log::info(
+        "this member, joined as a learner, is a voter now",
+        &[
+            ("id", format!("{:x}", joined.id).into()),
+            ("ms", log::ms(started.elapsed())),
+        ],
+    );
+    if let Err(err) = record() {
+        stop_quietly(etcd).await;
+        return Err(LearnerError::Record(err));
+    }
+    log::info(
+        "this member joined its cluster; version.txt records its release",
+        &[("version", release.to_string().into())],
+    );
+    Ok(roll::serve(etcd, &mut termination).await?)
+}
+
+/// Stops our etcd for an error the caller reports: a failed stop is said
+/// beside that error, not instead of it.
+async fn stop_quietly(etcd: &mut SupervisedEtcd) {
+    if let Err(err) = etcd.stop().await {
+        log::warn(
+            "this member's etcd did not stop cleanly",
+            &[("error", err.to_string().into())],
+        );
+    }
+}
+
+/// What one promote may take.
+const PROBE: Duration = Duration::from_secs(5);
 
 /// etcd's answer to a promote of a member that is no learner (any more).
 fn promoted_already(answer: &str) -> bool {

@@ -63,9 +63,7 @@ use crate::version::VersionPair;
 /// release with learners (3.4+). A learner counts for no quorum until it
 /// is promoted, so a joiner that dies half-joined costs the converted
 /// cluster nothing; before 3.4 it joins as a voter, one at a time.
-pub fn joins_as_learner(target: crate::version::Version) -> bool {
-    target >= crate::version::Version::new(3, 4, 0)
-}
+pub use crate::cluster::self_join::joins_as_learner;
 
 /// One job: one cluster (by its id before the job) going to one target.
 #[derive(Debug, Clone, PartialEq, Eq)]
