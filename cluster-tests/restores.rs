@@ -340,8 +340,18 @@ fn kill_at_line(cluster: &Cluster, i: usize, line: &str) {
 /// Waits until member 0 lists `size` members, every one a started voter
 /// (no learner, no unnamed entry); returns them as (name, id).
 fn wait_for_voters(cluster: &Cluster, size: usize, deadline: Duration) -> Vec<(String, u64)> {
+    wait_for_voters_through(cluster, 0, size, deadline)
+}
+
+/// [`wait_for_voters`], as member `through` lists them.
+fn wait_for_voters_through(
+    cluster: &Cluster,
+    through: usize,
+    size: usize,
+    deadline: Duration,
+) -> Vec<(String, u64)> {
     let pki = cluster.client.clone();
-    let ip = cluster.members[0].ip.clone();
+    let ip = cluster.members[through].ip.clone();
     let started = Instant::now();
     loop {
         let listed: Vec<(String, u64, bool)> = runtime().block_on(async {
@@ -370,16 +380,18 @@ fn wait_for_voters(cluster: &Cluster, size: usize, deadline: Duration) -> Vec<(S
     }
 }
 
-/// A cluster that lost its quorum (issue 29 item 2): 3 members at 3.5.16,
-/// keys written. First, `FORCE_NEW_CLUSTER=1` on a member while the
-/// others serve is refused (exit 2, nothing touched). Then two members
-/// are lost with their data; the survivor, restarted with the setting,
-/// becomes a cluster of one with every key, takes writes, and the two
-/// join it again by themselves on empty data dirs. Restarted with the
-/// setting left, the survivor does not force again.
+/// A cluster that lost its quorum (issue 29 items 2 and 4): 3 members at
+/// 3.5.16, keys written. First, `FORCE_NEW_CLUSTER=1` on a member while
+/// the others serve is refused (exit 2, nothing touched). Then one member
+/// is lost with its data, and the two survivors are both restarted with
+/// the setting at once (a manifest edited on both): exactly one forces a
+/// cluster of one with every key and takes writes; the other refuses
+/// (exit 2, its data as it was), never a second cluster. The one that
+/// yielded and the lost one then join by themselves on empty data dirs.
+/// Restarted with the setting left, the survivor does not force again.
 pub(crate) fn a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor() {
     let test = "force-new";
-    let Some((started, mut cluster, ip0)) = three_with_keys(test) else {
+    let Some((started, mut cluster, _)) = three_with_keys(test) else {
         return;
     };
     let force = vec!["-e".to_string(), "FORCE_NEW_CLUSTER=1".to_string()];
@@ -403,72 +415,99 @@ pub(crate) fn a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor() {
         cluster.container(0).logs()
     );
 
-    cluster.lose_data(1);
+    // Member 2 is lost; 0 (down since its refusal) and 1 are restarted
+    // with the setting at once.
     cluster.lose_data(2);
+    cluster.container(1).stop(STOP_GRACE_S);
     let forcing = Instant::now();
     cluster.run_member(0, "3.5.16");
-    // The etcd that forces serves for a moment before it is stopped and
-    // the member's own etcd starts: wait for the force's record first.
-    while cluster
-        .container(0)
-        .count_in_log("forced a new cluster of this member alone")
-        == 0
-    {
-        if let crate::harness::docker::State::Exited(code) = cluster.container(0).state() {
-            panic!(
-                "the survivor exited {code}:\n{}",
-                cluster.container(0).logs()
+    cluster.run_member(1, "3.5.16");
+    const FORCED: &str = "forced a new cluster of this member alone";
+    let (winner, loser) = loop {
+        let forced: Vec<usize> = (0..2)
+            .filter(|&i| cluster.container(i).count_in_log(FORCED) > 0)
+            .collect();
+        let exited: Vec<(usize, i32)> = (0..2)
+            .filter_map(|i| match cluster.container(i).state() {
+                crate::harness::docker::State::Exited(code) => Some((i, code)),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            forced.len() < 2,
+            "both survivors forced a cluster of their own:\n{}",
+            cluster.all_logs()
+        );
+        if let ([w], [(l, code)]) = (forced.as_slice(), exited.as_slice()) {
+            assert_eq!(
+                *code,
+                2,
+                "the other survivor refuses:\n{}",
+                cluster.all_logs()
             );
+            break (*w, *l);
         }
         assert!(
+            exited.len() < 2 && exited.iter().all(|(i, _)| !forced.contains(i)),
+            "a survivor exited without the other forcing: {exited:?}\n{}",
+            cluster.all_logs()
+        );
+        assert!(
             forcing.elapsed() < START_DEADLINE,
-            "no force within {START_DEADLINE:?}:\n{}",
-            cluster.container(0).logs()
+            "no single force within {START_DEADLINE:?}:\n{}",
+            cluster.all_logs()
         );
         std::thread::sleep(Duration::from_millis(200));
-    }
-    cluster.wait_healthy(0, START_DEADLINE);
+    };
+    let yielded = cluster.container(loser).logs();
+    assert!(yielded.contains("--force-new-cluster refused"), "{yielded}");
+    cluster.wait_healthy(winner, START_DEADLINE);
     let took = forcing.elapsed();
-    let (membership, _) = cluster.membership(0);
+    let (membership, _) = cluster.membership(winner);
     assert_eq!(
         membership.members.len(),
         1,
         "a cluster of one: {membership:?}"
     );
+    let ip_w = cluster.members[winner].ip.clone();
     assert_eq!(
-        count(&cluster, &ip0, BEFORE).0,
+        count(&cluster, &ip_w, BEFORE).0,
         KEYS,
         "the survivor kept every key"
     );
-    put_keys(&cluster, &ip0, AFTER);
+    put_keys(&cluster, &ip_w, AFTER);
 
     cluster.extra_options.clear();
-    for i in 1..3 {
+    cluster.lose_data(loser);
+    for (n, i) in [loser, 2].into_iter().enumerate() {
         cluster.run_member(i, "3.5.16");
         cluster.wait_healthy(i, START_DEADLINE);
         // Each joins as a learner: serving reads once promoted.
-        wait_for_voters(&cluster, i + 1, START_DEADLINE);
+        wait_for_voters_through(&cluster, winner, n + 2, START_DEADLINE);
     }
-    let (membership, _) = cluster.membership(0);
-    assert_eq!(
-        membership.members.len(),
-        3,
-        "the lost members joined again: {membership:?}"
-    );
     every_member_holds(&cluster, &[BEFORE, AFTER]);
 
     cluster.extra_options = force;
-    cluster.run_member(0, "3.5.16");
-    cluster.wait_healthy(0, START_DEADLINE);
+    cluster.run_member(winner, "3.5.16");
+    cluster.wait_healthy(winner, START_DEADLINE);
     assert_eq!(
-        cluster.container(0).count_in_log("forcing a new cluster"),
+        cluster
+            .container(winner)
+            .count_in_log("forcing a new cluster of this member"),
         0,
         "forced again:\n{}",
-        cluster.container(0).logs()
+        cluster.container(winner).logs()
     );
     say(&format!(
-        "{test}: refused with a quorum; the survivor served alone {:.1} s after its restart, the others rejoined; passed in {:.1} s",
+        "{test}: refused with a quorum; of two survivors restarted with the setting at once, {} forced and served alone {:.1} s after the restart, {} refused ({}); the others rejoined; passed in {:.1} s",
+        cluster.members[winner].name,
         took.as_secs_f64(),
+        cluster.members[loser].name,
+        yielded
+            .lines()
+            .find(|l| l.contains("--force-new-cluster refused"))
+            .and_then(|l| l.split("refused: ").nth(1))
+            .map_or("", |l| l.split(':').next().unwrap_or("")),
         started.elapsed().as_secs_f64()
     ));
 }

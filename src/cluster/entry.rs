@@ -95,7 +95,11 @@ impl EntryError {
             | EntryError::Roll(RollError::Refused(_) | RollError::NothingToStart { .. })
             | EntryError::Force(
                 crate::cluster::force::ForceError::QuorumAnswers { .. }
-                | crate::cluster::force::ForceError::Refused { .. },
+                | crate::cluster::force::ForceError::Refused { .. }
+                | crate::cluster::force::ForceError::ForcedAlready { .. }
+                | crate::cluster::force::ForceError::Concurrent { .. }
+                | crate::cluster::force::ForceError::Undecided { .. }
+                | crate::cluster::force::ForceError::PortInUse { .. },
             ) => crate::EXIT_PRECONDITION,
             // What the data dir or the backup settings make impossible, found
             // before a byte is copied: the single-member path's
@@ -303,10 +307,21 @@ pub fn force_new_cluster(
         .flat_map(|m| m.peer_urls.iter().cloned())
         .collect();
     let peer_tls = settings::peer_tls(&args, &env, &peer_urls)?;
+    // Where the member's etcd listens for peers (etcd's default: its
+    // advertised peer URLs are then local too).
+    let mut listen_peer = settings::url_list(&args, &env, "listen-peer-urls");
+    if listen_peer.is_empty() {
+        listen_peer = members
+            .iter()
+            .find(|m| m.id == own_id)
+            .map(|m| m.peer_urls.clone())
+            .unwrap_or_default();
+    }
     runtime.block_on(crate::cluster::force::check(
         &members,
         own_id,
         peer_tls.as_ref(),
+        &listen_peer,
     ))?;
     back_up(config, recorded, supervisor)?;
     let own_peer_url = members
