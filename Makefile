@@ -69,7 +69,8 @@ image-test: image
 	  --ignored --test-threads=1 --nocapture $(TESTS)
 
 # Multi-member clusters of $(IMAGE) on private Docker networks (issue 11);
-# one scenario at a time, each printing its time and invariants.
+# two scenarios at a time (CLUSTER_TEST_JOBS=1 for one), each on its own
+# network, printing its time and invariants.
 # With ETCD_EXTRA_BIN_DIR (a dir of etcd-<v>/etcdctl-<v> for releases no
 # registry has) the image also bundles the ones it holds, and the scenarios
 # run on 2.2.1 → 3.0.17 and 3.0.17 → 3.2.32 too; without it they say NOT RUN.

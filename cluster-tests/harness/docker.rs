@@ -5,7 +5,8 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,17 @@ pub fn docker(args: &[&str]) -> String {
 /// printing, not a round of full reads later: a kill on a log line lands
 /// in the phase the line opens.
 pub fn first_to_log(containers: &[&Container], needle: &str, deadline: Duration) -> Option<usize> {
+    first_to_log_past(containers, needle, &vec![0; containers.len()], deadline)
+}
+
+/// [`first_to_log`], for the first container whose output shows `needle`
+/// more often than `past` says for it (its earlier lines counted too).
+pub fn first_to_log_past(
+    containers: &[&Container],
+    needle: &str,
+    past: &[usize],
+    deadline: Duration,
+) -> Option<usize> {
     /// Kills the followers however the wait ends.
     struct Followers(Vec<Child>);
     impl Drop for Followers {
@@ -94,19 +106,24 @@ pub fn first_to_log(containers: &[&Container], needle: &str, deadline: Duration)
             }
         }
     }
-    fn watch(
-        pipe: impl Read + Send + 'static,
+    /// One container's stdout or stderr; `count`, shared by the two, is
+    /// its matches so far.
+    struct Watched {
         i: usize,
         needle: String,
+        past: usize,
+        count: Arc<AtomicUsize>,
         seen: mpsc::Sender<usize>,
-    ) {
+    }
+    fn watch(pipe: impl Read + Send + 'static, watched: Watched) {
         thread::spawn(move || {
             let mut reader = BufReader::new(pipe);
             let mut line = Vec::new();
             // Bytes, not lines of UTF-8: etcd's output is not bound to be.
             while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
-                if String::from_utf8_lossy(&line).contains(&needle) {
-                    let _ = seen.send(i);
+                let matched = String::from_utf8_lossy(&line).contains(&watched.needle);
+                if matched && watched.count.fetch_add(1, Ordering::SeqCst) + 1 > watched.past {
+                    let _ = watched.seen.send(watched.i);
                     return;
                 }
                 line.clear();
@@ -123,11 +140,19 @@ pub fn first_to_log(containers: &[&Container], needle: &str, deadline: Duration)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run docker logs -f {}: {e}", container.name));
+        let count = Arc::new(AtomicUsize::new(0));
+        let watched = || Watched {
+            i,
+            needle: needle.to_string(),
+            past: past.get(i).copied().unwrap_or(0),
+            count: Arc::clone(&count),
+            seen: seen.clone(),
+        };
         if let Some(out) = child.stdout.take() {
-            watch(out, i, needle.to_string(), seen.clone());
+            watch(out, watched());
         }
         if let Some(err) = child.stderr.take() {
-            watch(err, i, needle.to_string(), seen.clone());
+            watch(err, watched());
         }
         followers.0.push(child);
     }

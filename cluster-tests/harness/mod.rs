@@ -23,7 +23,7 @@ pub mod writer;
 use std::cell::RefCell;
 use std::io::Write;
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock};
 
 /// The env var naming the image under test.
 pub const IMAGE_VAR: &str = "ETCD_MIGRATE_IMAGE";
@@ -79,14 +79,56 @@ pub fn storage_of(version: &str) -> &'static str {
     }
 }
 
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+/// How many scenarios run at once: `CLUSTER_TEST_JOBS`, else 2. Each
+/// has 3–5 etcd members on default heartbeats (100 ms, elections after
+/// 1 s), and a scenario leaves the machine about three quarters idle
+/// (waiting on restarts, leases, the lock): two at once on 2 cores keep
+/// every invariant (measured under two CPU burners as well), and halve
+/// the suite's time. `CLUSTER_TEST_JOBS=1` runs one at a time.
+fn jobs() -> usize {
+    static JOBS: OnceLock<usize> = OnceLock::new();
+    *JOBS.get_or_init(|| {
+        std::env::var("CLUSTER_TEST_JOBS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(2)
+    })
+}
+
+/// The scenarios running now, and the wake-up for one waiting its turn.
+static RUNNING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+/// A scenario's turn: one of [`jobs`], given back on drop (a panicking
+/// scenario's too).
+struct Turn;
+
+impl Turn {
+    fn take() -> Turn {
+        let (running, freed) = &RUNNING;
+        let mut now = running.lock().unwrap_or_else(|p| p.into_inner());
+        while *now >= jobs() {
+            now = freed.wait(now).unwrap_or_else(|p| p.into_inner());
+        }
+        *now += 1;
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let (running, freed) = &RUNNING;
+        let mut now = running.lock().unwrap_or_else(|p| p.into_inner());
+        *now -= 1;
+        freed.notify_one();
+    }
+}
 
 /// What a scenario needs before it can run.
 pub struct Ready {
     pub image: String,
-    /// Scenarios run one at a time: each has 3–5 etcd members, and on a
-    /// small machine two clusters at once would miss heartbeats.
-    _turn: MutexGuard<'static, ()>,
+    /// This scenario's turn ([`jobs`] run at once).
+    _turn: Turn,
 }
 
 /// Whether a scenario needing `versions` can run here, decided once per
@@ -216,7 +258,7 @@ pub fn needs_of(scenario: fn()) -> Vec<String> {
     PROBE.with(|probe| probe.borrow_mut().take().unwrap_or_default())
 }
 
-/// The image to test, with this scenario's turn (one at a time). Panics
+/// The image to test, with this scenario's turn ([`jobs`] at once). Panics
 /// when it cannot run: the runner lists such a scenario as ignored, so it
 /// only gets here when the setup changed under the run or is broken.
 pub fn ready(scenario: &str, versions: &[&str]) -> Option<Ready> {
@@ -229,12 +271,10 @@ pub fn ready(scenario: &str, versions: &[&str]) -> Option<Ready> {
         return None;
     }
     match availability(versions) {
-        Availability::Runs { image } => {
-            let turn = ONE_AT_A_TIME
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            Some(Ready { image, _turn: turn })
-        }
+        Availability::Runs { image } => Some(Ready {
+            image,
+            _turn: Turn::take(),
+        }),
         Availability::NotRun(why) | Availability::Broken(why) => {
             panic!("scenario {scenario} cannot run: {why}")
         }
