@@ -20,6 +20,10 @@
 //! - `five_members_gce_style_etcd2_to_etcd3_with_one_pause`: the etcd2
 //!   scenario with 5 members, to 3.3.25/etcd3 (four voters join, one at a
 //!   time).
+//! - `the_converter_cut_off_after_it_took_the_data`: 3.4.23 back to
+//!   3.3.25, the converter cut off from the network for 15 s right after
+//!   it took the data: nobody starts anything of their own meanwhile, and
+//!   once it is back the job ends as without the cut.
 //! - `members_killed_at_each_phase_converge`: 3.4.23 back to 3.3.25 with a
 //!   writer, a member SIGKILLed (container and all) where its log shows a
 //!   phase of the job and started again as it was, as a static pod's
@@ -485,18 +489,24 @@ pub(crate) mod members_killed_at_each_phase_converge {
     }
 }
 
-/// 3 members of `from` (kubeadm style), a v3 client writing throughout;
-/// the operator rolls out TARGET_VERSION=`to` with the consent, 3 s
-/// apart. At each of `points` in turn, the first member whose log shows it
-/// is SIGKILLed (`docker kill`: the entrypoint and its etcd) and its
-/// container started again as it was. The job ends as without the kills:
-/// every member records and serves `to`/etcd3, every acknowledged write
-/// on every member, names and URLs kept; a member killed past the point
-/// where it left (or took the data) never served its old data again.
-fn killed_at(test: &str, (from, to): (&str, &str), points: &[Point]) {
-    let Some(ready) = ready(test, &[from, to]) else {
-        return;
-    };
+/// A pause scenario's cluster once the rollout is out.
+struct Rolled {
+    _ready: crate::harness::Ready,
+    started: Instant,
+    cluster: Cluster,
+    before: crate::harness::cluster::Baseline,
+    monitor: crate::harness::monitor::Monitor,
+    writer: crate::harness::writer::Writer,
+    /// When the operator's last restart was made.
+    rolled: Instant,
+}
+
+/// 3 members of `from` (kubeadm style), a v3 client writing and a monitor
+/// watching (members down excused: the job stops them); the operator rolls
+/// out TARGET_VERSION=`to` with the consent, 3 s apart, waiting for
+/// nobody. None when the image cannot run the scenario.
+fn rolled_out(test: &str, (from, to): (&str, &str)) -> Option<Rolled> {
+    let ready = ready(test, &[from, to])?;
     let started = Instant::now();
     let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, from);
     let before = cluster.baseline();
@@ -508,7 +518,136 @@ fn killed_at(test: &str, (from, to): (&str, &str), points: &[Point]) {
         &vec![consenting(to, "etcd3"); 3],
         Rollout::Apart(ROLLOUT_GAP),
     );
-    let rolled = Instant::now();
+    Some(Rolled {
+        _ready: ready,
+        started,
+        cluster,
+        before,
+        monitor,
+        writer,
+        rolled: Instant::now(),
+    })
+}
+
+/// How long the converter stays cut off from the others.
+const CUT_FOR: Duration = Duration::from_secs(15);
+
+/// 3.4.23 back to 3.3.25 (kubeadm style, a writer throughout): the
+/// converter is cut off from the network right after it took the data
+/// (every other member removed from the old cluster and stopped). For
+/// 15 s nobody starts anything of their own: the others' etcds stay
+/// down (they wait for the converted cluster), none starts its old data
+/// again, none records a release. Put back on the network (and started
+/// again if it exited meanwhile, as the kubelet does), the job ends as
+/// without the cut: one cluster on 3.3.25 with every acknowledged write.
+pub(crate) fn the_converter_cut_off_after_it_took_the_data() {
+    let test = "pause-converter-cut";
+    let (from, to) = ("3.4.23", "3.3.25");
+    let Some(run) = rolled_out(test, (from, to)) else {
+        return;
+    };
+    let cluster = &run.cluster;
+    let converter = wait_for_point(cluster, &TAKEN, POINT_DEADLINE);
+    let network = cluster.network.name.clone();
+    cluster.container(converter).disconnect(&network);
+    let name = cluster.members[converter].name.clone();
+    say(&format!(
+        "{test}: {name} (the converter) cut off {:.1} s after the rollout, right after it took the data; the job by then: {}",
+        run.rolled.elapsed().as_secs_f64(),
+        progress(cluster)
+    ));
+    let others: Vec<usize> = (0..3).filter(|&i| i != converter).collect();
+    let old_starts: Vec<usize> = others
+        .iter()
+        .map(|&i| cluster.container(i).count_in_log(SERVES_OLD))
+        .collect();
+    let cut = Instant::now();
+    while cut.elapsed() < CUT_FOR {
+        for &i in &others {
+            let ip = &cluster.members[i].ip;
+            if let Ok(answer) = monitor::version(&cluster.client, ip) {
+                panic!(
+                    "{} answers /version ({}) while the converter is cut off: it started something of its own; its log:\n{}",
+                    cluster.members[i].name,
+                    answer.server,
+                    cluster.container(i).logs()
+                );
+            }
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    for (n, &i) in others.iter().enumerate() {
+        assert_eq!(
+            cluster.container(i).count_in_log(SERVES_OLD),
+            old_starts[n],
+            "{} started its old data again while the converter was cut off:\n{}",
+            cluster.members[i].name,
+            cluster.container(i).logs()
+        );
+        let recorded = cluster.try_version_txt(i);
+        assert!(
+            matches!(&recorded, Ok(r) if r.as_str() == format!("{from}/etcd3")),
+            "{} recorded {recorded:?} while the converter was cut off",
+            cluster.members[i].name
+        );
+    }
+    let ip = cluster.members[converter].ip.clone();
+    cluster.container(converter).connect(&network, &ip);
+    // A container cut off by `docker network disconnect` loses its
+    // address: the converter's etcd cannot bind its peer URL when it
+    // starts the converted data, and the run exits 1 saying the next start
+    // carries on. The kubelet starts a static pod's container again.
+    if let State::Exited(code) = cluster.container(converter).state() {
+        say(&format!(
+            "{test}: {name} exited {code} while cut off (its address gone, its etcd could not bind it); started again as the kubelet would; its last line: {}",
+            last_line(&cluster.container(converter).logs())
+        ));
+        cluster.container(converter).start();
+    }
+    let after = cluster.wait_job_done(to, "etcd3", JOB_DEADLINE);
+    run.monitor.excuse_down(false);
+    say(&format!(
+        "{test}: nobody started anything for {:.0} s of the cut; every member records and serves {to}/etcd3 {:.1} s after the converter was put back",
+        CUT_FOR.as_secs_f64(),
+        after.as_secs_f64()
+    ));
+    run.writer.wait_acks(
+        run.writer.acks(),
+        ACKS,
+        ACK_DEADLINE,
+        "writes after the job",
+    );
+    cluster.finish_pause_scenario(
+        test,
+        run.started,
+        &run.before,
+        Vec::new(),
+        run.writer,
+        run.monitor,
+    );
+}
+
+/// 3 members of `from` (kubeadm style), a v3 client writing throughout;
+/// the operator rolls out TARGET_VERSION=`to` with the consent, 3 s
+/// apart. At each of `points` in turn, the first member whose log shows it
+/// is SIGKILLed (`docker kill`: the entrypoint and its etcd) and its
+/// container started again as it was. The job ends as without the kills:
+/// every member records and serves `to`/etcd3, every acknowledged write
+/// on every member, names and URLs kept; a member killed past the point
+/// where it left (or took the data) never served its old data again.
+fn killed_at(test: &str, (from, to): (&str, &str), points: &[Point]) {
+    let Some(Rolled {
+        _ready,
+        started,
+        cluster,
+        before,
+        monitor,
+        writer,
+        rolled,
+    }) = rolled_out(test, (from, to))
+    else {
+        return;
+    };
     // (victim, what, how often it had started its old data by the kill)
     let mut killed = Vec::new();
     for point in points {

@@ -366,16 +366,12 @@ impl Announcement {
             let Some(addr) = socket_addr(url) else {
                 continue;
             };
-            let listener = TcpListener::bind(addr).map_err(|e| ForceError::PortInUse {
+            let in_use = |e: std::io::Error| ForceError::PortInUse {
                 addr: addr.to_string(),
                 why: e.to_string(),
-            })?;
-            listener
-                .set_nonblocking(true)
-                .map_err(|e| ForceError::PortInUse {
-                    addr: addr.to_string(),
-                    why: e.to_string(),
-                })?;
+            };
+            let listener = TcpListener::bind(addr).map_err(in_use)?;
+            listener.set_nonblocking(true).map_err(in_use)?;
             let stop = Arc::clone(&stop);
             let line = format!("{ANNOUNCED}{own_id:x}\n");
             threads.push(std::thread::spawn(move || {
