@@ -73,6 +73,7 @@ fn main() {
         restarts::member_killed_then_member_cut_off_rejoin_with_every_write,
         restarts::monitor_catches_a_member_run_by_hand_two_minors_ahead,
         restores::a_whole_cluster_is_restored_from_one_snapshot,
+        restores::five_members_gce_style_are_restored_from_one_snapshot,
         restores::members_join_by_themselves_new_and_after_losing_their_data,
         restores::a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor,
         upgrades::the_kubeadm_example_set_rolls_three_members_from_3_3_to_3_5,

@@ -120,45 +120,100 @@ fn snapshot(cluster: &Cluster, ip: &str) -> Vec<u8> {
 /// up to the snapshot is there and none after, and writes go on; a member
 /// restarted with the setting still in its manifest restores nothing again.
 pub(crate) fn a_whole_cluster_is_restored_from_one_snapshot() {
-    let test = "restore-cluster";
+    restore_cluster("restore-cluster", Style::Kubeadm, 3, false);
+}
+
+/// The same with 5 members, GCE style: `migrate-if-needed.sh` restores
+/// (`--no-exec`), then the manifest's own `exec etcd-<version>` serves.
+/// One member is given another snapshot (taken later) and its hash: it
+/// restores it, but its etcd is turned away by the others (another
+/// cluster id: the token carries the file's hash) and serves nothing;
+/// restarted with the right file and hash, it restores again and joins.
+pub(crate) fn five_members_gce_style_are_restored_from_one_snapshot() {
+    restore_cluster("restore-cluster-5", Style::Gce, 5, true);
+}
+
+/// The mounted snapshot `name` and its sha256, as a member's options.
+fn restore_options(shared: &std::path::Path, name: &str, bytes: &[u8]) -> Vec<String> {
+    std::fs::write(shared.join(name), bytes).expect("write the snapshot");
+    let sha: String = Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    vec![
+        "-v".to_string(),
+        format!("{}:/var/lib/etcd-restore:ro", shared.display()),
+        "-e".to_string(),
+        format!("RESTORE_SNAPSHOT=/var/lib/etcd-restore/{name}"),
+        "-e".to_string(),
+        format!("RESTORE_SNAPSHOT_SHA256={sha}"),
+    ]
+}
+
+/// `size` members of 3.5.16 in `style` restored from one snapshot (see
+/// [`a_whole_cluster_is_restored_from_one_snapshot`]); with `odd`, the
+/// last one first from another (see
+/// [`five_members_gce_style_are_restored_from_one_snapshot`]).
+fn restore_cluster(test: &str, style: Style, size: usize, odd: bool) {
     let Some(ready) = ready(test, &["3.5.16"]) else {
         return;
     };
     let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.5.16");
+    let mut cluster = Cluster::start(&ready.image, test, style, size, "3.5.16");
     let (before_membership, _) = cluster.membership(0);
     let ip0 = cluster.members[0].ip.clone();
     put_keys(&cluster, &ip0, BEFORE);
     let bytes = snapshot(&cluster, &ip0);
     put_keys(&cluster, &ip0, AFTER);
     let (_, revision_before) = count(&cluster, &ip0, AFTER);
+    let later = snapshot(&cluster, &ip0);
 
     let shared = cluster.shared_dir();
-    let file = shared.join("snapshot.db");
-    std::fs::write(&file, &bytes).expect("write the snapshot");
-    let sha: String = Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    cluster.extra_options = vec![
-        "-v".to_string(),
-        format!("{}:/var/lib/etcd-restore:ro", shared.display()),
-        "-e".to_string(),
-        "RESTORE_SNAPSHOT=/var/lib/etcd-restore/snapshot.db".to_string(),
-        "-e".to_string(),
-        format!("RESTORE_SNAPSHOT_SHA256={sha}"),
-    ];
+    let right = restore_options(&shared, "snapshot.db", &bytes);
+    let wrong = restore_options(&shared, "later.db", &later);
     for i in 0..cluster.members.len() {
         cluster.container(i).stop(STOP_GRACE_S);
     }
     let restoring = Instant::now();
+    let last = size - 1;
     for i in 0..cluster.members.len() {
+        cluster.extra_options = if odd && i == last {
+            wrong.clone()
+        } else {
+            right.clone()
+        };
         cluster.run_member(i, "3.5.16");
     }
-    for i in 0..cluster.members.len() {
+    cluster.extra_options = right.clone();
+    let same_file = if odd { last } else { size };
+    for i in 0..same_file {
         cluster.wait_healthy(i, START_DEADLINE);
     }
     let took = restoring.elapsed();
+    if odd {
+        // Turned away by the others: its cluster id is not theirs.
+        let started_odd = Instant::now();
+        while cluster.container(last).count_in_log("cluster ID mismatch") == 0 {
+            assert!(
+                started_odd.elapsed() < START_DEADLINE,
+                "{} restored from another file was not turned away:\n{}",
+                cluster.members[last].name,
+                cluster.container(last).logs()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        assert!(
+            crate::harness::monitor::healthy(&cluster.client, &cluster.members[last].ip).is_err(),
+            "{} serves from another file",
+            cluster.members[last].name
+        );
+        say(&format!(
+            "{test}: {} restored from another snapshot is turned away by the others (cluster ID mismatch); restarted with the right one",
+            cluster.members[last].name
+        ));
+        cluster.run_member(last, "3.5.16");
+        cluster.wait_healthy(last, START_DEADLINE);
+    }
     let (after_membership, _) = cluster.membership(0);
     assert_ne!(
         after_membership.cluster_id, before_membership.cluster_id,
@@ -205,6 +260,8 @@ pub(crate) fn a_whole_cluster_is_restored_from_one_snapshot() {
         );
         assert_eq!(
             cluster.container(i).count_in_log("restored version="),
+            // (a container's own log: the odd member's second container
+            // restored from the right file once)
             1,
             "{} restored once:\n{}",
             cluster.members[i].name,
@@ -237,7 +294,7 @@ pub(crate) fn a_whole_cluster_is_restored_from_one_snapshot() {
         "the restarted member has the writes since the restore"
     );
     say(&format!(
-        "{test}: 3 members restored from one snapshot and serving in {:.1} s; passed in {:.1} s",
+        "{test}: {size} members restored from one snapshot and serving in {:.1} s; passed in {:.1} s",
         took.as_secs_f64(),
         started.elapsed().as_secs_f64()
     ));
