@@ -331,3 +331,64 @@ fn force_new_cluster_is_refused_where_there_is_no_quorum_to_recover() {
     before.assert_unchanged(&fingerprint(&data), "one member");
     assert!(backups(&data).is_empty(), "nothing was backed up");
 }
+
+/// A join as a learner cut short (issue 29 item 3): the join's record and
+/// a half-joined `member/`, no `version.txt`. A dry run calls the data dir
+/// empty and touches nothing; a run removes the half-joined data and the
+/// record and starts over (here with no cluster to join: the empty data
+/// dir's record). A record beside a `version.txt` (the join was done) is
+/// only removed, the data kept.
+/// The line of a start that finds a join as a learner cut short.
+const JOIN_AGAIN: &str = "a join as a learner died before its promotion was recorded: the member joins again, on an empty data dir";
+
+#[test]
+fn a_join_cut_short_as_a_learner_starts_over_on_an_empty_data_dir() {
+    let tmp = temp_dir("join-cut-short");
+    let data = tmp.path().join("data");
+    let member = Member::new("join-cut-short");
+    std::fs::create_dir_all(data.join("member/wal")).expect("mkdir");
+    std::fs::write(
+        data.join("member/wal/0000000000000000-0000000000000000.wal"),
+        b"half",
+    )
+    .expect("write");
+    std::fs::write(
+        data.join(".etcd-migrate.joining"),
+        br#"{"target":"3.5.16/etcd3"}"#,
+    )
+    .expect("write the record");
+    let before = fingerprint(&data);
+
+    let run = Migration::new("3.5.16", &data, &member)
+        .mode(crate::harness::migrator::Mode::DryRun)
+        .run();
+    run.assert_code(0);
+    assert!(
+        run.stdout.contains("empty; would record 3.5.16/etcd3"),
+        "{}",
+        run.explain()
+    );
+    before.assert_unchanged(&fingerprint(&data), "the dry run");
+
+    let run = Migration::new("3.5.16", &data, &member).run();
+    run.assert_code(0);
+    assert_eq!(run.lines_with(JOIN_AGAIN).len(), 1, "{}", run.explain());
+    assert!(
+        !data.join("member").exists(),
+        "the half-joined data is gone"
+    );
+    assert!(
+        !data.join(".etcd-migrate.joining").exists(),
+        "and the record"
+    );
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
+
+    // Done, then cut short before the record went: the data is kept.
+    std::fs::create_dir_all(data.join("member/wal")).expect("mkdir");
+    std::fs::write(data.join(".etcd-migrate.joining"), b"{}").expect("write the record");
+    let run = Migration::new("3.5.16", &data, &member).run();
+    run.assert_code(0);
+    assert!(data.join("member/wal").exists(), "the joined data is kept");
+    assert!(!data.join(".etcd-migrate.joining").exists());
+    assert!(run.lines_with(JOIN_AGAIN).is_empty(), "{}", run.explain());
+}
