@@ -681,6 +681,11 @@ pub fn write_joining(dir: &Path, json: &str) -> Result<(), DataDirError> {
     )
 }
 
+/// Removes the join's record, durably (an add that was refused).
+pub fn remove_joining(dir: &Path) -> Result<(), DataDirError> {
+    remove_durably(dir, JOINING_FILE)
+}
+
 /// Records `pair` in `version.txt`, then removes the join's record (in
 /// that order: a crash between leaves a record beside a `version.txt`,
 /// which says the join was done).

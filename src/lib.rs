@@ -665,8 +665,12 @@ fn check_join(
         client_tls.as_ref(),
         cluster::join::PROBE_TIMEOUT * 2,
         as_learner,
-    ))?;
-    Ok(Some(joined))
+    ));
+    if joined.is_err() && as_learner {
+        // Refused or failed before any add: the data dir as it was.
+        let _ = datadir::remove_joining(&config.data_dir);
+    }
+    Ok(Some(joined?))
 }
 
 /// A member that added itself as a learner ([`check_join`]): its etcd
