@@ -92,15 +92,13 @@ pub(crate) fn a_member_cut_off_while_the_downgrade_is_enabled_rejoins_the_wave()
     // Cut off a member other than the one that enabled.
     let victim = (enabler + 1) % 3;
     let name = s.cluster.members[victim].name.clone();
-    let network = s.cluster.network.name.clone();
-    s.cluster.container(victim).disconnect(&network);
+    s.cluster.cut_off(victim);
     eprintln!("{}: {name} cut off after the downgrade was enabled", s.test);
     s.writes(&format!("writes while {name} is cut off"));
     let waiting = format!("waiting for member {name}");
     let seen = s.counts(&waiting);
     s.wait_for_line(&waiting, &seen, Duration::from_secs(120));
-    let ip = s.cluster.members[victim].ip.clone();
-    s.cluster.container(victim).connect(&network, &ip);
+    s.cluster.reconnect(victim);
     s.finish("3.6.14");
 }
 

@@ -548,8 +548,7 @@ pub(crate) fn the_converter_cut_off_after_it_took_the_data() {
     };
     let cluster = &run.cluster;
     let converter = wait_for_point(cluster, &TAKEN, POINT_DEADLINE);
-    let network = cluster.network.name.clone();
-    cluster.container(converter).disconnect(&network);
+    cluster.cut_off(converter);
     let name = cluster.members[converter].name.clone();
     say(&format!(
         "{test}: {name} (the converter) cut off {:.1} s after the rollout, right after it took the data; the job by then: {}",
@@ -591,19 +590,10 @@ pub(crate) fn the_converter_cut_off_after_it_took_the_data() {
             cluster.members[i].name
         );
     }
-    let ip = cluster.members[converter].ip.clone();
-    cluster.container(converter).connect(&network, &ip);
-    // A container cut off by `docker network disconnect` loses its
-    // address: the converter's etcd cannot bind its peer URL when it
-    // starts the converted data, and the run exits 1 saying the next start
-    // carries on. The kubelet starts a static pod's container again.
-    if let State::Exited(code) = cluster.container(converter).state() {
-        say(&format!(
-            "{test}: {name} exited {code} while cut off (its address gone, its etcd could not bind it); started again as the kubelet would; its last line: {}",
-            last_line(&cluster.container(converter).logs())
-        ));
-        cluster.container(converter).start();
-    }
+    // Its etcd, started on the converted data while it had no address,
+    // could not bind its peer URL: the run exits 1 saying the next start
+    // carries on, and is started again as the kubelet would.
+    cluster.reconnect(converter);
     let after = cluster.wait_job_done(to, "etcd3", JOB_DEADLINE);
     run.monitor.excuse_down(false);
     say(&format!(

@@ -62,12 +62,12 @@ pub(crate) fn member_killed_then_member_cut_off_rejoin_with_every_write() {
     let acks = writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes after the kill");
 
     // Cut off: the member runs on, alone, until it is reconnected.
-    let network = cluster.network.name.clone();
-    cluster.container(2).disconnect(&network);
+    cluster.cut_off(2);
     let acks = writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes while a member is cut off");
-    cluster
-        .container(2)
-        .connect(&network, &cluster.members[2].ip);
+    assert!(
+        !cluster.reconnect(2),
+        "a member cut off while it serves runs on"
+    );
     cluster.wait_healthy(2, START_DEADLINE);
     writer.wait_acks(acks, ACKS, ACK_DEADLINE, "writes after the reconnect");
 

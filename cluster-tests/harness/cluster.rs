@@ -374,6 +374,38 @@ impl Cluster {
         self.api = api;
     }
 
+    /// Cuts member `i` off its network (`docker network disconnect`: the
+    /// container loses its address).
+    pub fn cut_off(&self, i: usize) {
+        self.container(i).disconnect(&self.network.name);
+    }
+
+    /// Puts member `i` back on its network with its address. Cut off, the
+    /// container had no address: an etcd its entrypoint started meanwhile
+    /// could not bind its URLs and exited, and the entrypoint with it
+    /// (saying the next start carries on). The kubelet starts a static
+    /// pod's container again; so does this, and says so. Whether it did.
+    pub fn reconnect(&self, i: usize) -> bool {
+        let container = self.container(i);
+        container.connect(&self.network.name, &self.members[i].ip);
+        let crate::harness::docker::State::Exited(code) = container.state() else {
+            return false;
+        };
+        let log = container.logs();
+        let last = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("[etcd-migrate]"))
+            .unwrap_or("(none)");
+        crate::harness::say(&format!(
+            "{} exited {code} while cut off (no address: its etcd could not bind); started again as the kubelet would; its last line: {}",
+            self.members[i].name,
+            last.chars().take(300).collect::<String>()
+        ));
+        container.start();
+        true
+    }
+
     /// Member names, in order.
     pub fn names(&self) -> Vec<String> {
         self.members.iter().map(|m| m.name.clone()).collect()
