@@ -41,7 +41,7 @@ use crate::harness::cluster::{Cluster, Rollout, Style, Target};
 use crate::harness::docker::{first_to_log, Container, State};
 use crate::harness::monitor;
 use crate::harness::pause::{ALLOW_CLUSTER_PAUSE, JOB_DEADLINE};
-use crate::harness::{ready, say, Api};
+use crate::harness::{last_line, ready, say, Api};
 
 /// What the writer must get acknowledged at each stage.
 const ACKS: usize = 10;
@@ -731,19 +731,4 @@ fn progress(cluster: &Cluster) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// The entrypoint's last line in `log` (what it was doing when killed),
-/// cut to a readable length.
-fn last_line(log: &str) -> String {
-    const SHOWN: usize = 300;
-    let line = log
-        .lines()
-        .rev()
-        .find(|l| l.contains("[etcd-migrate]"))
-        .unwrap_or("(none)");
-    match line.char_indices().nth(SHOWN) {
-        Some((at, _)) => format!("{}...", &line[..at]),
-        None => line.to_string(),
-    }
 }

@@ -391,16 +391,10 @@ impl Cluster {
         let crate::harness::docker::State::Exited(code) = container.state() else {
             return false;
         };
-        let log = container.logs();
-        let last = log
-            .lines()
-            .rev()
-            .find(|l| l.contains("[etcd-migrate]"))
-            .unwrap_or("(none)");
         crate::harness::say(&format!(
             "{} exited {code} while cut off (no address: its etcd could not bind); started again as the kubelet would; its last line: {}",
             self.members[i].name,
-            last.chars().take(300).collect::<String>()
+            crate::harness::last_line(&container.logs())
         ));
         container.start();
         true

@@ -288,3 +288,18 @@ pub fn say(line: &str) {
     let _ = writeln!(stderr, "cluster tests: {line}");
     let _ = stderr.flush();
 }
+
+/// The entrypoint's last line in `log` (what it was doing when killed),
+/// cut to a readable length.
+pub fn last_line(log: &str) -> String {
+    const SHOWN: usize = 300;
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("[etcd-migrate]"))
+        .unwrap_or("(none)");
+    match line.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{}...", &line[..at]),
+        None => line.to_string(),
+    }
+}
