@@ -10,12 +10,15 @@
 //!   and the whole walks.
 //! - `present`: today's releases: upstream's patch floors, a flag 3.7
 //!   removed, and 3.7 never the first etcd on a WAL it cannot replay.
+//! - `v2_baseline`: etcd2 data's baseline replayed offline, proven by the
+//!   first step's read, and its fallback to a start.
 
 // The harness is `e2e`'s; this target uses part of it.
 #[allow(dead_code)]
 mod harness;
 mod old_releases;
 mod present;
+mod v2_baseline;
 
 use libtest_mimic::Arguments;
 
@@ -23,5 +26,6 @@ fn main() {
     let args = Arguments::from_args();
     let mut trials = old_releases::trials();
     trials.extend(present::trials());
+    trials.extend(v2_baseline::trials());
     libtest_mimic::run(&args, trials).exit();
 }

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::keyspace::{Fingerprint, KvHash};
+use crate::keyspace::{Entry, Fingerprint, KvHash};
 use crate::log;
-use crate::ondisk::{HashStart, OfflineHash};
+use crate::ondisk::{now_nanos, HashStart, OfflineHash, V2Leaf};
 
 /// A db this large may be refused its next write by etcd's default
 /// backend quota (2 GiB; etcd compares the file's size): the recorded
@@ -43,6 +43,9 @@ pub fn offline(plan: &Plan, on_disk: &OnDisk) -> Result<Offline, String> {
     let (Some(recorded), Some(first)) = (plan.baseline, plan.steps.first()) else {
         return Err("the plan reads no baseline".to_string());
     };
+    if plan.current.storage == Storage::Etcd2 {
+        return offline_v2(recorded, on_disk);
+    }
     if !plan.baseline_by_hash() {
         return Err("a step rebuilds the data and compares whole reads".to_string());
     }
@@ -87,16 +90,50 @@ pub fn offline(plan: &Plan, on_disk: &OnDisk) -> Result<Offline, String> {
     } else {
         None
     };
-    Ok(Offline {
+    Ok(Offline(Kind::V3(Box::new(V3Parts {
         hash,
         leases: leases.clone(),
         side,
-    })
+    }))))
+}
+
+/// The baseline of etcd2 data recorded at a 2.x release: its v2 store as
+/// the replay of the stopped data gives it (`ondisk`'s v2 store), where
+/// the log holds no write whose outcome the replay does not keep. The
+/// first step (in place: a baseline is only read before one) reads the
+/// whole store and compares, so a replay that were wrong fails that step
+/// closed. A 3.x release serves etcd2 data's v3 keyspace beside it,
+/// which a start reads.
+fn offline_v2(recorded: Version, on_disk: &OnDisk) -> Result<Offline, String> {
+    if recorded.major != 2 {
+        return Err(format!(
+            "etcd {recorded} serves a v3 keyspace beside the v2 store, which its start reads"
+        ));
+    }
+    match &on_disk.v2_store {
+        Some(Ok(leaves)) => Ok(Offline(Kind::V2(leaves.clone()))),
+        Some(Err(why)) => Err(format!("the v2 store cannot be replayed offline: {why}")),
+        None => Err("the v2 store was not read".to_string()),
+    }
 }
 
 /// An offline baseline whose every part is read but, maybe, etcd's hash.
 #[derive(Debug)]
-pub struct Offline {
+pub struct Offline(Kind);
+
+/// What an offline baseline is made of.
+#[derive(Debug)]
+enum Kind {
+    /// etcd3 data.
+    V3(Box<V3Parts>),
+    /// etcd2 data at a 2.x release: every key of the v2 store.
+    V2(Vec<V2Leaf>),
+}
+
+/// etcd3 data's baseline: etcd's hash from bolt, the leases, the v2 store
+/// beside.
+#[derive(Debug)]
+struct V3Parts {
     hash: Hash,
     leases: BTreeMap<i64, i64>,
     side: Option<Fingerprint>,
@@ -114,7 +151,11 @@ impl Offline {
     /// The baseline, once the hash is computed (walking the key bucket
     /// here if it is still to do).
     pub fn take(self) -> Result<Fingerprint, String> {
-        let hash = match self.hash {
+        let (hash, leases, side) = match self.0 {
+            Kind::V2(leaves) => return Ok(v2_fingerprint(&leaves, now_nanos())),
+            Kind::V3(parts) => (parts.hash, parts.leases, parts.side),
+        };
+        let hash = match hash {
             Hash::Done(hash) => hash,
             Hash::Later(start) => start.hash()?,
         };
@@ -125,8 +166,8 @@ impl Offline {
                 hash: hash.hash,
                 compact_revision: hash.compact_revision,
             },
-            &self.leases,
-            self.side,
+            &leases,
+            side,
         ))
     }
 
@@ -195,6 +236,26 @@ impl PendingBaseline {
         }
         taken
     }
+}
+
+/// The fingerprint a whole read of the v2 store would give at `now`
+/// (Unix nanoseconds): each key's seconds left as etcd lists them (the
+/// part of a second begun counts; 0 once past, until etcd's expiry sweep
+/// takes it out).
+fn v2_fingerprint(leaves: &[V2Leaf], now: i64) -> Fingerprint {
+    const NANOS: i64 = 1_000_000_000;
+    let entries: Vec<Entry> = leaves
+        .iter()
+        .map(|leaf| Entry {
+            key: leaf.key.as_bytes().to_vec(),
+            value: leaf.value.as_bytes().to_vec(),
+            ttl: leaf
+                .expires
+                .map(|at| (at.saturating_sub(now).max(0) + NANOS - 1) / NANOS),
+            lease: 0,
+        })
+        .collect();
+    Fingerprint::of(Storage::Etcd2, &entries)
 }
 
 /// Whether the first step's release starts on the data as it is, without
@@ -299,6 +360,85 @@ mod tests {
             v2_names: Some(V2Names::new(Keep::All)),
             ..OnDisk::default()
         }
+    }
+
+    fn etcd2_plan(from: &str, to: &str, bundle: &[&str]) -> Plan {
+        let pair = |s: &str| VersionPair {
+            version: s.parse().expect("version"),
+            storage: Storage::Etcd2,
+        };
+        let bundle = Bundle::new(bundle.iter().map(|v| v.parse().expect("version")));
+        let mut plan = plan::plan(pair(from), pair(to), &bundle).expect("plan");
+        plan.baseline = plan::baseline_reader(&plan, &bundle);
+        plan
+    }
+
+    #[test]
+    fn etcd2_data_at_a_2x_release_gives_its_v2_store_as_a_whole_read_would() {
+        let now = now_nanos();
+        let leaves = vec![
+            V2Leaf {
+                key: "/registry/a".into(),
+                value: "1".into(),
+                expires: None,
+            },
+            V2Leaf {
+                key: "/lock".into(),
+                value: "me".into(),
+                expires: Some(now + 30_000_000_000),
+            },
+        ];
+        let on_disk = OnDisk {
+            v2_store: Some(Ok(leaves)),
+            ..OnDisk::default()
+        };
+        let hop = etcd2_plan("2.2.1", "3.0.17", &["2.2.1", "2.3.7", "3.0.17"]);
+        let baseline = offline(&hop, &on_disk)
+            .expect("offline")
+            .take()
+            .expect("taken");
+        // What the first step's read lists: the same keys, the lock with
+        // its TTL (seconds as etcd counts them).
+        let read = Fingerprint::of(
+            Storage::Etcd2,
+            &[
+                Entry {
+                    key: b"/registry/a".to_vec(),
+                    value: b"1".to_vec(),
+                    ttl: None,
+                    lease: 0,
+                },
+                Entry {
+                    key: b"/lock".to_vec(),
+                    value: b"me".to_vec(),
+                    ttl: Some(29),
+                    lease: 0,
+                },
+            ],
+        );
+        assert_eq!(baseline.keys, 2);
+        baseline.check_kept_by(&read).expect("kept");
+        // A value that differs fails the step closed.
+        let changed = Fingerprint::of(
+            Storage::Etcd2,
+            &[Entry {
+                key: b"/registry/a".to_vec(),
+                value: b"2".to_vec(),
+                ttl: None,
+                lease: 0,
+            }],
+        );
+        assert!(baseline.check_kept_by(&changed).is_err());
+
+        let unknown = OnDisk {
+            v2_store: Some(Err("a POST to /1/q".into())),
+            ..OnDisk::default()
+        };
+        let err = offline(&hop, &unknown).expect_err("unknown");
+        assert!(err.contains("a POST to /1/q"), "{err}");
+        let at_3 = etcd2_plan("3.0.17", "3.1.20", &["3.0.17", "3.1.20"]);
+        let err = offline(&at_3, &on_disk).expect_err("3.x");
+        assert!(err.contains("v3 keyspace beside"), "{err}");
     }
 
     #[test]

@@ -52,7 +52,7 @@ use crate::plan::{Binary, Bundle, Plan, PlanError, Refusal, Site, Situation, Wor
 use crate::preconditions::PreconditionError;
 use crate::supervisor::{Supervisor, SupervisorError};
 use crate::survey::{Survey, SurveyError};
-use crate::version::{Version, VersionPair};
+use crate::version::{Storage, Version, VersionPair};
 
 /// Exit code: migrated (and, with `--no-exec`, done).
 pub const EXIT_OK: u8 = 0;
@@ -571,18 +571,19 @@ fn offline_baseline(plan: &Plan, on_disk: Option<&OnDisk>) -> Option<baseline::O
     };
     match offline {
         Ok(offline) => {
+            let (taken, proven_by) = match plan.current.storage {
+                Storage::Etcd3 => (
+                    "hashed from bolt, on a thread, while the binaries are verified and the first step's etcd starts",
+                    "the first step's etcd hashing the same revision",
+                ),
+                Storage::Etcd2 => (
+                    "the v2 store replayed from the newest snapshot and the log",
+                    "the first step's etcd reading the whole v2 store",
+                ),
+            };
             log::info(
                 "baseline taken offline",
-                &[
-                    (
-                        "hashed",
-                        "from bolt, on a thread, while the binaries are verified and the first step's etcd starts".into(),
-                    ),
-                    (
-                        "proven_by",
-                        "the first step's etcd hashing the same revision".into(),
-                    ),
-                ],
+                &[("taken", taken.into()), ("proven_by", proven_by.into())],
             );
             Some(offline)
         }

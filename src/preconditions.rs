@@ -363,7 +363,7 @@ pub fn check_recorded_data(
 /// `recorded` to `target`: the v3 keys for a storage change; the v2
 /// store's names when they are carried to etcd2, when they may land on
 /// v3 keys (only those names), or when a release without a v2 store
-/// comes.
+/// comes; the whole v2 store for an upgrade from a 2.x release.
 pub fn wanted(recorded: VersionPair, target: VersionPair) -> ondisk::Want {
     // An etcd3 upgrade may take its baseline offline: etcd's hash from
     // bolt, and the v2 store beside it (empty, or read by a start).
@@ -380,6 +380,11 @@ pub fn wanted(recorded: VersionPair, target: VersionPair) -> ondisk::Want {
     };
     ondisk::Want {
         v2_names,
+        // A 2.x release's baseline: the whole v2 store, replayed offline
+        // (src/baseline.rs).
+        v2_store: recorded.storage == Storage::Etcd2
+            && recorded.version.major == 2
+            && target.version > recorded.version,
         v3_keys: recorded.storage != target.storage,
         v3_hash: false,
         // Walked while the first step's etcd starts (src/baseline.rs).

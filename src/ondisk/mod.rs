@@ -31,6 +31,7 @@ mod proto;
 mod snap;
 mod state;
 mod v2request;
+mod v2store;
 mod wal;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ use std::path::{Path, PathBuf};
 use self::state::{Replay, V2State, V3State};
 
 pub use self::keys::{HashStart, Keep, OfflineHash, V2Names, V3Key};
+pub use self::v2store::{now_nanos, V2Leaf};
 
 /// What an etcd snapshot file (`etcdctl snapshot save`: a bolt db with
 /// its sha256 appended) records of the release that wrote it.
@@ -137,6 +139,11 @@ pub struct OnDisk {
     /// for them: from the newest snapshot, changed by the log's v2 writes.
     /// Never a name the store lacks; see [`V2Names`] for what is left out.
     pub v2_names: Option<V2Names>,
+    /// The v2 store's keys with their values and expiry, when
+    /// [`Want::v2_store`] asked for them: what a start of a 2.x release
+    /// would list; `Err` (why) where a write in the log had an outcome the
+    /// replay does not keep (see `v2store`).
+    pub v2_store: Option<Result<Vec<V2Leaf>, String>>,
     /// bolt's live v3 keys, when [`Want::v3_keys`] asked for them: `Err`
     /// (why) when the log changes keys past bolt's consistent index, so
     /// that bolt alone is not the keyspace etcd will serve.
@@ -305,6 +312,9 @@ fn file_names(dir: &Path) -> Result<Vec<String>, OnDiskError> {
 pub struct Want {
     /// The v2 store's node names, kept as [`Keep`] says.
     pub v2_names: Option<Keep>,
+    /// The v2 store's keys with their values and expiry (memory: the
+    /// whole store's keys and values).
+    pub v2_store: bool,
     /// bolt's live v3 keys (every page of the keyspace is read).
     pub v3_keys: bool,
     /// etcd's `HashKV` computed from bolt (two reads of every page of the
@@ -405,6 +415,7 @@ impl Sources {
         };
         let mut fresh = V2State::default();
         fresh.names = keep.map(V2Names::new);
+        fresh.store = want.v2_store.then(Default::default);
         let newest = snap::newest(&snap_dir, &fresh)?;
         for (path, why) in &newest.skipped {
             notes.push(format!(
@@ -602,6 +613,10 @@ impl Replayed {
                 v2.first_wal_version.clone()
             },
             v2_refused_by_3_6,
+            v2_store: v2.store.map(|store| match store.unknown() {
+                Some(why) => Err(why.to_string()),
+                None => Ok(store.leaves()),
+            }),
             v2_names: v2.names,
             v3_keys,
             v3_hash,

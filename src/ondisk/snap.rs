@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
 use super::proto::{self, Fields};
-use super::state::{wants_value, V2State};
+use super::state::V2State;
 use super::OnDiskError;
 
 /// Read buffer of a snapshot file.
@@ -380,18 +380,15 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut path: Option<String> = None;
         let mut value: Option<String> = None;
-        let (mut dir, mut expires) = (false, false);
+        let mut dir = false;
+        let mut expire: Option<String> = None;
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
                 "Path" => path = Some(map.next_value()?),
-                // Go's zero time, `0001-01-01T00:00:00Z`, is "never".
-                "ExpireTime" => {
-                    let at: Option<String> = map.next_value()?;
-                    expires = at.is_some_and(|at| !at.starts_with("0001-01-01"));
-                }
+                "ExpireTime" => expire = map.next_value()?,
                 // A value is kept only where it is needed (and, should a
                 // writer ever put it before the path, kept to be safe).
-                "Value" if path.as_deref().is_none_or(wants_value) => {
+                "Value" if path.as_deref().is_none_or(|p| self.0.wants_value(p)) => {
                     value = Some(map.next_value()?);
                 }
                 "Children" => dir = map.next_value_seed(ChildrenSeed(&mut *self.0))?,
@@ -401,8 +398,8 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
             }
         }
         let path = path.ok_or_else(|| serde::de::Error::missing_field("Path"))?;
-        let value = value.filter(|_| wants_value(&path));
-        self.0.snapshot_node(&path, value, dir, expires);
+        let value = value.filter(|_| self.0.wants_value(&path));
+        self.0.snapshot_node(&path, value, dir, expire.as_deref());
         Ok(())
     }
 }

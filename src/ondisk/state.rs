@@ -15,6 +15,7 @@ use serde::Deserialize;
 use super::keys::V2Names;
 use super::proto::{self, Fields, ProtoError};
 use super::v2request::V2Request;
+use super::v2store::V2Store;
 use super::wal::{Entry, ENTRY_CONF_CHANGE, ENTRY_NORMAL};
 use super::MemberOnDisk;
 
@@ -127,6 +128,8 @@ pub struct V2State {
     pub more_problems: u64,
     /// The names of its nodes, when asked for (`None`: not kept).
     pub names: Option<V2Names>,
+    /// Its user keys with their values and expiry, when asked for.
+    pub store: Option<V2Store>,
     /// Members' attribute nodes seen in a snapshot before their
     /// `raftAttributes` (the store's children come sorted, so
     /// `attributes` comes first); merged by [`V2State::finish_snapshot`].
@@ -143,22 +146,38 @@ fn member_path(path: &str) -> Option<(u64, &str)> {
     Some((u64::from_str_radix(hex, 16).ok()?, leaf))
 }
 
-/// Whether a snapshot node's value is needed (the others are skipped
-/// without being kept in memory).
-pub fn wants_value(path: &str) -> bool {
-    path == VERSION_PATH || path == V2_AUTH_PATH || path.starts_with(MEMBERS_DIR)
-}
-
 impl V2State {
+    /// Whether a snapshot node's value is needed (the others are skipped
+    /// without being kept in memory): the cluster's own nodes, and the
+    /// user keys where [`V2State::store`] keeps them.
+    pub fn wants_value(&self, path: &str) -> bool {
+        path == VERSION_PATH
+            || path == V2_AUTH_PATH
+            || path.starts_with(MEMBERS_DIR)
+            || (self.store.is_some() && path.starts_with(KEYS_PREFIX))
+    }
+
     /// Takes in one node of a snapshot's v2 store: its full path, when
-    /// [`wants_value`] asked for it its value, whether it is a dir and
-    /// whether it has a TTL.
-    pub fn snapshot_node(&mut self, path: &str, value: Option<String>, dir: bool, expires: bool) {
+    /// [`V2State::wants_value`] asked for it its value, whether it is a
+    /// dir and its `ExpireTime` (Go's zero time, `0001-01-01T00:00:00Z`,
+    /// is "never").
+    pub fn snapshot_node(
+        &mut self,
+        path: &str,
+        value: Option<String>,
+        dir: bool,
+        expire: Option<&str>,
+    ) {
+        let expires = expire.is_some_and(|at| !at.starts_with("0001-01-01"));
         if let Some(names) = self.names.as_mut() {
             names.snapshot_node(path, dir, expires);
         }
         self.note_hidden(path);
-        if path == VERSION_PATH {
+        if path.starts_with(KEYS_PREFIX) {
+            if let Some(store) = self.store.as_mut() {
+                store.snapshot_node(path, value, dir, expire);
+            }
+        } else if path == VERSION_PATH {
             self.cluster_version = value;
         } else if path == V2_AUTH_PATH {
             self.v2_auth = value;
@@ -272,6 +291,9 @@ impl V2State {
     fn apply_v2(&mut self, request: &V2Request) {
         if let Some(names) = self.names.as_mut() {
             names.apply(request);
+        }
+        if let Some(store) = self.store.as_mut() {
+            store.apply(request);
         }
         match request.method.as_str() {
             "PUT" => {
@@ -493,7 +515,11 @@ fn effects(entry: &Entry<'_>, state: &mut V2State) -> Vec<Effect> {
     let result = match entry.kind {
         ENTRY_CONF_CHANGE => conf_change_effects(entry.data, &mut out),
         ENTRY_NORMAL if entry.data.is_empty() => Ok(()),
-        ENTRY_NORMAL => normal_effects(entry.data, state.names.is_some(), &mut out),
+        ENTRY_NORMAL => normal_effects(
+            entry.data,
+            state.names.is_some() || state.store.is_some(),
+            &mut out,
+        ),
         // EntryConfChangeV2: etcd never proposes one.
         _ => Ok(()),
     };
@@ -558,8 +584,6 @@ pub fn is_bare_v2_request(data: &[u8]) -> bool {
     !internal
 }
 
-/// The effects of a normal entry; `names`: every v2 write matters (the
-/// v2 store's names are being kept).
 /// Whether etcd 3.6 panics replaying this normal entry ("detected
 /// disallowed v2 WAL"): a v2 request, bare or wrapped, other than the two
 /// it converts (a member's attributes publish, a cluster-version update).
@@ -578,6 +602,8 @@ pub fn v2_request_3_6_refuses(data: &[u8]) -> bool {
     !converted
 }
 
+/// The effects of a normal entry; `names`: every v2 write matters (the
+/// v2 store's names or keys are being kept).
 fn normal_effects(data: &[u8], names: bool, out: &mut Vec<Effect>) -> Result<(), String> {
     if is_bare_v2_request(data) {
         let request = V2Request::parse(data).map_err(|e| format!("undecodable v2 request: {e}"))?;
@@ -982,10 +1008,10 @@ mod tests {
     #[test]
     fn hidden_nodes_from_snapshot_and_requests() {
         let mut state = V2State::default();
-        state.snapshot_node("/1/_hidden", None, false, false);
-        state.snapshot_node("/1/dir/_h/x", None, false, false);
-        state.snapshot_node("/1/visible", None, false, false);
-        state.snapshot_node("/0/_internal", None, false, false);
+        state.snapshot_node("/1/_hidden", None, false, None);
+        state.snapshot_node("/1/dir/_h/x", None, false, None);
+        state.snapshot_node("/1/visible", None, false, None);
+        state.snapshot_node("/0/_internal", None, false, None);
         let mut replay = Replay::new(state, 0, None, 0);
         let put = v2_request("PUT", "/1/a/_b/c/_d", "v");
         replay.entry(&entry(1, ENTRY_NORMAL, &put));

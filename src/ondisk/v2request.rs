@@ -17,6 +17,10 @@ pub struct V2Request {
     pub(super) dir: bool,
     pub(super) expiration: i64,
     pub(super) recursive: bool,
+    /// A `SYNC`'s moment (Unix nanoseconds): nodes expiring by then go.
+    pub(super) time: i64,
+    /// 2.3+: a TTL refresh that keeps the value.
+    pub(super) refresh: bool,
 }
 
 impl V2Request {
@@ -35,6 +39,8 @@ impl V2Request {
                 (8, proto::Value::Varint(v)) => request.prev_exist = Some(v != 0),
                 (9, proto::Value::Varint(v)) => request.expiration = v as i64,
                 (12, proto::Value::Varint(v)) => request.recursive = v != 0,
+                (15, proto::Value::Varint(v)) => request.time = v as i64,
+                (17, proto::Value::Varint(v)) => request.refresh = v != 0,
                 _ => {}
             }
         }
