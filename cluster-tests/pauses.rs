@@ -9,8 +9,14 @@
 //!   migration and two minors up, the joiners learners); v2 keys with and
 //!   without a TTL arrive as v3 keys with and without a lease, and v3
 //!   writes go on after.
+//! - `three_members_2_3_etcd2_to_3_5_etcd3_in_one_rollout`: the
+//!   Kubernetes 1.5 → 1.6 move: 2.3.7 on etcd2 data to 3.5.16 on etcd3,
+//!   a wave to 3.0.17, the pause there, a wave per minor after it
+//!   (`$ETCD_EXTRA_BIN_DIR`: 2.3.7 … 3.2.32; NOT RUN without).
 //! - `three_members_3_4_to_3_3_with_one_pause`: 3.4.23 back to 3.3.25
 //!   (kubeadm style), with a v3 client writing through the pause.
+//! - `three_members_3_5_to_3_3_in_one_rollout`: 3.5.16 back to 3.3.25,
+//!   two rollbacks etcd has no online way for, in one rollout.
 //! - `without_consent_on_one_member_the_job_waits`: one member without
 //!   the consent holds the job; the cluster serves 3.4.23 and takes writes
 //!   meanwhile, its members say why; once it consents the job is done.
@@ -108,26 +114,43 @@ fn answer_within(cluster: &Cluster, i: usize, deadline: Duration) -> String {
 /// its id new; each v2 write and seeded key is a v3 key (a TTL key under a
 /// lease with what was left of its TTL), and v3 writes go on.
 pub(crate) fn three_members_etcd2_to_etcd3_with_one_pause() {
-    etcd2_to_etcd3("pause-etcd2-etcd3", 3, "3.5.16");
+    etcd2_to_etcd3("pause-etcd2-etcd3", 3, "3.3.25", "3.5.16", &["3.4.23"]);
+}
+
+/// The Kubernetes 1.5 → 1.6 move in one rollout (issue 28 item 7): 3
+/// members of 2.3.7 on etcd2 data, GCE style, taken to 3.5.16/etcd3: a
+/// wave to 3.0.17 (etcd2's rolling upgrade), the pause for the storage
+/// migration at 3.0.17, then a wave per minor up to 3.5.16 (the image
+/// must bundle 2.3.7 … 3.2.32: `$ETCD_EXTRA_BIN_DIR`).
+pub(crate) fn three_members_2_3_etcd2_to_3_5_etcd3_in_one_rollout() {
+    etcd2_to_etcd3(
+        "pause-2-3-etcd2-3-5",
+        3,
+        "2.3.7",
+        "3.5.16",
+        &["3.0.17", "3.1.20", "3.2.32", "3.3.25", "3.4.23"],
+    );
 }
 
 /// 5 members taken to 3.3.25/etcd3: one converter and four members
 /// joining it one at a time (voters, 3.3 has no learners), each after
 /// etcd's settling since the add before.
 pub(crate) fn five_members_gce_style_etcd2_to_etcd3_with_one_pause() {
-    etcd2_to_etcd3("pause-etcd2-etcd3-5", 5, "3.3.25");
+    etcd2_to_etcd3("pause-etcd2-etcd3-5", 5, "3.3.25", "3.3.25", &["3.4.23"]);
 }
 
-/// `size` members of 3.3.25 on etcd2 data, GCE's exec style, taken to
+/// `size` members of `from` on etcd2 data, GCE's exec style, taken to
 /// `target`/etcd3 with one pause (see
-/// [`three_members_etcd2_to_etcd3_with_one_pause`]).
-fn etcd2_to_etcd3(test: &str, size: usize, target: &str) {
-    let Some(ready) = ready(test, &["3.3.25", "3.4.23", target]) else {
+/// [`three_members_etcd2_to_etcd3_with_one_pause`]); `between`: the other
+/// releases the image must bundle.
+fn etcd2_to_etcd3(test: &str, size: usize, from: &str, target: &str, between: &[&str]) {
+    let mut needs = vec![from, target];
+    needs.extend_from_slice(between);
+    let Some(ready) = ready(test, &needs) else {
         return;
     };
     let started = Instant::now();
-    let mut cluster =
-        Cluster::start_with(&ready.image, test, Style::GceHa, size, "3.3.25", "etcd2");
+    let mut cluster = Cluster::start_with(&ready.image, test, Style::GceHa, size, from, "etcd2");
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
@@ -163,25 +186,40 @@ fn etcd2_to_etcd3(test: &str, size: usize, target: &str) {
 /// apart. Every member ends recording 3.3.25/etcd3 with new ids, every
 /// acknowledged write is kept, and the writer's pause is told.
 pub(crate) fn three_members_3_4_to_3_3_with_one_pause() {
-    let test = "pause-3-4-to-3-3";
-    let Some(ready) = ready(test, &["3.4.23", "3.3.25"]) else {
+    rolled_back_with_pauses("pause-3-4-to-3-3", "3.4.23", "3.3.25", &[]);
+}
+
+/// Two rollbacks etcd has no online way for, in one rollout (issue 28
+/// item 7): 3 members of 3.5.16 taken to 3.3.25 through 3.4.23, kubeadm
+/// style, a v3 client writing throughout; every acknowledged write kept.
+pub(crate) fn three_members_3_5_to_3_3_in_one_rollout() {
+    rolled_back_with_pauses("pause-3-5-to-3-3", "3.5.16", "3.3.25", &["3.4.23"]);
+}
+
+/// 3 members of `from` rolled out to `target` (below it) with the
+/// consent, 3 s apart (see [`three_members_3_4_to_3_3_with_one_pause`]);
+/// `between`: the other releases the image must bundle.
+fn rolled_back_with_pauses(test: &str, from: &str, target: &str, between: &[&str]) {
+    let mut needs = vec![from, target];
+    needs.extend_from_slice(between);
+    let Some(ready) = ready(test, &needs) else {
         return;
     };
     let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.4.23");
+    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, from);
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
     writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
     monitor.excuse_down(true);
     cluster.roll_out(
-        &vec![consenting("3.3.25", "etcd3"); 3],
+        &vec![consenting(target, "etcd3"); 3],
         Rollout::Apart(ROLLOUT_GAP),
     );
-    let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
+    let took = cluster.wait_job_done(target, "etcd3", JOB_DEADLINE);
     monitor.excuse_down(false);
     say(&format!(
-        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after the last restart",
+        "{test}: every member records and serves {target}/etcd3 {:.1} s after the last restart",
         took.as_secs_f64()
     ));
     writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");

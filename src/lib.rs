@@ -805,9 +805,49 @@ fn roll_as_member(
     verify_binaries(config, plan, true, None, &runtime, &supervisor)?;
     let marked = survey.restart_mark();
     let lock = survey.into_lock()?;
-    let code = cluster::entry::run(config, plan, &on_disk, marked, bundle, &runtime, supervisor)?;
-    drop(lock);
-    Ok(Outcome::ExitCode(code))
+    let finished = cluster::entry::run(
+        config,
+        plan,
+        &on_disk,
+        marked,
+        bundle.clone(),
+        &runtime,
+        supervisor,
+    )?;
+    match finished {
+        cluster::entry::Finished::Exit(code) => {
+            drop(lock);
+            Ok(Outcome::ExitCode(code))
+        }
+        // The roll reached the release the pause job starts from: the
+        // member takes part in it with the etcd that serves now (issue 28
+        // item 7), its membership and ids as the roll kept them.
+        cluster::entry::Finished::ThenPause { etcd, supervisor } => take_part_in_pause(
+            config,
+            Joining {
+                recorded: plan.target,
+                on_disk: Some(on_disk),
+                record: (None, false),
+                lock,
+            },
+            bundle,
+            (runtime, supervisor, *etcd),
+            original_mask,
+        ),
+    }
+}
+
+/// What a member enters the pause job with.
+struct Joining {
+    /// What version.txt records.
+    recorded: VersionPair,
+    /// What the data recorded when this run began.
+    on_disk: Option<ondisk::OnDisk>,
+    /// Its record of the job, if it has one, and whether it only
+    /// withdraws its agreement.
+    record: (Option<cluster::pause::Record>, bool),
+    /// The data dir's lock.
+    lock: datadir::DirLock,
 }
 
 /// The whole-cluster pause job (issue 28): this member's part, from where
@@ -821,7 +861,6 @@ fn pause_as_member(
     bundle: Bundle,
     original_mask: SigSet,
 ) -> Result<Outcome, Error> {
-    use cluster::pause::run::PauseEnd;
     let on_disk = survey.take_on_disk();
     let recorded = match (survey.state(), &record) {
         (DirState::Recorded(pair), _) => pair,
@@ -835,14 +874,50 @@ fn pause_as_member(
         }
     };
     cluster::pause::entry::check_mode(config, on_disk.as_ref(), recorded)?;
-    let old_release = old_release(recorded, &bundle)?;
     let runtime = async_runtime()?;
     let supervisor = Supervisor::start(original_mask)?;
-    let mut etcd = cluster::pause::entry::member_etcd(config, &supervisor);
+    let etcd = cluster::pause::entry::member_etcd(config, &supervisor);
+    let lock = survey.into_lock()?;
+    take_part_in_pause(
+        config,
+        Joining {
+            recorded,
+            on_disk,
+            record: (record, withdraw_only),
+            lock,
+        },
+        bundle,
+        (runtime, supervisor, etcd),
+        original_mask,
+    )
+}
+
+/// This member's part of the pause job (see [`pause_as_member`]), with the
+/// runtime, supervisor and member etcd it runs on (its etcd running if a
+/// roll handed it over).
+fn take_part_in_pause(
+    config: &Config,
+    joining: Joining,
+    bundle: Bundle,
+    (runtime, supervisor, mut etcd): (
+        tokio::runtime::Runtime,
+        Supervisor,
+        cluster::member::SupervisedEtcd,
+    ),
+    original_mask: SigSet,
+) -> Result<Outcome, Error> {
+    use cluster::pause::run::PauseEnd;
+    let Joining {
+        recorded,
+        on_disk,
+        record,
+        lock,
+    } = joining;
+    let old_release = old_release(recorded, &bundle)?;
     let mut pausing = cluster::pause::entry::prepare(
         config,
         on_disk.as_ref(),
-        (record, withdraw_only),
+        record,
         recorded,
         old_release,
         &etcd,
@@ -860,7 +935,6 @@ fn pause_as_member(
         verify_binaries(&job_config, &route, false, None, &runtime, &supervisor)?;
     }
     binaries::check_present(&config.bin_dir, &[Binary::etcd(old_release)])?;
-    let lock = survey.into_lock()?;
     let end = match runtime.block_on(pausing.run(&mut etcd))? {
         PauseEnd::Convert => {
             drop(lock);

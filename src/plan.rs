@@ -172,7 +172,17 @@ pub struct Plan {
     /// (`cluster::pause`, issue 28). `steps` is the route the member that
     /// carries the data runs on its own.
     pub pause: Option<usize>,
+    /// A roll whose end is not the user's target but the release a pause
+    /// job can start from (issue 28 item 7): the cluster rolls its etcd2
+    /// data (or etcd3 data below 3.3) up to the newest bundled 3.3 with
+    /// the storage kept, then the members take the pause job to this, the
+    /// user's target, in the same run. `target` is then the roll's end.
+    pub then_pause: Option<VersionPair>,
 }
+
+/// The lowest release a pause job's cluster runs: the converter takes the
+/// leadership with `MoveLeader`, 3.3's (`cluster::pause`).
+pub const PAUSE_FLOOR: Minor = Minor::new(3, 3);
 
 /// What a run does with the data dir once it holds the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -759,6 +769,7 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
                 site: None,
                 cluster: None,
                 pause: None,
+                then_pause: None,
             }
         }
     };
@@ -768,6 +779,12 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
         // route with a step no cluster rolls is one pause job of the
         // whole cluster (issue 28), whatever else it holds.
         if !plan.steps.iter().all(Step::rolls_online) {
+            if let Some(mut rolled) = roll_before_pause(&plan, bundle) {
+                rolled.found = plan.found.clone();
+                rolled.cluster = Some(data_members);
+                rolled.backup = backup_before(&rolled.steps, backup);
+                return Ok(rolled);
+            }
             plan.pause = Some(data_members);
             plan.backup = None;
             return Ok(plan);
@@ -794,6 +811,31 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
     refuse_unreplayable(&plan, v2_request_past_snapshot)?;
     plan.backup = backup_before(&plan.steps, backup);
     Ok(plan)
+}
+
+/// The roll that takes a cluster below [`PAUSE_FLOOR`] to the newest
+/// bundled 3.3 with its storage kept, where `plan` (a route a cluster
+/// cannot roll) needs a pause job that such a cluster cannot run: the
+/// route's pause comes after it, in the same run
+/// ([`Plan::then_pause`]). `None` where the cluster is at 3.3 already,
+/// where the target is below 3.3 (no pause job can reach it), or where
+/// the way up to 3.3 is not a roll.
+fn roll_before_pause(plan: &Plan, bundle: &Bundle) -> Option<Plan> {
+    if plan.current.version.minor_line() >= PAUSE_FLOOR
+        || plan.target.version.minor_line() < PAUSE_FLOOR
+    {
+        return None;
+    }
+    let floor = VersionPair {
+        version: bundle.newest_in(PAUSE_FLOOR)?,
+        storage: plan.current.storage,
+    };
+    let mut rolled = self::plan(plan.current, floor, bundle).ok()?;
+    if rolled.steps.is_empty() || !rolled.steps.iter().all(Step::is_upgrade) {
+        return None;
+    }
+    rolled.then_pause = Some(plan.target);
+    Some(rolled)
 }
 
 /// Refuses a plan whose first etcd start is a release that cannot replay
@@ -946,6 +988,13 @@ impl Plan {
             )?;
         }
         self.fmt_backup(f)?;
+        if let Some(then) = self.then_pause {
+            return writeln!(
+                f,
+                "then: the whole-cluster pause job from {} to {then}, which a cluster below {PAUSE_FLOOR} cannot run (needs --allow-cluster-pause / ALLOW_CLUSTER_PAUSE=1 on every member; see docs/cluster-pause.md)",
+                self.target
+            );
+        }
         writeln!(
             f,
             "then: keep serving {} as a supervised child (a later start with nothing to change execs it)",
@@ -1084,6 +1133,7 @@ pub fn plan(current: VersionPair, target: VersionPair, bundle: &Bundle) -> Resul
         site: None,
         cluster: None,
         pause: None,
+        then_pause: None,
     };
     plan.baseline = baseline_reader(&plan, bundle);
     Ok(plan)
@@ -2103,7 +2153,36 @@ mod tests {
             ("3.7.1/etcd3", "3.6.14/etcd3", TWO, 3, false, Ok("roll 3")),
             ("3.6.14/etcd3", "3.5.30/etcd3", TWO, 3, false, Ok("roll 3")),
             ("3.6.14/etcd3", "3.4.23/etcd3", TWO, 3, false, Ok("pause 3")),
-            ("2.3.7/etcd2", "3.5.30/etcd3", TWO, 3, false, Ok("pause 3")),
+            // A cluster below 3.3 cannot run a pause job (MoveLeader):
+            // it rolls to 3.3 with its storage kept, then pauses.
+            (
+                "2.3.7/etcd2",
+                "3.5.30/etcd3",
+                TWO,
+                3,
+                false,
+                Ok("roll 3 to 3.3.25/etcd2, then pause to 3.5.30/etcd3"),
+            ),
+            (
+                "3.0.17/etcd2",
+                "3.3.25/etcd3",
+                TWO,
+                3,
+                false,
+                Ok("roll 3 to 3.3.25/etcd2, then pause to 3.3.25/etcd3"),
+            ),
+            (
+                "3.1.20/etcd3",
+                "3.4.23/etcd2",
+                TWO,
+                3,
+                false,
+                Ok("roll 3 to 3.3.25/etcd3, then pause to 3.4.23/etcd2"),
+            ),
+            // ... unless its target is below 3.3 too: the job (which
+            // waits for a 3.3 cluster, saying so).
+            ("2.3.7/etcd2", "3.0.17/etcd3", TWO, 3, false, Ok("pause 3")),
+            ("3.2.32/etcd3", "3.1.20/etcd3", TWO, 3, false, Ok("pause 3")),
         ];
         let all = rows
             .into_iter()
@@ -2124,12 +2203,23 @@ mod tests {
             let row = format!("{recorded} -> {target}, {initial_cluster}, {data_members} members, mark {restart_mark}");
             match (decide(&situation), expect) {
                 (Ok(plan), Ok(mode)) => {
-                    let got = match (plan.pause, plan.cluster) {
-                        (Some(n), _) => format!("pause {n}"),
-                        (None, Some(n)) => format!("roll {n}"),
-                        (None, None) => "none".to_string(),
+                    let got = match (plan.pause, plan.cluster, plan.then_pause) {
+                        (Some(n), _, _) => format!("pause {n}"),
+                        (None, Some(n), Some(then)) => {
+                            format!("roll {n} to {}, then pause to {then}", plan.target)
+                        }
+                        (None, Some(n), None) => format!("roll {n}"),
+                        (None, None, _) => "none".to_string(),
                     };
                     assert_eq!(got, mode, "{row}");
+                    if let Some(then) = plan.then_pause {
+                        let shown = plan.to_string();
+                        let says = format!(
+                            "then: the whole-cluster pause job from {} to {then}",
+                            plan.target
+                        );
+                        assert!(shown.contains(&says), "{row}: {shown}");
+                    }
                     if plan.pause.is_some() {
                         assert_eq!(
                             plan.backup, None,

@@ -206,7 +206,8 @@ fn prepare(
         configured_peer_urls: cluster_settings.advertise_peer_urls.clone(),
         recorded: plan.current,
         marked,
-        target: config.target,
+        target: plan.target,
+        then_pause: plan.then_pause.is_some(),
         bundle,
         timing: Timing {
             round: ROUND,
@@ -351,8 +352,23 @@ pub fn force_new_cluster(
         .collect())
 }
 
-/// Rolls this member to the target with its cluster, then serves until
-/// its etcd exits; returns the exit code the process ends with.
+/// How a member's roll ended.
+pub enum Finished {
+    /// Its etcd ended: the exit code the process ends with.
+    Exit(u8),
+    /// The roll reached the release a pause job starts from
+    /// (`Plan::then_pause`): the etcd serves on, for the job to take over.
+    ThenPause {
+        /// The member's etcd, running.
+        etcd: Box<SupervisedEtcd>,
+        /// Its supervisor.
+        supervisor: Supervisor,
+    },
+}
+
+/// Rolls this member to the plan's target with its cluster, then serves
+/// until its etcd exits (or, where a pause job comes next, hands the
+/// running etcd over).
 pub fn run(
     config: &Config,
     plan: &Plan,
@@ -361,11 +377,11 @@ pub fn run(
     bundle: Bundle,
     runtime: &tokio::runtime::Runtime,
     supervisor: Supervisor,
-) -> Result<u8, EntryError> {
+) -> Result<Finished, EntryError> {
     let user_args = etcd_args(config, on_disk)?;
     let etcd = member_etcd(config, user_args, &supervisor);
     // What the member's etcd reads: the full command line it runs with.
-    let args = etcd.target(config.target.version).args;
+    let args = etcd.target(plan.target.version).args;
     let Prepared { rolling, mut live } = prepare(config, plan, on_disk, marked, bundle, &args)?;
     let first = roll::first_release(&rolling)?;
     if let Some(marked) = marked {
@@ -394,7 +410,13 @@ pub fn run(
         )
         .await
     })?;
-    Ok(exit_code(ended, &config.data_dir))
+    if let Ended::Rolled = ended {
+        return Ok(Finished::ThenPause {
+            etcd: Box::new(etcd),
+            supervisor,
+        });
+    }
+    Ok(Finished::Exit(exit_code(ended, &config.data_dir)))
 }
 
 /// The backup `--backup=always` asks for: the member's data dir as
@@ -452,6 +474,15 @@ pub(crate) fn exit_code(ended: Ended, data_dir: &Path) -> u8 {
                 &[("signal", signal.as_str().into())],
             );
             ExitStatus::Signaled(signal)
+        }
+        // Only a roll before a pause job ends so, and its caller hands the
+        // etcd on (`run`): never an exit.
+        Ended::Rolled => {
+            log::error(
+                "the roll ended for a pause job that nothing took over",
+                &[("data_dir", data_dir.display().to_string().into())],
+            );
+            ExitStatus::Exited(i32::from(crate::EXIT_FAILURE))
         }
     };
     match status {

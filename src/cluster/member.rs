@@ -629,6 +629,8 @@ pub struct SupervisedEtcd {
     env_has_data_dir: bool,
     grace: Duration,
     child: Option<Child>,
+    /// The release `child` runs.
+    release: Option<Version>,
 }
 
 impl SupervisedEtcd {
@@ -651,6 +653,7 @@ impl SupervisedEtcd {
             env_has_data_dir: std::env::var_os("ETCD_DATA_DIR").is_some_and(|v| !v.is_empty()),
             grace,
             child: None,
+            release: None,
         }
     }
 
@@ -676,7 +679,18 @@ impl SupervisedEtcd {
             env_has_data_dir: self.env_has_data_dir,
             grace: self.grace,
             child: None,
+            release: None,
         }
+    }
+
+    /// Whether our etcd still runs `release` (a roll's last release that
+    /// a pause job takes over, `Plan::then_pause`).
+    pub fn runs(&mut self, release: Version) -> bool {
+        self.release == Some(release)
+            && self
+                .child
+                .as_mut()
+                .is_some_and(|child| child.try_status().is_none())
     }
 
     /// Stops our etcd and says whether the stop was graceful: it was
@@ -746,7 +760,9 @@ impl MemberEtcd for SupervisedEtcd {
     type Error = SupervisorError;
 
     async fn start(&mut self, release: Version) -> Result<(), SupervisorError> {
-        self.spawn(self.target(release).command())
+        self.spawn(self.target(release).command())?;
+        self.release = Some(release);
+        Ok(())
     }
 
     async fn start_snapshotting(&mut self, release: Version) -> Result<(), SupervisorError> {
@@ -761,7 +777,9 @@ impl MemberEtcd for SupervisedEtcd {
         } else {
             command.arg("--snapshot-count=1");
         }
-        self.spawn(command)
+        self.spawn(command)?;
+        self.release = Some(release);
+        Ok(())
     }
 
     async fn stop(&mut self) -> Result<ExitStatus, SupervisorError> {

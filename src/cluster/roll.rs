@@ -65,8 +65,13 @@ pub struct Rolling {
     /// The release the restart mark names: it started on the data after
     /// the last record, and was never proven.
     pub marked: Option<Version>,
-    /// Where the user wants the member.
+    /// Where the roll takes the member: the user's target, or the release
+    /// a pause job to it starts from ([`Rolling::then_pause`]).
     pub target: VersionPair,
+    /// The roll ends where a pause job begins (`Plan::then_pause`): once
+    /// this member runs `target`, [`run`] returns [`Ended::Rolled`] with
+    /// its etcd still serving, for the job to take over.
+    pub then_pause: bool,
     /// What the image bundles.
     pub bundle: Bundle,
     /// The loop's timing.
@@ -155,6 +160,9 @@ pub enum Ended {
     Exited(ExitStatus),
     /// We were told to stop; our etcd stopped gracefully.
     Stopped(Signal),
+    /// This member runs the roll's target and a pause job comes next
+    /// ([`Rolling::then_pause`]): our etcd still serves, for the job.
+    Rolled,
 }
 
 /// Why the member's run failed.
@@ -575,6 +583,13 @@ where
                 &[("error", crate::cluster::peer::error_text(&err).into())],
             );
         }
+    }
+    if rolling.then_pause && member.running == rolling.target.version && member.proven {
+        log::info(
+            "this member runs the release the pause job starts from; its etcd serves on into the job",
+            &[("release", member.running.to_string().into())],
+        );
+        return Ok(Ended::Rolled);
     }
     serve(etcd, &mut termination).await
 }

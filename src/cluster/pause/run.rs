@@ -23,7 +23,7 @@ use crate::cluster::roll::MemberEtcd;
 use crate::datadir;
 use crate::log;
 use crate::supervisor::{ExitStatus, SupervisorError};
-use crate::version::{Minor, Version, VersionPair};
+use crate::version::{Minor, Storage, Version, VersionPair};
 
 /// The pause between two rounds.
 const ROUND: Duration = Duration::from_millis(500);
@@ -281,7 +281,11 @@ impl Pausing {
     /// (then it joins) or took the data (the converter).
     async fn serve_old(&mut self, etcd: &mut SupervisedEtcd) -> Result<Next, PauseError> {
         let release = self.old_release;
-        etcd.start(release).await?;
+        // A roll that ended where this job begins hands its etcd over
+        // running (`Plan::then_pause`): it serves on.
+        if !etcd.runs(release) {
+            etcd.start(release).await?;
+        }
         log::info(
             "pause job: this member serves its recorded release while the members agree",
             &[
@@ -605,6 +609,44 @@ impl Pausing {
         Ok(None)
     }
 
+    /// Before etcd2 data is converted: removes the cluster mode's own
+    /// records from the old cluster's v2 store (`/etcd-migrate/`: a roll
+    /// of the etcd2 cluster below 3.1 announced and proved itself there,
+    /// and kept doing so in v3 after). They name members the job replaces,
+    /// and the storage migration would write each over its v3 twin (it
+    /// refuses to lose either value). The converter is the old cluster's
+    /// only member here; a delete of what is gone already is done.
+    async fn forget_v2_records(&self) -> Result<(), String> {
+        if self.recorded.storage != Storage::Etcd2 {
+            return Ok(());
+        }
+        let http = crate::cluster::peer::http_client(self.client_tls.as_ref(), REQUEST_TIMEOUT)
+            .map_err(|e| e.to_string())?;
+        let mut last = String::from("no client URL");
+        for endpoint in &self.own.client_urls {
+            let url = format!(
+                "{}/v2/keys/etcd-migrate?dir=true&recursive=true",
+                endpoint.trim_end_matches('/')
+            );
+            match http.delete(&url).send().await {
+                Ok(response)
+                    if response.status().is_success() || response.status().as_u16() == 404 =>
+                {
+                    if response.status().is_success() {
+                        log::info(
+                            "pause job: removed the cluster mode's records from the old cluster's v2 store before the conversion",
+                            &[("job", self.job.id.as_str().into())],
+                        );
+                    }
+                    return Ok(());
+                }
+                Ok(response) => last = format!("{url}: {}", response.status()),
+                Err(e) => last = format!("{url}: {}", error_text(&e)),
+            }
+        }
+        Err(last)
+    }
+
     /// The converter's round: leader first (the removals then never
     /// cost a leadership), then every other member removed once it said
     /// it leaves; alone in the membership, its log holds every committed
@@ -687,6 +729,11 @@ impl Pausing {
                 Ok(Taking::Waiting("the next removal".to_string()))
             }
             Shrink::Alone => {
+                if let Err(why) = self.forget_v2_records().await {
+                    return Ok(Taking::Waiting(format!(
+                        "the removal of the cluster mode's v2 records from the old cluster ({why})"
+                    )));
+                }
                 self.advance(Phase::Converting, |_| {})?;
                 log::info(
                     "pause job: this member is the old cluster's only member and holds every committed write; it stops and converts its data: the cluster's writes pause from here",

@@ -364,6 +364,7 @@ fn rolling(recorded: &str, target: &str) -> Rolling {
             version: v(target),
             storage: Storage::Etcd3,
         },
+        then_pause: false,
         bundle: Bundle::new(["3.3.25", "3.4.23", "3.5.16"].map(v)),
         timing: Timing {
             round: Duration::ZERO,
@@ -444,6 +445,27 @@ fn a_restart_under_the_lock_records_only_after_its_proof_and_hands_leadership_fi
             "served"
         ]
     );
+}
+
+#[test]
+fn a_roll_before_a_pause_job_hands_its_etcd_over_serving() {
+    // The same roll, ending where a pause job begins (Plan::then_pause):
+    // nothing is served here, and nothing stopped: the job takes the etcd.
+    let world = World {
+        others: vec![Some(v("3.4.23")), Some(v("3.3.25"))],
+        comes_up: Some((1, 5, v("3.4.23"))),
+        cv: Some(Minor::new(3, 3)),
+        leader: Some(OWN),
+        ..World::default()
+    };
+    let rolling = Rolling {
+        then_pause: true,
+        ..rolling("3.4.23", "3.5.16")
+    };
+    let (result, log) = run_in(world, &rolling);
+    assert_eq!(result.expect("rolled"), Ended::Rolled);
+    assert_eq!(log.last().map(String::as_str), Some("unlock"), "{log:?}");
+    assert!(!log.iter().any(|l| l == "served"), "{log:?}");
 }
 
 #[test]
