@@ -8,7 +8,6 @@
 //! tool's v3 health key in 3.1.20/etcd2 data (issue 20.1). The walks
 //! themselves are `old_releases`' cases.
 
-use std::io::Write as _;
 use std::path::Path;
 
 use libtest_mimic::Trial;
@@ -20,7 +19,7 @@ use crate::harness::migrator::{Migration, Mode};
 use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, V2Key};
 use crate::harness::{
-    block_on, copy_dir, etcd_binary, free_port, linked_bin_dir, missing_releases, read_version_txt,
+    block_on, copy_dir, etcd_binary, free_port, linked_bin_dir, read_version_txt, release_trial,
     temp_dir, write_version_txt, Member,
 };
 
@@ -45,22 +44,7 @@ pub fn trials() -> Vec<Trial> {
     ];
     tests
         .into_iter()
-        .map(|(name, test, needs)| {
-            let missing = missing_releases(needs);
-            if !missing.is_empty() {
-                let mut stderr = std::io::stderr().lock();
-                let _ = writeln!(
-                    stderr,
-                    "present: NOT RUN: {name}: needs {} (no registry has them): set ETCD_EXTRA_BIN_DIR to a dir holding them",
-                    missing.join(", ")
-                );
-            }
-            Trial::test(name, move || {
-                test();
-                Ok(())
-            })
-            .with_ignored_flag(!missing.is_empty())
-        })
+        .map(|(name, test, needs)| release_trial("present", name, test, needs))
         .collect()
 }
 

@@ -7,7 +7,6 @@
 //! 2.3.7's whole read; a write whose outcome depends on a node's index
 //! makes the baseline fall back to a start of 2.2.1, saying why.
 
-use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::Trial;
@@ -16,7 +15,7 @@ use crate::harness::etcd::EtcdProcess;
 use crate::harness::migrator::{Migration, Mode};
 use crate::harness::v2::{http_client, key_url, read_back_v2};
 use crate::harness::{
-    block_on, free_port, linked_bin_dir, missing_releases, read_version_txt, temp_dir,
+    block_on, free_port, linked_bin_dir, read_version_txt, release_trial, temp_dir,
     write_version_txt, Member,
 };
 
@@ -39,23 +38,9 @@ pub fn trials() -> Vec<Trial> {
             a_write_on_a_nodes_index_falls_back_to_a_start_saying_why,
         ),
     ];
-    let missing = missing_releases(NEEDS);
     tests
         .into_iter()
-        .map(|(name, test)| {
-            if !missing.is_empty() {
-                let _ = writeln!(
-                    std::io::stderr().lock(),
-                    "v2_baseline: NOT RUN: {name}: needs {} (no registry has them): set ETCD_EXTRA_BIN_DIR to a dir holding them",
-                    missing.join(", ")
-                );
-            }
-            Trial::test(name, move || {
-                test();
-                Ok(())
-            })
-            .with_ignored_flag(!missing.is_empty())
-        })
+        .map(|(name, test)| release_trial("v2_baseline", name, test, NEEDS))
         .collect()
 }
 

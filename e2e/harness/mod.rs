@@ -124,6 +124,35 @@ pub fn missing_releases(releases: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// A test of the `releases` target: `test` runs when every release of
+/// `needs` is there; otherwise the trial is listed as ignored after a NOT
+/// RUN line on stderr (`module: NOT RUN: <name>: needs …`), never passed.
+// Only the `releases` target (e2e/releases.rs) uses it.
+#[allow(dead_code)]
+pub fn release_trial(
+    module: &str,
+    name: &'static str,
+    test: fn(),
+    needs: &[&str],
+) -> libtest_mimic::Trial {
+    let missing = missing_releases(needs);
+    if !missing.is_empty() {
+        let mut stderr = std::io::stderr().lock();
+        let _ = std::io::Write::write_fmt(
+            &mut stderr,
+            format_args!(
+                "{module}: NOT RUN: {name}: needs {} (no registry has them): set ETCD_EXTRA_BIN_DIR to a dir holding them\n",
+                missing.join(", ")
+            ),
+        );
+    }
+    libtest_mimic::Trial::test(name, move || {
+        test();
+        Ok(())
+    })
+    .with_ignored_flag(!missing.is_empty())
+}
+
 /// Every release the suite runs, from the default list of
 /// `images/fetch-etcd.sh`.
 pub const SUITE_RELEASES: [&str; 4] = ["3.3.25", "3.4.23", "3.5.1", "3.5.16"];

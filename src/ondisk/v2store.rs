@@ -414,21 +414,24 @@ mod tests {
         }
     }
 
+    /// Go's zero time: never.
+    const NEVER: &str = "0001-01-01T00:00:00Z";
+
+    /// A snapshot node: a key with `value`, or a dir without one.
+    fn node(store: &mut V2Store, path: &str, value: Option<&str>, expire: &str) {
+        store.snapshot_node(
+            path,
+            value.map(str::to_string),
+            value.is_none(),
+            Some(expire),
+        );
+    }
+
     fn store(ops: &[V2Request]) -> V2Store {
         let mut store = V2Store::default();
-        store.snapshot_node(
-            "/1/snap/a",
-            Some("1".into()),
-            false,
-            Some("0001-01-01T00:00:00Z"),
-        );
-        store.snapshot_node("/1/snap", None, true, Some("0001-01-01T00:00:00Z"));
-        store.snapshot_node(
-            "/1/ttl",
-            Some("t".into()),
-            false,
-            Some("2027-01-15T08:00:00.5Z"),
-        );
+        node(&mut store, "/1/snap/a", Some("1"), NEVER);
+        node(&mut store, "/1/snap", None, NEVER);
+        node(&mut store, "/1/ttl", Some("t"), "2027-01-15T08:00:00.5Z");
         for op in ops {
             store.apply(op);
         }
@@ -633,29 +636,11 @@ mod tests {
     #[test]
     fn a_key_expires_with_its_dirs_down_from_where_its_read_begins() {
         let mut store = V2Store::default();
-        fn at(s: &str) -> Option<&str> {
-            Some(s)
-        }
-        store.snapshot_node("/1/d", None, true, at("2027-01-01T00:00:00Z"));
-        store.snapshot_node(
-            "/1/d/k",
-            Some("v".into()),
-            false,
-            at("0001-01-01T00:00:00Z"),
-        );
-        store.snapshot_node("/1/d/_h", None, true, at("0001-01-01T00:00:00Z"));
-        store.snapshot_node(
-            "/1/d/_h/k",
-            Some("v".into()),
-            false,
-            at("0001-01-01T00:00:00Z"),
-        );
-        store.snapshot_node(
-            "/1/e",
-            Some("v".into()),
-            false,
-            at("2027-01-01T01:00:00+01:00"),
-        );
+        node(&mut store, "/1/d", None, "2027-01-01T00:00:00Z");
+        node(&mut store, "/1/d/k", Some("v"), NEVER);
+        node(&mut store, "/1/d/_h", None, NEVER);
+        node(&mut store, "/1/d/_h/k", Some("v"), NEVER);
+        node(&mut store, "/1/e", Some("v"), "2027-01-01T01:00:00+01:00");
         let leaves = store.leaves();
         let expiry = |key: &str| leaves.iter().find(|l| l.key == key).expect(key).expires;
         let jan1 = go_time_nanos("2027-01-01T00:00:00Z").expect("time");
