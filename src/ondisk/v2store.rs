@@ -33,6 +33,22 @@ struct Node {
     expires: Option<i64>,
 }
 
+impl Node {
+    /// A node; a dir's value is empty whatever was given.
+    fn new(dir: bool, value: &str, expires: Option<i64>) -> Node {
+        let value = if dir {
+            String::new()
+        } else {
+            value.to_string()
+        };
+        Node {
+            dir,
+            value,
+            expires,
+        }
+    }
+}
+
 /// The v2 store's user nodes, by full store path (`/1/a/b`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct V2Store {
@@ -74,19 +90,8 @@ impl V2Store {
                 return;
             }
         };
-        let value = if dir {
-            String::new()
-        } else {
-            value.unwrap_or_default()
-        };
-        self.nodes.insert(
-            path.to_string(),
-            Node {
-                dir,
-                value,
-                expires,
-            },
-        );
+        let node = Node::new(dir, value.as_deref().unwrap_or_default(), expires);
+        self.nodes.insert(path.to_string(), node);
     }
 
     /// Applies one v2 request of the log, as `applyRequest` does.
@@ -206,26 +211,13 @@ impl V2Store {
             _ => {}
         }
         for parent in parents {
-            self.nodes.entry(parent).or_insert(Node {
-                dir: true,
-                value: String::new(),
-                expires: None,
-            });
+            self.nodes
+                .entry(parent)
+                .or_insert_with(|| Node::new(true, "", None));
         }
         let expires = Some(expires).filter(|e| *e >= MIN_EXPIRE_NANOS);
-        let value = if dir {
-            String::new()
-        } else {
-            value.to_string()
-        };
-        self.nodes.insert(
-            path.to_string(),
-            Node {
-                dir,
-                value,
-                expires,
-            },
-        );
+        self.nodes
+            .insert(path.to_string(), Node::new(dir, value, expires));
     }
 
     /// `store.Update`: an existing node's value (a dir's may only stay
