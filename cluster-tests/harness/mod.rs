@@ -192,8 +192,8 @@ pub fn newest_patch_of(version: &str) -> String {
 
 /// Whether a scenario needing `versions` can run: an image named, docker
 /// and curl there, and every release bundled (a release no registry has,
-/// absent without `$ETCD_EXTRA_BIN_DIR`, is a NOT RUN; any other missing
-/// release a broken setup).
+/// absent from `$ETCD_EXTRA_BIN_DIR` or without it, is a NOT RUN; any
+/// other missing release a broken setup).
 pub fn availability(versions: &[&str]) -> Availability {
     let image = match std::env::var(IMAGE_VAR) {
         Ok(image) if !image.is_empty() => image,
@@ -228,9 +228,19 @@ pub fn availability(versions: &[&str]) -> Availability {
         .filter(|v| !bundled.split(',').any(|b| b == *v))
         .collect();
     let extra_dir = std::env::var(EXTRA_VAR).unwrap_or_default();
+    // A release no registry has is a NOT RUN where the extra dir (if one
+    // is named) lacks it too: the image could not bundle it. One the dir
+    // holds but the image lacks is an image built without it: broken.
+    let unavailable = |v: &str| {
+        extra_releases().any(|e| e == v)
+            && (extra_dir.is_empty()
+                || !std::path::Path::new(&extra_dir)
+                    .join(format!("etcd-{v}"))
+                    .exists())
+    };
     if missing.is_empty() {
         Availability::Runs { image }
-    } else if extra_dir.is_empty() && missing.iter().all(|v| extra_releases().any(|e| e == *v)) {
+    } else if missing.iter().all(|v| unavailable(v)) {
         Availability::NotRun(format!(
             "needs etcd {} (no registry has them): `make cluster-test {EXTRA_VAR}=<dir with etcd-<version> and etcdctl-<version>>` bundles them into the image",
             missing.join(", ")
