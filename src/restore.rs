@@ -138,6 +138,36 @@ pub struct Checked {
     pub db: PathBuf,
     /// The db is a backup's (no hash appended: `--skip-hash-check`).
     pub from_backup: bool,
+    /// A snapshot file as it was when its hashes were checked: the tool
+    /// then skips its own pass over the same hash (`--skip-hash-check`)
+    /// and the file must be the same after the tool read it.
+    pub identity: Option<FileIdentity>,
+}
+
+/// What tells a file changed: its device and inode, size and mtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileIdentity {
+    /// `file`'s, now.
+    fn of(file: &Path) -> Result<FileIdentity, RestoreError> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(file).map_err(|source| RestoreError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        Ok(FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        })
+    }
 }
 
 /// The checks before anything is touched (see the module doc).
@@ -158,6 +188,8 @@ pub fn check(config: &Config, request: &RestoreRequest) -> Result<Checked, Resto
     if file.is_dir() {
         return check_backup(config, request);
     }
+    // Taken before the hashes: a change while they are read shows too.
+    let identity = FileIdentity::of(file)?;
     let (whole, body, tail, bytes) = hashes(file)?;
     if whole != request.sha256 {
         return Err(refused(
@@ -196,6 +228,7 @@ pub fn check(config: &Config, request: &RestoreRequest) -> Result<Checked, Resto
         bytes,
         db: file.clone(),
         from_backup: false,
+        identity: Some(identity),
     })
 }
 
@@ -286,6 +319,7 @@ fn check_backup(config: &Config, request: &RestoreRequest) -> Result<Checked, Re
         bytes,
         db,
         from_backup: true,
+        identity: None,
     })
 }
 
@@ -453,7 +487,12 @@ pub async fn restore<T: Tools>(
         "--initial-cluster-token".to_string(),
         token.clone(),
     ];
-    if checked.from_backup {
+    // A backup's db has no hash appended (its manifest vouched for it); a
+    // snapshot file's appended hash was checked against its pages in the
+    // same pass as its sha256 (`check`), so the tool need not read and
+    // hash it again (it still cuts the 32 bytes off): the file is proven
+    // unchanged since once the tool is done, below.
+    if checked.from_backup || checked.identity.is_some() {
         args.push("--skip-hash-check".to_string());
     }
     let bumps = has_restore_bump(target.version);
@@ -483,6 +522,17 @@ pub async fn restore<T: Tools>(
             binary: binary.to_string(),
             source,
         })?;
+    if let Some(before) = checked.identity {
+        let now = FileIdentity::of(&file)?;
+        if now != before {
+            swap::discard_work_dir(&dir);
+            return Err(RestoreError::Refused {
+                file: file.clone(),
+                reason: "it changed while it was checked and restored (its size, mtime or inode are not what they were when its hashes were read)".to_string(),
+                fix: "leave the file alone while the member restores from it, and restart the member".to_string(),
+            });
+        }
+    }
     crate::failpoint!("restore-after-tool");
     if dir.join("member").exists() {
         swap::swap_member(&dir, &rebuilt, target)?;
@@ -553,6 +603,23 @@ mod tests {
             let release: Version = release.parse().expect("version");
             assert_eq!(has_restore_bump(release), has, "{release}");
         }
+    }
+
+    #[test]
+    fn a_file_that_changes_after_its_check_is_told_by_its_identity() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("snap.db");
+        std::fs::write(&path, b"pages").expect("write");
+        let checked = FileIdentity::of(&path).expect("identity");
+        assert_eq!(FileIdentity::of(&path).expect("again"), checked);
+        // Rewritten in place (same size), then replaced by another file.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&path, b"PAGES").expect("rewrite");
+        assert_ne!(FileIdentity::of(&path).expect("rewritten"), checked);
+        let other = dir.path().join("other.db");
+        std::fs::write(&other, b"pages").expect("write");
+        std::fs::rename(&other, &path).expect("rename");
+        assert_ne!(FileIdentity::of(&path).expect("replaced"), checked);
     }
 
     #[test]

@@ -90,6 +90,12 @@ pub fn finish_rebuild(data_dir: &Path) {
     remove_work_dir(data_dir);
 }
 
+/// Removes a scratch dir nothing was swapped from (a restore refused after
+/// its tool ran): the data dir holds what it held.
+pub fn discard_work_dir(data_dir: &Path) {
+    remove_work_dir(data_dir);
+}
+
 /// Removes the scratch dir once its step is recorded.
 fn remove_work_dir(data_dir: &Path) {
     let work = data_dir.join(WORK_DIR);
