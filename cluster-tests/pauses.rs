@@ -13,6 +13,9 @@
 //!   Kubernetes 1.5 → 1.6 move: 2.3.7 on etcd2 data to 3.5.16 on etcd3,
 //!   a wave to 3.0.17, the pause there, a wave per minor after it
 //!   (`$ETCD_EXTRA_BIN_DIR`: 2.3.7 … 3.2.32; NOT RUN without).
+//! - `a_member_killed_as_its_roll_hands_over_to_the_pause_job`: the same,
+//!   the first member whose roll hands over to the job SIGKILLed then and
+//!   started again: it takes part from what version.txt records.
 //! - `three_members_3_4_to_3_3_with_one_pause`: 3.4.23 back to 3.3.25
 //!   (kubeadm style), with a v3 client writing through the pause.
 //! - `three_members_3_5_to_3_3_in_one_rollout`: 3.5.16 back to 3.3.25,
@@ -114,7 +117,13 @@ fn answer_within(cluster: &Cluster, i: usize, deadline: Duration) -> String {
 /// its id new; each v2 write and seeded key is a v3 key (a TTL key under a
 /// lease with what was left of its TTL), and v3 writes go on.
 pub(crate) fn three_members_etcd2_to_etcd3_with_one_pause() {
-    etcd2_to_etcd3("pause-etcd2-etcd3", 3, "3.3.25", "3.5.16", &["3.4.23"]);
+    etcd2_to_etcd3(
+        "pause-etcd2-etcd3",
+        3,
+        ("3.3.25", "3.5.16"),
+        &["3.4.23"],
+        None,
+    );
 }
 
 /// The Kubernetes 1.5 → 1.6 move in one rollout (issue 28 item 7): 3
@@ -126,9 +135,31 @@ pub(crate) fn three_members_2_3_etcd2_to_3_5_etcd3_in_one_rollout() {
     etcd2_to_etcd3(
         "pause-2-3-etcd2-3-5",
         3,
-        "2.3.7",
-        "3.5.16",
-        &["3.0.17", "3.1.20", "3.2.32", "3.3.25", "3.4.23"],
+        ("2.3.7", "3.5.16"),
+        &BELOW_3_3,
+        None,
+    );
+}
+
+/// The releases a 2.3.7 cluster rolls through to 3.3 and a pause job
+/// then takes on to 3.5.16.
+const BELOW_3_3: [&str; 5] = ["3.0.17", "3.1.20", "3.2.32", "3.3.25", "3.4.23"];
+
+/// The line of a member whose roll ended where the pause job begins.
+const ROLLED_TO_THE_JOB: &str =
+    "this member runs the release the pause job starts from; its etcd serves on into the job";
+
+/// The same move, the first member to hand its roll over to the job
+/// SIGKILLed right then (the entrypoint and its etcd) and started again
+/// as the kubelet would: it plans again from what version.txt records
+/// (3.3.25/etcd2, the roll's proven end) and takes part in the job.
+pub(crate) fn a_member_killed_as_its_roll_hands_over_to_the_pause_job() {
+    etcd2_to_etcd3(
+        "pause-2-3-kill-handover",
+        3,
+        ("2.3.7", "3.5.16"),
+        &BELOW_3_3,
+        Some(ROLLED_TO_THE_JOB),
     );
 }
 
@@ -136,14 +167,27 @@ pub(crate) fn three_members_2_3_etcd2_to_3_5_etcd3_in_one_rollout() {
 /// joining it one at a time (voters, 3.3 has no learners), each after
 /// etcd's settling since the add before.
 pub(crate) fn five_members_gce_style_etcd2_to_etcd3_with_one_pause() {
-    etcd2_to_etcd3("pause-etcd2-etcd3-5", 5, "3.3.25", "3.3.25", &["3.4.23"]);
+    etcd2_to_etcd3(
+        "pause-etcd2-etcd3-5",
+        5,
+        ("3.3.25", "3.3.25"),
+        &["3.4.23"],
+        None,
+    );
 }
 
 /// `size` members of `from` on etcd2 data, GCE's exec style, taken to
 /// `target`/etcd3 with one pause (see
 /// [`three_members_etcd2_to_etcd3_with_one_pause`]); `between`: the other
-/// releases the image must bundle.
-fn etcd2_to_etcd3(test: &str, size: usize, from: &str, target: &str, between: &[&str]) {
+/// releases the image must bundle; `kill_at`: a line at which the first
+/// member to log it is SIGKILLed and started again.
+fn etcd2_to_etcd3(
+    test: &str,
+    size: usize,
+    (from, target): (&str, &str),
+    between: &[&str],
+    kill_at: Option<&str>,
+) {
     let mut needs = vec![from, target];
     needs.extend_from_slice(between);
     let Some(ready) = ready(test, &needs) else {
@@ -168,6 +212,21 @@ fn etcd2_to_etcd3(test: &str, size: usize, from: &str, target: &str, between: &[
         &vec![consenting(target, "etcd3"); size],
         Rollout::Apart(ROLLOUT_GAP),
     );
+    if let Some(line) = kill_at {
+        let containers: Vec<&Container> = (0..size).map(|i| cluster.container(i)).collect();
+        let Some(victim) = first_to_log(&containers, line, JOB_DEADLINE) else {
+            panic!(
+                "no member logged {line:?} within {JOB_DEADLINE:?}; logs:\n{}",
+                cluster.all_logs()
+            );
+        };
+        cluster.container(victim).kill();
+        say(&format!(
+            "{test}: {} SIGKILLed right after {line:?}",
+            cluster.members[victim].name
+        ));
+        cluster.container(victim).start();
+    }
     let took = cluster.wait_job_done(target, "etcd3", JOB_DEADLINE);
     monitor.excuse_down(false);
     say(&format!(

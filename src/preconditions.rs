@@ -331,7 +331,7 @@ pub fn check_recorded_data(
         log::info("data read", &[("note", note.as_str().into())]);
     }
     if let Some(cluster_version) = &on_disk.cluster_version {
-        check_label(config, plan, cluster_version)?;
+        check_label(&config.data_dir, plan, cluster_version)?;
     }
     if plan.steps.is_empty() {
         return Ok(None);
@@ -508,10 +508,14 @@ fn check_keys_fit(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), 
             lease: k.lease,
         })
         .collect();
+    // A pause job's converter removes the cluster mode's own v2 records
+    // (`/etcd-migrate/`, a 2.x roll's) before it converts the data.
+    let ours = |path: &str| plan.pause.is_some() && path.starts_with("/etcd-migrate/");
     let v2: Vec<Entry> = on_disk
         .v2_names
         .iter()
         .flat_map(|names| names.keys())
+        .filter(|path| !ours(path))
         .map(|path| Entry {
             key: path.as_bytes().to_vec(),
             value: Vec::new(),
@@ -556,7 +560,7 @@ fn check_auth_off(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), 
 /// of version.txt when the first step runs that minor in place (a run
 /// that died during that step; the baseline handles it).
 fn check_label(
-    config: &Config,
+    data_dir: &Path,
     plan: &Plan,
     cluster_version: &str,
 ) -> Result<(), PreconditionError> {
@@ -576,8 +580,10 @@ fn check_label(
         _ => false,
     };
     // A member of a cluster may run one minor ahead of the cluster
-    // version while the others catch up (a wave under way).
-    let wave_under_way = plan.cluster.is_some()
+    // version while the others catch up (a wave under way), also where
+    // the wave is a roll's that hands over to a pause job (the job waits
+    // for the cluster version it runs at).
+    let wave_under_way = (plan.cluster.is_some() || plan.pause.is_some())
         && cluster_version
             .parse::<Version>()
             .is_ok_and(|cv| cv.minor_line().next() == recorded.version.minor_line());
@@ -590,11 +596,7 @@ fn check_label(
         recorded.storage
     };
     Err(PreconditionError::Mislabelled {
-        path: config
-            .data_dir
-            .join(datadir::VERSION_FILE)
-            .display()
-            .to_string(),
+        path: data_dir.join(datadir::VERSION_FILE).display().to_string(),
         recorded,
         cluster_version: cluster_version.to_string(),
         suggestion: format!("{cluster_minor}.<patch>/{storage}"),
@@ -712,6 +714,34 @@ fn peer_addresses(urls: &str) -> Vec<(String, SocketAddr)> {
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn a_member_one_minor_ahead_of_its_cluster_is_no_mislabel_only_in_a_cluster() {
+        use crate::plan::{self, Bundle};
+        use crate::version::VersionPair;
+        let pair = |s: &str| -> VersionPair { s.parse().expect("pair") };
+        let bundle = Bundle::new(
+            ["3.2.32", "3.3.25", "3.4.23", "3.5.16"].map(|v| v.parse().expect("version")),
+        );
+        // Recorded 3.3.25 by a roll's proof while the others still run 3.2
+        // (the cluster version 3.2.0), the target past a pause.
+        let alone = plan::plan(pair("3.3.25/etcd2"), pair("3.5.16/etcd3"), &bundle).expect("plan");
+        let dir = Path::new("/var/etcd/data");
+        let err = check_label(dir, &alone, "3.2.0").expect_err("one member");
+        assert!(err.to_string().contains("3.2.<patch>/etcd2"), "{err}");
+        let pausing = Plan {
+            pause: Some(3),
+            ..alone.clone()
+        };
+        check_label(dir, &pausing, "3.2.0").expect("a pause job's member");
+        let rolling = Plan {
+            cluster: Some(3),
+            ..alone.clone()
+        };
+        check_label(dir, &rolling, "3.2.0").expect("a rolling member");
+        // Two minors behind is no wave.
+        check_label(dir, &pausing, "3.1.0").expect_err("two minors");
+    }
 
     #[test]
     fn peer_urls_become_the_addresses_etcd_listens_on() {
