@@ -337,9 +337,15 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn plan_of(from: &str, to: &str, bundle: &[&str]) -> Plan {
+        plan_in(Storage::Etcd3, from, to, bundle)
+    }
+
+    /// The plan from `from` to `to` (both `storage`) with `bundle`, and
+    /// its baseline reader.
+    fn plan_in(storage: Storage, from: &str, to: &str, bundle: &[&str]) -> Plan {
         let pair = |s: &str| VersionPair {
             version: s.parse().expect("version"),
-            storage: Storage::Etcd3,
+            storage,
         };
         let bundle = Bundle::new(bundle.iter().map(|v| v.parse().expect("version")));
         let mut plan = plan::plan(pair(from), pair(to), &bundle).expect("plan");
@@ -363,14 +369,7 @@ mod tests {
     }
 
     fn etcd2_plan(from: &str, to: &str, bundle: &[&str]) -> Plan {
-        let pair = |s: &str| VersionPair {
-            version: s.parse().expect("version"),
-            storage: Storage::Etcd2,
-        };
-        let bundle = Bundle::new(bundle.iter().map(|v| v.parse().expect("version")));
-        let mut plan = plan::plan(pair(from), pair(to), &bundle).expect("plan");
-        plan.baseline = plan::baseline_reader(&plan, &bundle);
-        plan
+        plan_in(Storage::Etcd2, from, to, bundle)
     }
 
     #[test]

@@ -510,7 +510,12 @@ fn check_keys_fit(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), 
         .collect();
     // A pause job's converter removes the cluster mode's own v2 records
     // (`/etcd-migrate/`, a 2.x roll's) before it converts the data.
-    let ours = |path: &str| plan.pause.is_some() && path.starts_with("/etcd-migrate/");
+    let ours = |path: &str| {
+        plan.pause.is_some()
+            && path
+                .strip_prefix(crate::cluster::RECORDS_DIR)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
     let v2: Vec<Entry> = on_disk
         .v2_names
         .iter()

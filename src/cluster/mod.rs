@@ -23,6 +23,11 @@
 //! - `entry`: the cluster mode's entry from the run (seams built from the
 //!   configuration and the data, the loop, the exit code).
 
+/// Where the cluster mode keeps its own records in the cluster's store
+/// (the lock, announcements, proofs, pause jobs; v2 on 2.x clusters, v3
+/// after): no user key lives below it.
+pub const RECORDS_DIR: &str = "/etcd-migrate";
+
 pub mod announce;
 pub mod client;
 pub mod decide;

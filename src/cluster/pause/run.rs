@@ -625,8 +625,9 @@ impl Pausing {
         let mut last = String::from("no client URL");
         for endpoint in &self.own.client_urls {
             let url = format!(
-                "{}/v2/keys/etcd-migrate?dir=true&recursive=true",
-                endpoint.trim_end_matches('/')
+                "{}/v2/keys{}?dir=true&recursive=true",
+                endpoint.trim_end_matches('/'),
+                crate::cluster::RECORDS_DIR
             );
             match http.delete(&url).send().await {
                 Ok(response)

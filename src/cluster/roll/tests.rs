@@ -414,18 +414,21 @@ fn run_in(world: World, rolling: &Rolling) -> (Result<Ended, RollError>, Vec<Str
     (result, log)
 }
 
-#[test]
-fn a_restart_under_the_lock_records_only_after_its_proof_and_hands_leadership_first() {
-    // We run 3.4 already, one minor ahead; m3 reaches 3.4 after a while,
-    // the cluster version follows, and our restart into 3.5 goes.
-    let world = World {
+/// We run 3.4 already, one minor ahead; m3 reaches 3.4 after a while,
+/// the cluster version follows, and our restart into 3.5 may go.
+fn one_ahead() -> World {
+    World {
         others: vec![Some(v("3.4.23")), Some(v("3.3.25"))],
         comes_up: Some((1, 5, v("3.4.23"))),
         cv: Some(Minor::new(3, 3)),
         leader: Some(OWN),
         ..World::default()
-    };
-    let (result, log) = run_in(world, &rolling("3.4.23", "3.5.16"));
+    }
+}
+
+#[test]
+fn a_restart_under_the_lock_records_only_after_its_proof_and_hands_leadership_first() {
+    let (result, log) = run_in(one_ahead(), &rolling("3.4.23", "3.5.16"));
     assert_eq!(
         result.expect("rolled"),
         Ended::Exited(ExitStatus::Exited(0))
@@ -451,18 +454,11 @@ fn a_restart_under_the_lock_records_only_after_its_proof_and_hands_leadership_fi
 fn a_roll_before_a_pause_job_hands_its_etcd_over_serving() {
     // The same roll, ending where a pause job begins (Plan::then_pause):
     // nothing is served here, and nothing stopped: the job takes the etcd.
-    let world = World {
-        others: vec![Some(v("3.4.23")), Some(v("3.3.25"))],
-        comes_up: Some((1, 5, v("3.4.23"))),
-        cv: Some(Minor::new(3, 3)),
-        leader: Some(OWN),
-        ..World::default()
-    };
     let rolling = Rolling {
         then_pause: true,
         ..rolling("3.4.23", "3.5.16")
     };
-    let (result, log) = run_in(world, &rolling);
+    let (result, log) = run_in(one_ahead(), &rolling);
     assert_eq!(result.expect("rolled"), Ended::Rolled);
     assert_eq!(log.last().map(String::as_str), Some("unlock"), "{log:?}");
     assert!(!log.iter().any(|l| l == "served"), "{log:?}");
