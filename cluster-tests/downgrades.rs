@@ -7,6 +7,8 @@
 //! under the lock and is recorded once proven. A client writes throughout
 //! and the monitor checks, every round, that no two members are down at
 //! once and no member runs a release the cluster version does not allow.
+//! 3.5 → 3.4.45 takes no job (etcd's guide): each member the rollout
+//! restarts comes back on 3.4 with `--next-cluster-version-compatible`.
 //!
 //! 3.6 and 3.7 are in no registry: these scenarios need an image built
 //! with `ETCD_EXTRA_BIN_DIR` (NOT RUN, and counted as ignored, without).
@@ -247,4 +249,58 @@ pub(crate) fn a_rollout_3_s_apart_never_meets_a_restart_of_ours() {
 /// than any quiet spell a heuristic would take for the rollout's end).
 pub(crate) fn a_rollout_40_s_apart_never_meets_a_restart_of_ours() {
     a_rollout_on_its_own_schedule("down-rollout-40s", Duration::from_secs(40), true);
+}
+
+/// Issue 28 item 6: 3.5 back to a 3.4.32+ online, with no downgrade job
+/// (etcd's guide "Downgrade etcd from 3.5 to 3.4"): each member the
+/// rollout restarts comes back on 3.4.45 (`--next-cluster-version-compatible`)
+/// at once, the cluster version drops to 3.4 when the first one runs, and
+/// the others keep serving 3.5 meanwhile; then back up to 3.5.16 as an
+/// ordinary one-minor roll. No member enables a downgrade job, none is
+/// restarted under the lock (each restart is the rollout's own), and the
+/// monitor sees no two members down at once.
+pub(crate) fn three_members_go_back_from_3_5_to_3_4_45_with_no_job_and_up_again() {
+    let Some((mut s, _ready)) =
+        Scenario::start("down-3-5-to-3-4", Style::Kubeadm, 3, "3.5.16", &["3.4.45"])
+    else {
+        return;
+    };
+    s.retarget_one_by_one("3.4.45");
+    s.reached("3.4.45");
+    eprintln!(
+        "{}: the entrypoints' record going down:\n{}",
+        s.test,
+        s.record()
+    );
+    assert_eq!(
+        s.counts(ENABLED),
+        vec![0; 3],
+        "3.5 → 3.4 takes no downgrade job:\n{}",
+        s.record()
+    );
+    assert_eq!(
+        s.counts(STOPPED),
+        vec![0; 3],
+        "each member came back on 3.4 from the rollout's own restart, none stopped by its entrypoint:\n{}",
+        s.record()
+    );
+    s.retarget_one_by_one("3.5.16");
+    s.finish_with("3.5.16", false);
+}
+
+/// The same rollout on the issue-30 schedule, 3 s apart and nobody
+/// waiting for anybody, then GCE style on five members: never two down.
+pub(crate) fn a_3_5_to_3_4_45_rollout_3_s_apart_on_five_members() {
+    let Some((mut s, _ready)) =
+        Scenario::start("down-3-5-rollout-5", Style::GceHa, 5, "3.5.16", &["3.4.45"])
+    else {
+        return;
+    };
+    for i in 0..s.cluster.members.len() {
+        s.retarget(i, "3.4.45");
+        if i + 1 < s.cluster.members.len() {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+    }
+    s.finish_with("3.4.45", false);
 }

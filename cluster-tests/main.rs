@@ -111,6 +111,8 @@ fn main() {
         downgrades::a_member_offline_holds_the_downgrade_until_it_is_back,
         downgrades::a_rollout_3_s_apart_never_meets_a_restart_of_ours,
         downgrades::a_rollout_40_s_apart_never_meets_a_restart_of_ours,
+        downgrades::three_members_go_back_from_3_5_to_3_4_45_with_no_job_and_up_again,
+        downgrades::a_3_5_to_3_4_45_rollout_3_s_apart_on_five_members,
         pauses::three_members_etcd2_to_etcd3_with_one_pause,
         pauses::three_members_3_4_to_3_3_with_one_pause,
         pauses::three_members_3_5_to_3_3_in_one_rollout,

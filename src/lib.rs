@@ -1244,13 +1244,9 @@ fn verify_binaries(
     supervisor: &Supervisor,
 ) -> Result<(), Error> {
     let needed = plan.needed_binaries();
-    // A roll runs its steps' releases as the member: upgrades, and etcd's
-    // downgrade from 3.6 on; any other step means the member only waits.
-    let rolls_through = |step: &plan::Step| {
-        step.is_upgrade()
-            || matches!(step, plan::Step::MinorDowngrade { serve, .. } if serve.minor_line() >= version::Minor::new(3, 6))
-    };
-    let waits_only = rolls && !plan.steps.iter().all(rolls_through);
+    // A roll runs its steps' releases as the member (the steps a cluster
+    // takes online); any other step means the member only waits.
+    let waits_only = rolls && !plan.steps.iter().all(plan::Step::rolls_online);
     let flagged: Vec<Version> = if waits_only {
         // A cluster member whose target has no online way back runs
         // nothing but its recorded release (it waits, saying why).

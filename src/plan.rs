@@ -546,13 +546,17 @@ impl Step {
     }
 
     /// True for the steps a cluster takes member by member, online: the
-    /// upgrades, and etcd's own downgrade where the serving release has it
-    /// for clusters (3.6 and later). The others need the whole cluster's
+    /// upgrades, etcd's own downgrade where the serving release has it
+    /// for clusters (3.6 and later), and 3.5 to a 3.4 that joins a 3.5
+    /// cluster (3.4.32+, [`Version::rolls_down_from_next_minor`]: rolling
+    /// restarts, no downgrade job). The others need the whole cluster's
     /// pause (`cluster::pause`).
     pub fn rolls_online(&self) -> bool {
         match *self {
             Step::PatchUpgrade { .. } | Step::MinorUpgrade { .. } => true,
-            Step::MinorDowngrade { serve, .. } => serve.minor_line() >= Minor::new(3, 6),
+            Step::MinorDowngrade { serve, to, .. } => {
+                serve.minor_line() >= Minor::new(3, 6) || to.rolls_down_from_next_minor()
+            }
             Step::StorageMigration { .. }
             | Step::MinorRollback { .. }
             | Step::RollbackToEtcd2 { .. } => false,
@@ -2184,10 +2188,20 @@ mod tests {
             ("2.3.7/etcd2", "3.0.17/etcd3", TWO, 3, false, Ok("pause 3")),
             ("3.2.32/etcd3", "3.1.20/etcd3", TWO, 3, false, Ok("pause 3")),
         ];
+        // 3.5 to a 3.4 that joins a 3.5 cluster (3.4.32+) rolls by
+        // restarts; an older 3.4 patch takes a pause job.
+        let fours = bundle("3.4.23,3.4.31,3.4.45,3.5.16,3.5.30");
+        let fours_rows: Vec<Row> = vec![
+            ("3.5.16/etcd3", "3.4.45/etcd3", TWO, 3, false, Ok("roll 3")),
+            ("3.5.30/etcd3", "3.4.45/etcd3", ONE, 5, false, Ok("roll 5")),
+            ("3.5.16/etcd3", "3.4.31/etcd3", TWO, 3, false, Ok("pause 3")),
+            ("3.5.16/etcd3", "3.4.23/etcd3", TWO, 3, false, Ok("pause 3")),
+        ];
         let all = rows
             .into_iter()
             .map(|row| (row, &ci))
-            .chain(extra_rows.into_iter().map(|row| (row, &full)));
+            .chain(extra_rows.into_iter().map(|row| (row, &full)))
+            .chain(fours_rows.into_iter().map(|row| (row, &fours)));
         for ((recorded, target, initial_cluster, data_members, restart_mark, expect), bundle) in all
         {
             let situation = Situation {

@@ -592,7 +592,14 @@ fn check_label(
         && cluster_version
             .parse::<Version>()
             .is_ok_and(|cv| cv.minor_line().next() == recorded.version.minor_line());
-    if cluster_minor == recorded_minor || interrupted_first_step || wave_under_way {
+    // A 3.4.32+ member rolled down from 3.5 runs on data whose cluster
+    // version stays 3.5 until the cluster's leader lowers it (seconds,
+    // while every member answers; src/cluster/decide.rs).
+    let rolled_down = recorded.version.rolls_down_from_next_minor()
+        && cluster_version
+            .parse::<Version>()
+            .is_ok_and(|cv| recorded.version.minor_line().next() == cv.minor_line());
+    if cluster_minor == recorded_minor || interrupted_first_step || wave_under_way || rolled_down {
         return Ok(());
     }
     let storage = if cluster_minor.starts_with("2.") {
@@ -746,6 +753,26 @@ mod tests {
         check_label(dir, &rolling, "3.2.0").expect("a rolling member");
         // Two minors behind is no wave.
         check_label(dir, &pausing, "3.1.0").expect_err("two minors");
+    }
+
+    #[test]
+    fn a_3_4_32_member_rolled_down_from_3_5_is_no_mislabel_before_the_cluster_version_drops() {
+        use crate::plan::{self, Bundle};
+        use crate::version::VersionPair;
+        let pair = |s: &str| -> VersionPair { s.parse().expect("pair") };
+        let bundle = Bundle::new(
+            ["3.4.23", "3.4.31", "3.4.45", "3.5.16"].map(|v| v.parse().expect("version")),
+        );
+        let dir = Path::new("/var/etcd/data");
+        // At its target: no steps, no cluster plan; the data's cluster
+        // version is still 3.5 (the leader lowers it seconds later).
+        let at = plan::plan(pair("3.4.45/etcd3"), pair("3.4.45/etcd3"), &bundle).expect("plan");
+        check_label(dir, &at, "3.5.0").expect("a 3.4.45 member rolled down");
+        check_label(dir, &at, "3.6.0").expect_err("two minors");
+        // 3.4.31 joins a 3.5 cluster but is not what a roll takes: a
+        // 3.4.31 label on 3.5 data is what an operator wrote by hand.
+        let old = plan::plan(pair("3.4.31/etcd3"), pair("3.4.31/etcd3"), &bundle).expect("plan");
+        check_label(dir, &old, "3.5.0").expect_err("3.4.31");
     }
 
     #[test]

@@ -139,6 +139,19 @@ impl Version {
         self.minor_line() == Minor::new(3, 4) && self.patch >= 31
     }
 
+    /// True for a 3.4 patch that a 3.5 cluster rolls down to online,
+    /// member by member, with no downgrade job (etcd's guide "Downgrade
+    /// etcd from 3.5 to 3.4" asks for 3.4.32+): started with
+    /// `--next-cluster-version-compatible`, it joins the 3.5 cluster, and
+    /// from 3.4.32 on a 3.4 leader lowers a 3.5 cluster version as a 3.5
+    /// leader does (etcd's `IsValidClusterVersionChange`, commit
+    /// 0d62c9977). Measured on 3.5.16 → 3.4.45: the cluster version is
+    /// 3.4 within 3 s of the first member's restart, and 3.5 members run
+    /// on at cluster version 3.4 as in an upgrade's mixed state.
+    pub fn rolls_down_from_next_minor(self) -> bool {
+        self.minor_line() == Minor::new(3, 4) && self.patch >= 32
+    }
+
     /// True when this release reports its data's storage version (3.6+:
     /// `/version`'s `storage`), which follows the cluster version up at
     /// once and down once the downgrade is snapshotted.

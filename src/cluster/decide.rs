@@ -26,7 +26,12 @@
 //!   its storage version is M − 1, restarts into M − 1 under the lock, one
 //!   at a time; the leader ends the job when all run it. A goal above an
 //!   enabled job's target cancels it (any member; etcd ignores a second
-//!   cancel). A target with no online way back keeps the member serving.
+//!   cancel). 3.5 goes back to a 3.4.32+ with no job, as etcd's guide
+//!   does it: each member in turn restarts into 3.4 under the lock (with
+//!   `--next-cluster-version-compatible`, which lets it run at cluster
+//!   version 3.5), and the leader lowers the cluster version once the
+//!   first one runs. A target with no online way back keeps the member
+//!   serving.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -353,7 +358,7 @@ impl fmt::Display for Waiting {
                 running,
             } => write!(
                 f,
-                "TARGET_VERSION {target} is below the cluster version {cluster}: this member keeps serving {running}; a cluster of {members} members goes back only through etcd's downgrade, which needs a member on 3.6 or later and the release one minor below bundled (3.5 reports no downgrade state to roll on, and 3.4 and older have no downgrade), so nothing changes until TARGET_VERSION is {cluster}.x or newer again, or the image bundles the way down"
+                "TARGET_VERSION {target} is below the cluster version {cluster}: this member keeps serving {running}; a cluster of {members} members goes back only through etcd's downgrade, which needs a member on 3.6 or later and the release one minor below bundled (3.5 goes down online only to a bundled 3.4.32 or newer, and 3.4 and older have no downgrade), so nothing changes until TARGET_VERSION is {cluster}.x or newer again, or the image bundles the way down"
             ),
             Waiting::StorageVersion { want, have } => write!(
                 f,
@@ -438,7 +443,10 @@ fn refusal(view: &View, own: &Own, goal: &Goal) -> Option<Refusal> {
     };
     let running = own.running.minor_line();
     if let Some(cluster) = view.cluster_version {
-        if running < cluster {
+        // A 3.4.32+ member rolled down from 3.5 runs at cluster version 3.5
+        // until the leader lowers it (see the module's doc).
+        let rolled_down = own.running.rolls_down_from_next_minor() && cluster == running.next();
+        if running < cluster && !rolled_down {
             return Some(Refusal::Behind {
                 running: own.running,
                 cluster,
@@ -495,8 +503,30 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
     if let (Some(next), Some(cluster)) = (down, view.cluster_version) {
         return downgrade_step(view, own, goal, next, cluster);
     }
+    // 3.5 to a 3.4.32+: rolling restarts, as an upgrade's (no job to
+    // enable; the cluster version may be 3.5 or, once one member runs 3.4,
+    // 3.4).
+    let rolls_down = goal.next.filter(|next| {
+        running == Minor::new(3, 5)
+            && next.minor_line() < running
+            && next.rolls_down_from_next_minor()
+    });
+    if let Some(next) = rolls_down {
+        if let Some(waiting) = others_ready(view, own) {
+            return Decision::Wait(waiting);
+        }
+        if let Some(waiting) = rollout_gate(view, own, goal, next) {
+            return Decision::Wait(waiting);
+        }
+        return ready_then_lock(view, own);
+    }
     if let Some(cluster) = view.cluster_version {
-        if goal.target.minor_line() < cluster && view.members.len() > 1 {
+        // A member on the target's minor already (a 3.4.32+ rolled down
+        // from 3.5, the cluster version not lowered yet) is done.
+        if goal.target.minor_line() < cluster
+            && goal.target.minor_line() < running
+            && view.members.len() > 1
+        {
             return Decision::Wait(Waiting::NoWayBack {
                 cluster,
                 target: goal.target,
@@ -711,7 +741,10 @@ fn restart_or_hand_over(view: &View, own: &Own, goal: &Goal) -> Decision {
         return Decision::ReleaseLock;
     };
     let running = own.running.minor_line();
-    if next.minor_line() < running && view.cluster_version == Some(running) {
+    if next.minor_line() < running
+        && running >= Minor::new(3, 6)
+        && view.cluster_version == Some(running)
+    {
         return Decision::EnableDowngrade {
             to: next.minor_line(),
         };
@@ -980,9 +1013,27 @@ mod tests {
             ("cancelled: back up as an upgrade",
              view("3.6", "3.6.14", up("3.7.1"), up("3.6.14")), own("3.6.14"), goal("3.7.1", Some("3.7.1")),
              Decision::TakeLock),
-            ("3.5 → 3.4: 3.5 reports no downgrade state, keep serving and say why",
-             view("3.5", "3.5.30", up("3.5.30"), up("3.5.30")), own("3.5.30"), goal("3.4.45", Some("3.4.45")),
-             Decision::Wait(Waiting::NoWayBack { cluster: m("3.5"), target: v("3.4.45"), members: 3, running: v("3.5.30") })),
+            ("3.5 → 3.4.31: no online way (3.4.32+ lowers a 3.5 cluster version), keep serving and say why",
+             view("3.5", "3.5.30", up("3.5.30"), up("3.5.30")), own("3.5.30"), goal("3.4.31", Some("3.4.31")),
+             Decision::Wait(Waiting::NoWayBack { cluster: m("3.5"), target: v("3.4.31"), members: 3, running: v("3.5.30") })),
+            ("3.5 → 3.4.45: a rolling restart, no job: take the lock",
+             view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), own("3.5.16"), goal("3.4.45", Some("3.4.45")),
+             Decision::TakeLock),
+            ("3.5 → 3.4.45, the lock ours: restart (never enable a job 3.5 does not roll on)",
+             lock(view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), A), own("3.5.16"), goal("3.4.45", Some("3.4.45")),
+             Decision::Restart { into: v("3.4.45") }),
+            ("3.5 → 3.4.45, the lock ours and we lead: hand leadership to a member on 3.4 first",
+             lead(lock(view("3.4", "3.5.16", up("3.5.16"), up("3.4.45")), A)), own("3.5.16"), goal("3.4.45", Some("3.4.45")),
+             Decision::MoveLeader { to: C }),
+            ("3.5 → 3.4.45, another member restarting: wait for it",
+             view("3.5", "3.5.16", down, up("3.5.16")), own("3.5.16"), goal("3.4.45", Some("3.4.45")),
+             Decision::Wait(Waiting::MemberDown { member: "etcd-b (https://10.0.0.11:2380)".to_string(), down_for: Duration::from_secs(45) })),
+            ("3.5 → 3.4.45, a member the rollout has not restarted: wait for the rollout",
+             said(view("3.5", "3.5.16", up("3.5.16"), up("3.5.16")), &[(B, "3.5.16"), (C, "3.4.45")]), own("3.5.16"), goal("3.4.45", Some("3.4.45")),
+             Decision::Wait(Waiting::Rollout { member: "etcd-b (https://10.0.0.11:2380)".to_string(), reach: up("3.5.16"), announced: Some(v("3.5.16")), target: v("3.4.45") })),
+            ("3.4.45 at cluster version 3.5 (not lowered yet): done, not behind",
+             view("3.5", "3.4.45", up("3.5.16"), up("3.5.16")), own("3.4.45"), goal("3.4.45", None),
+             Decision::Done),
             ("dropped, storage 3.6, a member still on 3.7 announced 3.7.1: the rollout has not restarted it yet, wait (issue 30)",
              said(storage(job(view("3.6", "3.7.1", up("3.7.1"), up("3.6.14")), "3.6"), "3.6"), &[(B, "3.7.1"), (C, "3.6.14")]), own("3.7.1"), goal("3.6.14", Some("3.6.14")),
              Decision::Wait(Waiting::Rollout { member: "etcd-b (https://10.0.0.11:2380)".to_string(), reach: up("3.7.1"), announced: Some(v("3.7.1")), target: v("3.6.14") })),

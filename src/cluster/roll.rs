@@ -461,6 +461,20 @@ pub async fn choose_start<C: Coordination, L: Ledger>(
         // going through the cluster (enabled under the lock, then member
         // by member).
         let to = next.minor_line();
+        if next.rolls_down_from_next_minor() && first.minor_line() == to.next() {
+            // 3.5 to a 3.4.32+ needs no job: the member is down already
+            // (restarted by the rollout), so it comes back on 3.4 at
+            // once instead of once more later (etcd's guide does the
+            // same restart by hand).
+            log::info(
+                "starting this member one hop down: it is down already, and a 3.4.32+ release joins a 3.5 cluster with no downgrade job",
+                &[
+                    ("from", first.to_string().into()),
+                    ("release", next.to_string().into()),
+                ],
+            );
+            return Ok(next);
+        }
         let storage = ledger
             .storage_version()
             .map_err(|e| RollError::action("reading this member's storage version", &e))?;

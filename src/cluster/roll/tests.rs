@@ -976,3 +976,44 @@ fn a_refusal_seen_once_does_not_end_the_roll() {
         "the roll went on: {log:?}"
     );
 }
+
+/// 3.5 to a 3.4.32+ takes no downgrade job (etcd's guide): the member the
+/// rollout restarted comes back on 3.4 at once, at cluster version 3.5,
+/// never enabling anything, and records 3.4 once proven.
+#[test]
+fn a_3_5_member_restarted_with_a_3_4_32_target_starts_it_at_once_with_no_job() {
+    let world = World {
+        others: vec![Some(v("3.5.16")), Some(v("3.5.16"))],
+        cv: Some(Minor::new(3, 5)),
+        ..World::default()
+    };
+    let to_45 = Rolling {
+        bundle: Bundle::new(["3.4.45", "3.5.16"].map(v)),
+        ..rolling("3.5.16", "3.4.45")
+    };
+    let (result, log) = run_in(world, &to_45);
+    result.expect("rolled");
+    assert_eq!(
+        log,
+        ["mark 3.4.45", "start 3.4.45", "record 3.4.45", "served"]
+    );
+    // Below 3.4.32 a 3.4 leader cannot lower a 3.5 cluster version: the
+    // member starts its own release and waits (the pause job's way).
+    let world = World {
+        others: vec![Some(v("3.5.16")), Some(v("3.5.16"))],
+        cv: Some(Minor::new(3, 5)),
+        ..World::default()
+    };
+    let start = runtime()
+        .block_on(choose_start(
+            &Rolling {
+                bundle: Bundle::new(["3.4.31", "3.5.16"].map(v)),
+                ..rolling("3.5.16", "3.4.31")
+            },
+            v("3.5.16"),
+            &mut FakeCluster(Rc::new(RefCell::new(world))),
+            &mut FakeLedger(Rc::new(RefCell::new(World::default()))),
+        ))
+        .expect("starts");
+    assert_eq!(start, v("3.5.16"));
+}
