@@ -32,6 +32,11 @@ pub trait Launcher {
     /// `data_dir` records, read offline before an etcd starts on it: the
     /// v2 API lists none of them, so the reads must ask for each.
     fn hidden_v2_paths(&self, data_dir: &Path) -> Vec<String>;
+    /// A rebuilt copy replaced the data in `data_dir`: what was read of it
+    /// before (its hidden v2 nodes) is read again.
+    fn data_replaced(&self, data_dir: &Path) {
+        let _ = data_dir;
+    }
     /// The TTL each lease of the data in `data_dir` was granted (lease id →
     /// seconds), read offline while no etcd runs on it; `Ok(None)` where
     /// the data holds no lease table (no bolt database). For a release

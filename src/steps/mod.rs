@@ -527,6 +527,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     ) -> Result<(), Failure> {
         let pair = VersionPair { version, storage };
         self.disk.swap(self.settings.data_dir, copy, pair)?;
+        self.launcher.data_replaced(self.settings.data_dir);
         Ok(())
     }
 
