@@ -5,8 +5,10 @@
 //! first etcd on a WAL it cannot replay (3.5's v2 requests past the newest
 //! snapshot: a 3.6 member that never snapshotted since), and v2 content
 //! refused offline as 3.6.14 itself refuses it; and the Kubernetes
-//! tool's v3 health key in 3.1.20/etcd2 data (issue 20.1). The walks
-//! themselves are `old_releases`' cases.
+//! tool's v3 health key in 3.1.20/etcd2 data (issue 20.1); and a restore
+//! from a snapshot on 3.6 and on 3.7 (issue 29: `etcdutl`'s
+//! `--bump-revision` and `--mark-compacted`). The walks themselves are
+//! `old_releases`' cases.
 
 use std::path::Path;
 
@@ -16,6 +18,7 @@ use crate::harness::etcd::EtcdProcess;
 use crate::harness::fixture::{self, FixtureSpec};
 use crate::harness::keyspace::read_back;
 use crate::harness::migrator::{Migration, Mode};
+use crate::harness::snapshot::{backups, restoring, sha256, snapshot_of, AFTER};
 use crate::harness::tree::fingerprint;
 use crate::harness::v2::{self, V2Key};
 use crate::harness::{
@@ -41,6 +44,9 @@ pub fn trials() -> Vec<Trial> {
         a_flag_3_7_removed_is_refused_up_front_naming_its_replacement needs ["3.6.14", "3.7.1"],
         v2_content_is_refused_offline_as_3_6_itself_refuses_it needs ["3.5.30", "3.6.14"],
         kubernetes_tools_health_key_on_3_1_etcd2_data_migrates_with_it needs ["3.1.20", "3.2.32"],
+        a_3_6_member_is_restored_from_a_snapshot_past_its_revision needs ["3.5.30", "3.6.14"],
+        a_3_7_member_is_restored_from_a_snapshot_past_its_revision
+            needs ["3.5.30", "3.6.14", "3.7.1"],
     ];
     tests
         .into_iter()
@@ -301,4 +307,66 @@ fn kubernetes_tools_health_key_on_3_1_etcd2_data_migrates_with_it() {
         );
     }
     assert_eq!(keyspace.entries.len(), 11, "{:?}", keyspace.entries.keys());
+}
+
+/// 3.5.30 data walked to `release` (3.6.14, or 3.7.1 through it), a
+/// snapshot taken there, one more key written, then the member restored
+/// from the snapshot: the restore runs `release`'s own `etcdutl` with the
+/// revision bumped and the old revisions marked compacted, the member
+/// serves every key of the snapshot and none after it, at a revision past
+/// the snapshot's (a watcher sees a compaction, never revisions going
+/// back), once, with the data as it was backed up.
+fn restored_past_its_revision(release: &str, walk: &[&str]) {
+    let tmp = temp_dir(&format!("restore-{release}"));
+    let data = tmp.path().join("data");
+    let member = Member::new("restore-present");
+    fixture::build(FixtureSpec::small("3.5.30"), &data, &member, tmp.path());
+    let bin = linked_bin_dir(walk, tmp.path());
+    let walked = Migration::new(release, &data, &member).bin_dir(&bin).run();
+    walked.assert_code(0);
+    assert_eq!(read_version_txt(&data), format!("{release}/etcd3"));
+    let file = tmp.path().join("snapshot.db");
+    let held = snapshot_of(release, &data, &member, tmp.path(), &file);
+    let sha = sha256(&file);
+    let run = restoring(release, &data, &member, &file, &sha)
+        .bin_dir(&bin)
+        .run();
+    run.assert_code(0);
+    let tool = run.lines_with("restoring the data dir from a snapshot");
+    assert!(
+        tool.len() == 1 && tool[0].contains(&format!("etcdutl-{release}")),
+        "restored once, by {release}'s etcdutl:\n{}",
+        run.explain()
+    );
+    assert_eq!(read_version_txt(&data), format!("{release}/etcd3"));
+    assert_eq!(backups(&data).len(), 1, "the data as it was is backed up");
+    let restored = read_back(release, &member, &data, tmp.path());
+    assert!(
+        !restored.entries.contains_key(AFTER.as_bytes()),
+        "a key written after the snapshot is not in the restored member"
+    );
+    restored.assert_kept(&held, 3000);
+    assert!(
+        restored.revision >= held.revision + 1_000_000_000,
+        "the revision is bumped past the snapshot's ({}): {}",
+        held.revision,
+        restored.revision
+    );
+    let again = restoring(release, &data, &member, &file, &sha)
+        .bin_dir(&bin)
+        .run();
+    again.assert_code(0);
+    assert!(
+        again.lines_with("restoring the data dir").is_empty(),
+        "restored twice:\n{}",
+        again.explain()
+    );
+}
+
+fn a_3_6_member_is_restored_from_a_snapshot_past_its_revision() {
+    restored_past_its_revision("3.6.14", &["3.5.30", "3.6.14"]);
+}
+
+fn a_3_7_member_is_restored_from_a_snapshot_past_its_revision() {
+    restored_past_its_revision("3.7.1", &["3.5.30", "3.6.14", "3.7.1"]);
 }

@@ -9,7 +9,8 @@
 //!   storage migration at 3.0 … 3.4, etcd's downgrade 3.7 → 3.5 → 3.4.45,
 //!   and the whole walks.
 //! - `present`: today's releases: upstream's patch floors, a flag 3.7
-//!   removed, and 3.7 never the first etcd on a WAL it cannot replay.
+//!   removed, 3.7 never the first etcd on a WAL it cannot replay, and a
+//!   restore from a snapshot on 3.6 and 3.7.
 //! - `v2_baseline`: etcd2 data's baseline replayed offline, proven by the
 //!   first step's read, and its fallback to a start.
 

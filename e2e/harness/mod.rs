@@ -9,6 +9,7 @@ pub mod keyspace;
 pub mod migrator;
 pub mod mount;
 pub mod ports;
+pub mod snapshot;
 pub mod tree;
 pub mod v2;
 
