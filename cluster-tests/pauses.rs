@@ -255,6 +255,20 @@ pub(crate) fn three_members_3_5_to_3_3_in_one_rollout() {
     rolled_back_with_pauses("pause-3-5-to-3-3", "3.5.16", "3.3.25", &["3.4.23"]);
 }
 
+/// A 3.7 cluster to 3.3 in one target (issue 28, `ETCD_EXTRA_BIN_DIR`):
+/// four minors down, the last with no online way, so the whole route is
+/// one pause job: the member that carries the data walks it down alone
+/// (etcd's downgrade 3.7 → 3.6 → 3.5 → 3.4.45, then a snapshot rollback
+/// to 3.3.25) and the others join it; every acknowledged write kept.
+pub(crate) fn three_members_3_7_to_3_3_in_one_rollout() {
+    rolled_back_with_pauses(
+        "pause-3-7-to-3-3",
+        "3.7.1",
+        "3.3.25",
+        &["3.6.14", "3.5.30", "3.4.45"],
+    );
+}
+
 /// 3 members of `from` rolled out to `target` (below it) with the
 /// consent, 3 s apart (see [`three_members_3_4_to_3_3_with_one_pause`]);
 /// `between`: the other releases the image must bundle.

@@ -1,6 +1,8 @@
 //! This module owns the disaster-recovery scenarios (issue 29): a whole
 //! cluster restored from one snapshot by its members' entrypoints, each
-//! given the same `RESTORE_SNAPSHOT` and `RESTORE_SNAPSHOT_SHA256`.
+//! given the same `RESTORE_SNAPSHOT` and `RESTORE_SNAPSHOT_SHA256`; members
+//! that join by themselves; a lost quorum recovered. On 3.5.16, and on
+//! 3.7.1 where `ETCD_EXTRA_BIN_DIR` has it (NOT RUN without).
 
 use std::time::{Duration, Instant};
 
@@ -64,10 +66,10 @@ fn count(cluster: &Cluster, ip: &str, prefix: &str) -> (usize, i64) {
 /// 3 members at 3.5.16 (kubeadm style, TLS) with `KEYS` keys under
 /// [`BEFORE`], written through the first (its address returned), or None
 /// when the image is not there to test.
-fn three_with_keys(test: &str) -> Option<(Instant, Cluster, String)> {
-    let ready = ready(test, &["3.5.16"])?;
+fn three_with_keys(test: &str, release: &str) -> Option<(Instant, Cluster, String)> {
+    let ready = ready(test, &[release])?;
     let started = Instant::now();
-    let cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, "3.5.16");
+    let cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, release);
     let ip0 = cluster.members[0].ip.clone();
     put_keys(&cluster, &ip0, BEFORE);
     Some((started, cluster, ip0))
@@ -120,7 +122,12 @@ fn snapshot(cluster: &Cluster, ip: &str) -> Vec<u8> {
 /// up to the snapshot is there and none after, and writes go on; a member
 /// restarted with the setting still in its manifest restores nothing again.
 pub(crate) fn a_whole_cluster_is_restored_from_one_snapshot() {
-    restore_cluster("restore-cluster", Style::Kubeadm, 3, false);
+    restore_cluster("restore-cluster", Style::Kubeadm, 3, false, "3.5.16");
+}
+
+/// The same on 3.7.1 (`ETCD_EXTRA_BIN_DIR`): 3.7's own `etcdutl`.
+pub(crate) fn a_whole_3_7_cluster_is_restored_from_one_snapshot() {
+    restore_cluster("restore-cluster-3-7", Style::Kubeadm, 3, false, "3.7.1");
 }
 
 /// The same with 5 members, GCE style: `migrate-if-needed.sh` restores
@@ -130,7 +137,7 @@ pub(crate) fn a_whole_cluster_is_restored_from_one_snapshot() {
 /// cluster id: the token carries the file's hash) and serves nothing;
 /// restarted with the right file and hash, it restores again and joins.
 pub(crate) fn five_members_gce_style_are_restored_from_one_snapshot() {
-    restore_cluster("restore-cluster-5", Style::Gce, 5, true);
+    restore_cluster("restore-cluster-5", Style::Gce, 5, true, "3.5.16");
 }
 
 /// The mounted snapshot `name` and its sha256, as a member's options.
@@ -154,12 +161,12 @@ fn restore_options(shared: &std::path::Path, name: &str, bytes: &[u8]) -> Vec<St
 /// [`a_whole_cluster_is_restored_from_one_snapshot`]); with `odd`, the
 /// last one first from another (see
 /// [`five_members_gce_style_are_restored_from_one_snapshot`]).
-fn restore_cluster(test: &str, style: Style, size: usize, odd: bool) {
-    let Some(ready) = ready(test, &["3.5.16"]) else {
+fn restore_cluster(test: &str, style: Style, size: usize, odd: bool, release: &str) {
+    let Some(ready) = ready(test, &[release]) else {
         return;
     };
     let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, style, size, "3.5.16");
+    let mut cluster = Cluster::start(&ready.image, test, style, size, release);
     let (before_membership, _) = cluster.membership(0);
     let ip0 = cluster.members[0].ip.clone();
     put_keys(&cluster, &ip0, BEFORE);
@@ -182,7 +189,7 @@ fn restore_cluster(test: &str, style: Style, size: usize, odd: bool) {
         } else {
             right.clone()
         };
-        cluster.run_member(i, "3.5.16");
+        cluster.run_member(i, release);
     }
     cluster.extra_options = right.clone();
     let same_file = if odd { last } else { size };
@@ -211,7 +218,7 @@ fn restore_cluster(test: &str, style: Style, size: usize, odd: bool) {
             "{test}: {} restored from another snapshot is turned away by the others (cluster ID mismatch); restarted with the right one",
             cluster.members[last].name
         ));
-        cluster.run_member(last, "3.5.16");
+        cluster.run_member(last, release);
         cluster.wait_healthy(last, START_DEADLINE);
     }
     let (after_membership, _) = cluster.membership(0);
@@ -276,7 +283,7 @@ fn restore_cluster(test: &str, style: Style, size: usize, odd: bool) {
 
     // The setting left in the manifest for days: a restart restores
     // nothing again, and the member rejoins its cluster.
-    cluster.run_member(2, "3.5.16");
+    cluster.run_member(2, release);
     cluster.wait_healthy(2, START_DEADLINE);
     assert_eq!(
         cluster.container(2).count_in_log("restoring the data dir"),
@@ -319,12 +326,22 @@ const JOIN_AGAIN: &str = "a join as a learner died before its promotion was reco
 /// if the kill beat the record). The membership ends with four voters,
 /// no stale entry, and every key on every member.
 pub(crate) fn members_join_by_themselves_new_and_after_losing_their_data() {
-    let test = "self-join";
-    let Some((started, mut cluster, _)) = three_with_keys(test) else {
+    self_join("self-join", "3.5.16");
+}
+
+/// The same on 3.7.1 (`ETCD_EXTRA_BIN_DIR`).
+pub(crate) fn members_join_by_themselves_on_3_7() {
+    self_join("self-join-3-7", "3.7.1");
+}
+
+/// [`members_join_by_themselves_new_and_after_losing_their_data`] on
+/// `release`.
+fn self_join(test: &str, release: &str) {
+    let Some((started, mut cluster, _)) = three_with_keys(test, release) else {
         return;
     };
 
-    let d = cluster.add_member_by_itself("3.5.16");
+    let d = cluster.add_member_by_itself(release);
     kill_at_line(&cluster, d, ADDED);
     cluster.wait_healthy(d, START_DEADLINE);
     let membership = wait_for_voters(&cluster, 4, START_DEADLINE);
@@ -348,7 +365,7 @@ pub(crate) fn members_join_by_themselves_new_and_after_losing_their_data() {
         .find(|m| m.0 == cluster.members[c].name)
         .map(|m| m.1)
         .expect("etcd-c in the membership");
-    cluster.wipe_and_rejoin(c, "3.5.16");
+    cluster.wipe_and_rejoin(c, release);
     kill_at_line(&cluster, c, PROMOTED);
     cluster.wait_healthy(c, START_DEADLINE);
     let membership = wait_for_voters(&cluster, 4, START_DEADLINE);
@@ -447,15 +464,25 @@ fn wait_for_voters_through(
 /// yielded and the lost one then join by themselves on empty data dirs.
 /// Restarted with the setting left, the survivor does not force again.
 pub(crate) fn a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor() {
-    let test = "force-new";
-    let Some((started, mut cluster, _)) = three_with_keys(test) else {
+    force_new("force-new", "3.5.16");
+}
+
+/// The same on 3.7.1 (`ETCD_EXTRA_BIN_DIR`).
+pub(crate) fn a_3_7_cluster_that_lost_its_quorum_is_recovered() {
+    force_new("force-new-3-7", "3.7.1");
+}
+
+/// [`a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor`] on
+/// `release`.
+fn force_new(test: &str, release: &str) {
+    let Some((started, mut cluster, _)) = three_with_keys(test, release) else {
         return;
     };
     let force = vec!["-e".to_string(), "FORCE_NEW_CLUSTER=1".to_string()];
 
     cluster.extra_options = force.clone();
     cluster.container(0).stop(STOP_GRACE_S);
-    cluster.run_member(0, "3.5.16");
+    cluster.run_member(0, release);
     let code = cluster.container(0).wait_exit(START_DEADLINE);
     assert_eq!(
         code,
@@ -477,8 +504,8 @@ pub(crate) fn a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor() {
     cluster.lose_data(2);
     cluster.container(1).stop(STOP_GRACE_S);
     let forcing = Instant::now();
-    cluster.run_member(0, "3.5.16");
-    cluster.run_member(1, "3.5.16");
+    cluster.run_member(0, release);
+    cluster.run_member(1, release);
     const FORCED: &str = "forced a new cluster of this member alone";
     let (winner, loser) = loop {
         let forced: Vec<usize> = (0..2)
@@ -537,7 +564,7 @@ pub(crate) fn a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor() {
     cluster.extra_options.clear();
     cluster.lose_data(loser);
     for (n, i) in [loser, 2].into_iter().enumerate() {
-        cluster.run_member(i, "3.5.16");
+        cluster.run_member(i, release);
         cluster.wait_healthy(i, START_DEADLINE);
         // Each joins as a learner: serving reads once promoted.
         wait_for_voters_through(&cluster, winner, n + 2, START_DEADLINE);
@@ -545,7 +572,7 @@ pub(crate) fn a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor() {
     every_member_holds(&cluster, &[BEFORE, AFTER]);
 
     cluster.extra_options = force;
-    cluster.run_member(winner, "3.5.16");
+    cluster.run_member(winner, release);
     cluster.wait_healthy(winner, START_DEADLINE);
     assert_eq!(
         cluster

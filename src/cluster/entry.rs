@@ -230,6 +230,7 @@ fn prepare(
 /// exits, and the manifest's etcd starts it. Anything more than one hop, a
 /// restart mark (the cluster mode ran on this data), or a cluster that does
 /// not allow the hop yet is the `--no-exec` refusal, which names the way.
+/// The hop is etcd's, from the recorded release ([`hop_bundle`]).
 pub fn hand_over(
     config: &Config,
     plan: &Plan,
@@ -248,6 +249,7 @@ pub fn hand_over(
         return Err(refused());
     }
     let args = config.member_args();
+    let bundle = hop_bundle(&bundle, plan.current.version, config.target.version);
     let Prepared {
         rolling, mut live, ..
     } = prepare(config, plan, on_disk, marked, bundle, &args)?;
@@ -268,6 +270,26 @@ pub fn hand_over(
         ],
     );
     Ok(config.target)
+}
+
+/// The releases a hand-over's hop is planned among: the recorded one (or,
+/// not bundled, the newest bundled patch of its minor) and the target.
+/// A walk's own steps take the newest bundled patch of a minor before the
+/// next; a hand-over runs no etcd of its own and takes only the hop etcd's
+/// rolling upgrade allows from where the data is (one minor up, or a
+/// patch, upstream's patch floors kept: a floor not among these two is no
+/// hop), as the Kubernetes tool did: 3.4.23 → 3.5.16 with 3.4.45 bundled
+/// too is one hop, not 3.4.23 → 3.4.45 → 3.5.16.
+fn hop_bundle(bundle: &Bundle, recorded: Version, target: Version) -> Bundle {
+    let from = if bundle.contains(recorded) {
+        Some(recorded)
+    } else {
+        bundle.newest_in(recorded.minor_line())
+    };
+    Bundle::new(
+        from.into_iter()
+            .chain(Some(target).filter(|t| bundle.contains(*t))),
+    )
 }
 
 /// The member's etcd as our supervised child, with `user_args`.
@@ -494,6 +516,37 @@ pub(crate) fn exit_code(ended: Ended, data_dir: &Path) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hand_over_plans_etcds_own_hop_from_the_recorded_release() {
+        let v = |s: &str| -> Version { s.parse().expect("version") };
+        let bundle = Bundle::new(["3.4.23", "3.4.45", "3.5.16", "3.5.30", "3.6.14"].map(v));
+        let hop = |recorded: &str, target: &str| {
+            let hop = hop_bundle(&bundle, v(recorded), v(target));
+            let pair = |s: &str| -> crate::version::VersionPair {
+                format!("{s}/etcd3").parse().expect("pair")
+            };
+            crate::plan::plan(pair(recorded), pair(target), &hop)
+                .map(|plan| {
+                    plan.steps
+                        .iter()
+                        .map(|step| step.runs().to_string())
+                        .collect::<Vec<_>>()
+                })
+                .ok()
+        };
+        // One minor up straight from the recorded patch, as etcd allows.
+        assert_eq!(hop("3.4.23", "3.5.16"), Some(vec!["3.5.16".to_string()]));
+        // Not bundled: from the newest bundled patch of its minor.
+        let from_newest: Vec<Version> = hop_bundle(&bundle, v("3.4.20"), v("3.5.16"))
+            .versions()
+            .collect();
+        assert_eq!(from_newest, [v("3.4.45"), v("3.5.16")]);
+        // Upstream's floor before 3.6 (3.5.26) is not the recorded 3.5.16:
+        // no hop (the refusal names the way).
+        assert_eq!(hop("3.5.16", "3.6.14"), None);
+        assert_eq!(hop("3.5.30", "3.6.14"), Some(vec!["3.6.14".to_string()]));
+    }
 
     /// A backup the settings or the data make impossible is a refusal (2,
     /// as the single-member path's preconditions say it); one that failed
