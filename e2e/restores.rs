@@ -12,7 +12,7 @@ use crate::harness::keyspace::read_back;
 use crate::harness::migrator::Migration;
 use crate::harness::snapshot::{backups, restoring, sha256, snapshot_of, AFTER};
 use crate::harness::tree::fingerprint;
-use crate::harness::{free_port, read_version_txt, temp_dir, Member};
+use crate::harness::{free_port, linked_bin_dir, read_version_txt, temp_dir, Member};
 
 #[test]
 fn a_member_is_restored_from_a_snapshot_once_and_only_once() {
@@ -331,4 +331,59 @@ fn a_join_cut_short_as_a_learner_starts_over_on_an_empty_data_dir() {
     assert!(data.join("member/wal").exists(), "the joined data is kept");
     assert!(!data.join(".etcd-migrate.joining").exists());
     assert!(run.lines_with(JOIN_AGAIN).is_empty(), "{}", run.explain());
+}
+
+/// The file changed between its check and the end of the restore tool's
+/// run (an operator copying a newer snapshot over it, a sync job): the
+/// restore is refused before the swap, its work discarded, the data dir
+/// as it was. The tool is the real `etcdutl` behind a wrapper that
+/// touches the snapshot once it has restored from it, so the change comes
+/// at a known point, not by timing.
+#[test]
+fn a_snapshot_changed_while_it_is_restored_is_refused_before_the_swap() {
+    let tmp = temp_dir("restore-changed");
+    let data = tmp.path().join("data");
+    let member = Member::new("restore-changed");
+    fixture::build(FixtureSpec::small("3.5.16"), &data, &member, tmp.path());
+    let file = tmp.path().join("snapshot.db");
+    snapshot_of("3.5.16", &data, &member, tmp.path(), &file);
+    let sha = sha256(&file);
+    let bin = linked_bin_dir(&["3.5.16"], tmp.path());
+    let tool = bin.join("etcdutl-3.5.16");
+    let real = std::fs::read_link(&tool).expect("the linked etcdutl");
+    std::fs::remove_file(&tool).expect("unlink etcdutl");
+    std::fs::write(
+        &tool,
+        format!(
+            "#!/bin/sh\n'{}' \"$@\"\nrc=$?\nif [ \"$1\" = snapshot ]; then touch '{}'; fi\nexit $rc\n",
+            real.display(),
+            file.display()
+        ),
+    )
+    .expect("write the wrapper");
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod the wrapper");
+    let before = fingerprint(&data);
+    let run = restoring("3.5.16", &data, &member, &file, &sha)
+        .bin_dir(&bin)
+        .run();
+    run.assert_code(2);
+    run.assert_stderr_has("it changed while it was checked and restored");
+    assert_eq!(
+        run.lines_with("restoring the data dir from a snapshot")
+            .len(),
+        1,
+        "the tool ran:\n{}",
+        run.explain()
+    );
+    // Every file and dir as it was; the data dir itself held the work dir
+    // for a while (its mtime moved: an entry came and went).
+    before.without(&[""]).assert_unchanged(
+        &fingerprint(&data).without(&[""]),
+        "a restore refused after its tool ran",
+    );
+    // The file left alone (the tool unwrapped), the same setting restores.
+    let again = restoring("3.5.16", &data, &member, &file, &sha).run();
+    again.assert_code(0);
+    assert_eq!(read_version_txt(&data), "3.5.16/etcd3");
 }
