@@ -39,6 +39,16 @@ fn walk_3_3_to_3_5_through_3_4_keeps_every_key_and_lease() {
 
     let starts = run.lines_with("step start");
     assert_eq!(starts.len(), 2, "two steps expected\n{}", run.explain());
+    // Both steps' binaries were checked while the data was read offline
+    // (the plan version.txt alone gives is the run's).
+    let verified = run.lines_with("binaries verified");
+    assert!(
+        verified.len() == 1
+            && verified[0].contains("count=2")
+            && verified[0].contains("begun_early=\"2 "),
+        "both checks begun before the offline read\n{}",
+        run.explain()
+    );
     assert!(
         starts[0].contains("step=1/2") && starts[0].contains("to=3.4.23/etcd3"),
         "first step goes to 3.4.23: {}",

@@ -288,8 +288,9 @@ fn version_command(bin_dir: &Path, binary: Binary, flags: &[String]) -> (Command
 /// given so far, and how many of the two pipes have closed.
 struct Check {
     binary: Binary,
-    /// Checked with the flags it will run with.
-    flagged: bool,
+    /// The flags it will run with, checked with it (none: a plain
+    /// version check).
+    flags: Vec<String>,
     prefix: &'static str,
     child: Child,
     output: Arc<Mutex<Vec<u8>>>,
@@ -341,39 +342,45 @@ pub async fn verify_reported_versions(
     run_flags: RunFlags<'_>,
     termination: watch::Receiver<Option<Signal>>,
 ) -> Result<(), BinError> {
+    verify_reported_versions_after(None, supervisor, bin_dir, binaries, run_flags, termination)
+        .await
+}
+
+/// [`verify_reported_versions`], taking over the checks `early` began
+/// where one is the same command (the binary with the same flags): begun
+/// before the data was read offline, for the plan `version.txt` alone
+/// gives, they ran while it was read. The rest start now; those of
+/// `early` the run does not need are killed.
+pub async fn verify_reported_versions_after(
+    early: Option<EarlyChecks>,
+    supervisor: &Supervisor,
+    bin_dir: &Path,
+    binaries: &[Binary],
+    run_flags: RunFlags<'_>,
+    termination: watch::Receiver<Option<Signal>>,
+) -> Result<(), BinError> {
     let deadline = tokio::time::Instant::now() + VERSION_CHECK_TIMEOUT;
+    let mut early = early.map_or_else(Vec::new, |mut early| std::mem::take(&mut early.checks));
     let mut checks = Vec::new();
     for &binary in binaries {
         let flags = run_flags.for_binary(binary);
-        let (mut command, prefix) = version_command(bin_dir, binary, &flags);
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = match supervisor.spawn(&mut command) {
-            Ok(child) => child,
+        if let Some(i) = early
+            .iter()
+            .position(|c| c.binary == binary && c.flags == flags)
+        {
+            checks.push(early.swap_remove(i));
+            continue;
+        }
+        match start_check(supervisor, bin_dir, binary, flags) {
+            Ok(check) => checks.push(check),
             Err(err) => {
                 kill_groups(&mut checks);
-                return Err(err.into());
+                kill_groups(&mut early);
+                return Err(err);
             }
-        };
-        let output = Arc::new(Mutex::new(Vec::new()));
-        let (closed_sender, closed) = watch::channel(0usize);
-        let closed_sender = Arc::new(closed_sender);
-        for stream in child.take_output() {
-            let output = Arc::clone(&output);
-            let closed = Arc::clone(&closed_sender);
-            std::thread::spawn(move || capture(stream, output, closed));
         }
-        checks.push(Check {
-            binary,
-            flagged: !flags.is_empty(),
-            prefix,
-            child,
-            output,
-            closed,
-        });
     }
+    kill_groups(&mut early);
     let mut first_error = None;
     for i in 0..checks.len() {
         let result = {
@@ -404,6 +411,80 @@ pub async fn verify_reported_versions(
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Starts one version check: `binary`'s version command with `flags`,
+/// its output captured by two threads.
+fn start_check(
+    supervisor: &Supervisor,
+    bin_dir: &Path,
+    binary: Binary,
+    flags: Vec<String>,
+) -> Result<Check, BinError> {
+    let (mut command, prefix) = version_command(bin_dir, binary, &flags);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = supervisor.spawn(&mut command)?;
+    let output = Arc::new(Mutex::new(Vec::new()));
+    let (closed_sender, closed) = watch::channel(0usize);
+    let closed_sender = Arc::new(closed_sender);
+    for stream in child.take_output() {
+        let output = Arc::clone(&output);
+        let closed = Arc::clone(&closed_sender);
+        std::thread::spawn(move || capture(stream, output, closed));
+    }
+    Ok(Check {
+        binary,
+        flags,
+        prefix,
+        child,
+        output,
+        closed,
+    })
+}
+
+/// Version checks begun before the run knows its plan for sure (see
+/// [`verify_reported_versions_after`]); the processes run on their own
+/// meanwhile. Dropped unused, they are killed with their groups.
+pub struct EarlyChecks {
+    checks: Vec<Check>,
+}
+
+impl EarlyChecks {
+    /// Starts the checks of `binaries`, each with the flags `run_flags`
+    /// gives it; `None` if one cannot start (the real check says why).
+    pub fn start(
+        supervisor: &Supervisor,
+        bin_dir: &Path,
+        binaries: &[Binary],
+        run_flags: RunFlags<'_>,
+    ) -> Option<EarlyChecks> {
+        let mut early = EarlyChecks { checks: Vec::new() };
+        for &binary in binaries {
+            let check =
+                start_check(supervisor, bin_dir, binary, run_flags.for_binary(binary)).ok()?;
+            early.checks.push(check);
+        }
+        Some(early)
+    }
+
+    /// How many checks are under way.
+    pub fn len(&self) -> usize {
+        self.checks.len()
+    }
+
+    /// True when none is.
+    pub fn is_empty(&self) -> bool {
+        self.checks.is_empty()
+    }
+}
+
+impl Drop for EarlyChecks {
+    fn drop(&mut self) {
+        kill_groups(&mut self.checks);
+    }
 }
 
 /// Kills what is left of every check: its process and anything it left in
@@ -457,7 +538,7 @@ async fn finish(
         let _ = tokio::time::timeout(OUTPUT_GRACE, check.closed.wait_for(closed)).await;
     }
     let output = check.output();
-    if check.flagged {
+    if !check.flags.is_empty() {
         refused_flags(&path, check.binary, &output, &run_flags.whose(check.binary))?;
     }
     check_reported(&path, check.binary, check.prefix, status, &output)
