@@ -76,6 +76,7 @@ fn main() {
         restores::five_members_gce_style_are_restored_from_one_snapshot,
         restores::members_join_by_themselves_new_and_after_losing_their_data,
         restores::a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor,
+        restores::five_members_that_lost_three_are_recovered_from_one_survivor,
         restores::a_whole_3_7_cluster_is_restored_from_one_snapshot,
         restores::members_join_by_themselves_on_3_7,
         restores::a_3_7_cluster_that_lost_its_quorum_is_recovered,

@@ -63,13 +63,23 @@ fn count(cluster: &Cluster, ip: &str, prefix: &str) -> (usize, i64) {
     })
 }
 
-/// 3 members at 3.5.16 (kubeadm style, TLS) with `KEYS` keys under
+/// 3 members of `release` (kubeadm style, TLS) with `KEYS` keys under
 /// [`BEFORE`], written through the first (its address returned), or None
 /// when the image is not there to test.
 fn three_with_keys(test: &str, release: &str) -> Option<(Instant, Cluster, String)> {
+    with_keys(test, release, Style::Kubeadm, 3)
+}
+
+/// [`three_with_keys`] with `size` members in `style`.
+fn with_keys(
+    test: &str,
+    release: &str,
+    style: Style,
+    size: usize,
+) -> Option<(Instant, Cluster, String)> {
     let ready = ready(test, &[release])?;
     let started = Instant::now();
-    let cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, release);
+    let cluster = Cluster::start(&ready.image, test, style, size, release);
     let ip0 = cluster.members[0].ip.clone();
     put_keys(&cluster, &ip0, BEFORE);
     Some((started, cluster, ip0))
@@ -464,18 +474,25 @@ fn wait_for_voters_through(
 /// yielded and the lost one then join by themselves on empty data dirs.
 /// Restarted with the setting left, the survivor does not force again.
 pub(crate) fn a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor() {
-    force_new("force-new", "3.5.16");
+    force_new("force-new", "3.5.16", Style::Kubeadm, 3);
+}
+
+/// The same on 5 members, GCE style: three lost with their data, the two
+/// survivors restarted with the setting at once; one forces, and the
+/// other and the three lost join it one by one.
+pub(crate) fn five_members_that_lost_three_are_recovered_from_one_survivor() {
+    force_new("force-new-5", "3.5.16", Style::GceHa, 5);
 }
 
 /// The same on 3.7.1 (`ETCD_EXTRA_BIN_DIR`).
 pub(crate) fn a_3_7_cluster_that_lost_its_quorum_is_recovered() {
-    force_new("force-new-3-7", "3.7.1");
+    force_new("force-new-3-7", "3.7.1", Style::Kubeadm, 3);
 }
 
 /// [`a_cluster_that_lost_its_quorum_is_recovered_from_one_survivor`] on
 /// `release`.
-fn force_new(test: &str, release: &str) {
-    let Some((started, mut cluster, _)) = three_with_keys(test, release) else {
+fn force_new(test: &str, release: &str, style: Style, size: usize) {
+    let Some((started, mut cluster, _)) = with_keys(test, release, style, size) else {
         return;
     };
     let force = vec!["-e".to_string(), "FORCE_NEW_CLUSTER=1".to_string()];
@@ -499,9 +516,11 @@ fn force_new(test: &str, release: &str) {
         cluster.container(0).logs()
     );
 
-    // Member 2 is lost; 0 (down since its refusal) and 1 are restarted
-    // with the setting at once.
-    cluster.lose_data(2);
+    // Members 2.. are lost; 0 (down since its refusal) and 1 are
+    // restarted with the setting at once.
+    for lost in 2..size {
+        cluster.lose_data(lost);
+    }
     cluster.container(1).stop(STOP_GRACE_S);
     let forcing = Instant::now();
     cluster.run_member(0, release);
@@ -563,7 +582,7 @@ fn force_new(test: &str, release: &str) {
 
     cluster.extra_options.clear();
     cluster.lose_data(loser);
-    for (n, i) in [loser, 2].into_iter().enumerate() {
+    for (n, i) in std::iter::once(loser).chain(2..size).enumerate() {
         cluster.run_member(i, release);
         cluster.wait_healthy(i, START_DEADLINE);
         // Each joins as a learner: serving reads once promoted.
