@@ -121,6 +121,7 @@ fn main() {
         pauses::three_members_3_4_to_3_3_with_one_pause,
         pauses::three_members_3_5_to_3_3_in_one_rollout,
         pauses::three_members_3_7_to_3_3_in_one_rollout,
+        pauses::three_members_3_3_to_3_2_with_one_pause,
         pauses::three_members_2_3_etcd2_to_3_5_etcd3_in_one_rollout,
         pauses::a_member_killed_as_its_roll_hands_over_to_the_pause_job,
         pauses::without_consent_on_one_member_the_job_waits,

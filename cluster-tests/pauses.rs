@@ -255,6 +255,16 @@ pub(crate) fn three_members_3_5_to_3_3_in_one_rollout() {
     rolled_back_with_pauses("pause-3-5-to-3-3", "3.5.16", "3.3.25", &["3.4.23"]);
 }
 
+/// 3.3 back to 3.2 (issue 28, `ETCD_EXTRA_BIN_DIR`: 3.2.32): the last
+/// rollback a pause job can take a cluster through (it starts while the
+/// cluster runs 3.3, which has `MoveLeader`); the members join 3.2.32 as
+/// voters (3.2 has no learners). GCE style: kubeadm's manifest sets
+/// `--listen-metrics-urls`, which 3.2 refuses (and the entrypoint says so
+/// before anything starts).
+pub(crate) fn three_members_3_3_to_3_2_with_one_pause() {
+    rolled_back_with_pauses_in("pause-3-3-to-3-2", Style::GceHa, "3.3.25", "3.2.32", &[]);
+}
+
 /// A 3.7 cluster to 3.3 in one target (issue 28, `ETCD_EXTRA_BIN_DIR`):
 /// four minors down, the last with no online way, so the whole route is
 /// one pause job: the member that carries the data walks it down alone
@@ -273,13 +283,24 @@ pub(crate) fn three_members_3_7_to_3_3_in_one_rollout() {
 /// consent, 3 s apart (see [`three_members_3_4_to_3_3_with_one_pause`]);
 /// `between`: the other releases the image must bundle.
 fn rolled_back_with_pauses(test: &str, from: &str, target: &str, between: &[&str]) {
+    rolled_back_with_pauses_in(test, Style::Kubeadm, from, target, between);
+}
+
+/// [`rolled_back_with_pauses`] with the members in `style`.
+fn rolled_back_with_pauses_in(
+    test: &str,
+    style: Style,
+    from: &str,
+    target: &str,
+    between: &[&str],
+) {
     let mut needs = vec![from, target];
     needs.extend_from_slice(between);
     let Some(ready) = ready(test, &needs) else {
         return;
     };
     let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, from);
+    let mut cluster = Cluster::start(&ready.image, test, style, 3, from);
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();

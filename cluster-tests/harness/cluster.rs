@@ -1117,6 +1117,14 @@ impl Cluster {
                 }
                 match tokio::time::timeout(writer::REQUEST_DEADLINE * 3, c.hash_kv(rev)).await {
                     Ok(Ok(h)) => hashes.push((name.clone(), h.hash(), h.compact_version())),
+                    // 3.2 and older have no HashKV: every key at the same
+                    // revision, digested, stands for it.
+                    Ok(Err(e)) if e.to_string().contains("unknown method HashKV") => {
+                        match whole_keyspace_digest(&mut c, rev).await {
+                            Ok(digest) => hashes.push((name.clone(), digest, 0)),
+                            Err(e) => problems.push(format!("{name}: keyspace at {rev}: {e}")),
+                        }
+                    }
                     Ok(Err(e)) => problems.push(format!("{name}: hashkv at {rev}: {e}")),
                     Err(_) => problems.push(format!("{name}: hashkv at {rev}: no answer in time")),
                 }
@@ -1258,4 +1266,41 @@ impl Cluster {
             }
         );
     }
+}
+
+/// Every key a member holds at `revision` (its own store: serializable),
+/// digested (key, value, create and mod revision, version, lease), for a
+/// release without `HashKV`.
+async fn whole_keyspace_digest(
+    c: &mut etcd_client::Client,
+    revision: i64,
+) -> Result<u32, etcd_client::Error> {
+    use std::hash::{Hash, Hasher};
+    let resp = tokio::time::timeout(
+        Duration::from_secs(20),
+        c.get(
+            vec![0u8],
+            Some(
+                GetOptions::new()
+                    .with_range(vec![0u8])
+                    .with_revision(revision)
+                    .with_serializable(),
+            ),
+        ),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("a read of the keyspace at {revision}: no answer in 20 s"))?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for kv in resp.kvs() {
+        (
+            kv.key(),
+            kv.value(),
+            kv.create_revision(),
+            kv.mod_revision(),
+            kv.version(),
+            kv.lease(),
+        )
+            .hash(&mut hasher);
+    }
+    Ok(hasher.finish() as u32)
 }

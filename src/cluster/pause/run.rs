@@ -1140,8 +1140,9 @@ impl Pausing {
         }
     }
 
-    /// Proves the joined etcd (started by the caller: its release, a write, `HashKV` equal to the
-    /// converter's at one revision), records the target, says it joined,
+    /// Proves the joined etcd (started by the caller: its release, a write, its keyspace equal to
+    /// the converter's at one revision: `HashKV`, or on 3.2 and older a digest of every key),
+    /// records the target, says it joined,
     /// releases the lock, removes the record, and serves.
     async fn finish_join(
         &mut self,
@@ -1158,10 +1159,10 @@ impl Pausing {
         let mut last;
         loop {
             self.still_running(etcd, target).await?;
-            match self.same_hash(endpoints).await {
+            match self.same_hash(endpoints, target).await {
                 Ok(revision) => {
                     log::info(
-                        "pause job: this member serves the converted data (HashKV equal to the converter's)",
+                        "pause job: this member serves the converted data (its keyspace equal to the converter's at one revision)",
                         &[
                             ("revision", revision.into()),
                             ("ms", log::ms(started.elapsed())),
@@ -1250,8 +1251,10 @@ impl Pausing {
     }
 
     /// `HashKV` of our etcd and the converter's at the converter's
-    /// revision, once ours has it; the revision when equal.
-    async fn same_hash(&self, endpoints: &[String]) -> Result<i64, String> {
+    /// revision, once ours has it; the revision when equal. A release
+    /// without `HashKV` (3.2 and older) compares a digest of every key at
+    /// that revision instead ([`keyspace_digest`]).
+    async fn same_hash(&self, endpoints: &[String], release: Version) -> Result<i64, String> {
         let mut theirs = connect_v3(endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT)
             .await
             .map_err(|e| e.to_string())?;
@@ -1285,6 +1288,17 @@ impl Pausing {
             return Err(format!(
                 "this member is at revision {own_revision}, the converter at {revision}"
             ));
+        }
+        if release.minor_line() < Minor::new(3, 3) {
+            let a = keyspace_digest(&mut theirs, revision).await?;
+            let b = keyspace_digest(&mut ours, revision).await?;
+            if a != b {
+                return Err(format!(
+                    "the keyspace at revision {revision}: converter {} keys (digest {}), this member {} keys (digest {})",
+                    a.0, a.1, b.0, b.1
+                ));
+            }
+            return Ok(revision);
         }
         let a = theirs
             .hash_kv(revision)
@@ -1466,4 +1480,60 @@ enum Taking {
 /// The path of the pause record in `dir`, for messages.
 pub fn record_path(dir: &Path) -> PathBuf {
     dir.join(datadir::PAUSE_FILE)
+}
+
+/// Every key of `client`'s member at `revision`, read in pages, as a
+/// count and a SHA-256 over each key, value, create and mod revision,
+/// version and lease (each field length-prefixed): what `HashKV` proves
+/// on 3.3 and later, for a release without it. Serializable reads: the
+/// member's own store, as `HashKV` is.
+async fn keyspace_digest(
+    client: &mut etcd_client::Client,
+    revision: i64,
+) -> Result<(u64, String), String> {
+    use sha2::{Digest, Sha256};
+    const PAGE: i64 = 1000;
+    let mut digest = Sha256::new();
+    let mut count = 0u64;
+    let mut start = vec![0u8];
+    loop {
+        let options = etcd_client::GetOptions::new()
+            .with_range(vec![0u8])
+            .with_revision(revision)
+            .with_limit(PAGE)
+            .with_serializable();
+        let page = client
+            .get(start.clone(), Some(options))
+            .await
+            .map_err(|e| error_text(&e))?;
+        for kv in page.kvs() {
+            for field in [kv.key(), kv.value()] {
+                digest.update((field.len() as u64).to_be_bytes());
+                digest.update(field);
+            }
+            for number in [
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.lease(),
+            ] {
+                digest.update(number.to_be_bytes());
+            }
+            count += 1;
+        }
+        match page.kvs().last() {
+            Some(last) if page.more() => {
+                start = last.key().to_vec();
+                start.push(0);
+            }
+            _ => break,
+        }
+    }
+    let hex: String = digest
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((count, hex))
 }
