@@ -553,7 +553,7 @@ const PROMOTED: Point = Point {
 const PROVEN: Point = Point {
     what: "a joined member was proven",
     tag: "proven",
-    line: "this member serves the converted data (HashKV equal to the converter's)",
+    line: "this member serves the converted data (its keyspace equal to the converter's at one revision)",
     old_may_serve: false,
 };
 /// Every point, in the job's order (for the progress a kill reports).
