@@ -512,13 +512,7 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
             && next.rolls_down_from_next_minor()
     });
     if let Some(next) = rolls_down {
-        if let Some(waiting) = others_ready(view, own) {
-            return Decision::Wait(waiting);
-        }
-        if let Some(waiting) = rollout_gate(view, own, goal, next) {
-            return Decision::Wait(waiting);
-        }
-        return ready_then_lock(view, own);
+        return rollout_then_lock(view, own, goal, next);
     }
     if let Some(cluster) = view.cluster_version {
         // A member on the target's minor already (a 3.4.32+ rolled down
@@ -550,6 +544,13 @@ fn decide_unlocked(view: &View, own: &Own, goal: &Goal) -> Decision {
     if let Some(waiting) = version_gate(view, own, next) {
         return Decision::Wait(waiting);
     }
+    rollout_then_lock(view, own, goal, next)
+}
+
+/// A restart into `next` once every other member is ready (a member down
+/// is named first: the rollout may be restarting it), the operator's
+/// rollout is over, and the lock is ours to take.
+fn rollout_then_lock(view: &View, own: &Own, goal: &Goal, next: Version) -> Decision {
     if let Some(waiting) = others_ready(view, own) {
         return Decision::Wait(waiting);
     }
@@ -643,13 +644,7 @@ fn downgrade_step(view: &View, own: &Own, goal: &Goal, next: Version, cluster: M
         if let Some(have) = storage.filter(|s| *s > to) {
             return Decision::Wait(Waiting::StorageVersion { want: to, have });
         }
-        // A member down is named first: the rollout may be restarting it.
-        if let Some(waiting) = others_ready(view, own) {
-            return Decision::Wait(waiting);
-        }
-        if let Some(waiting) = rollout_gate(view, own, goal, next) {
-            return Decision::Wait(waiting);
-        }
+        return rollout_then_lock(view, own, goal, next);
     } else {
         // Below our minor's predecessor: the refusals have said so.
         return Decision::Wait(Waiting::ClusterVersion {
