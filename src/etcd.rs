@@ -512,7 +512,7 @@ mod tests {
 
     #[test]
     fn our_own_listener_is_ours_and_no_one_elses() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let listener = crate::listener::test_listener();
         let port = listener.local_addr().expect("addr").port();
         let inode = crate::listener::listening_inode(port)
             .expect("read")

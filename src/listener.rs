@@ -168,6 +168,30 @@ fn find_listener(table: &str, ip: Ipv4Addr, port: u16) -> Option<u64> {
     })
 }
 
+/// For tests: a loopback listener on a port outside the kernel's
+/// ephemeral range, which no connect in this process draws as its source
+/// port (a connect to it once closed cannot meet itself) and no other
+/// test's `bind(…:0)` is handed once it is closed.
+#[cfg(test)]
+pub(crate) fn test_listener() -> std::net::TcpListener {
+    let range =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut bounds = range
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u16>().ok());
+    let (low, high) = (
+        bounds.next().unwrap_or(32768),
+        bounds.next().unwrap_or(60999),
+    );
+    // Below the range, away from the well-known ports, each test process
+    // from its own offset; above it where nothing below is free.
+    let start = 20000 + (std::process::id() % 4000) as u16;
+    (start..low.min(30000))
+        .chain(high.saturating_add(1)..=u16::MAX)
+        .find_map(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok())
+        .expect("a free loopback port outside the ephemeral range")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,7 +216,7 @@ mod tests {
 
     #[test]
     fn netlink_and_proc_name_the_same_listener_and_only_it() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let listener = test_listener();
         let wildcard = std::net::TcpListener::bind("0.0.0.0:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let by_proc = listening_inode_by_proc(port).expect("proc");

@@ -329,6 +329,12 @@ fn first_line(addr: SocketAddr) -> Seen {
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, RAW_TIMEOUT) else {
         return Seen::Gone;
     };
+    // A connect to a loopback port nothing listens on can meet itself
+    // (TCP's simultaneous open, when the kernel draws that very port as
+    // the source): a connection to our own address is no listener.
+    if stream.local_addr().ok() == Some(addr) {
+        return Seen::Gone;
+    }
     let _ = stream.set_read_timeout(Some(RAW_TIMEOUT));
     let mut buf = [0u8; 128];
     let mut got = 0;
@@ -569,7 +575,7 @@ mod tests {
 
     #[test]
     fn an_announcement_is_read_as_forcing_and_a_silent_port_as_listening() {
-        let probe = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let probe = crate::listener::test_listener();
         let addr = probe.local_addr().expect("addr");
         // Silent: accepts (the kernel's backlog), never writes.
         assert_eq!(first_line(addr), Seen::Listening);
