@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use crate::harness::cluster::{Style, START_DEADLINE, STOP_GRACE_S};
-use crate::upgrades::Scenario;
+use crate::upgrades::{wait_recorded, Scenario};
 
 /// What a wave of the downgrade may take to show a line the test waits
 /// for (a member enabling, stopping, restarting): its members' restarts
@@ -286,6 +286,58 @@ pub(crate) fn three_members_go_back_from_3_5_to_3_4_45_with_no_job_and_up_again(
     );
     s.retarget_one_by_one("3.5.16");
     s.finish_with("3.5.16", false);
+}
+
+/// The line of a member that starts 3.4.32+ at once on 3.5 data (the
+/// 3.5 → 3.4 way with no downgrade job).
+const STARTS_3_4: &str = "a 3.4.32+ release joins a 3.5 cluster with no downgrade job";
+/// The line of a member whose new release was proven by a write.
+const PROVEN: &str = "member proven";
+
+/// 3.5.16 → 3.4.45 with the operator's restarts, a member SIGKILLed
+/// (container and all) at each point of its way down: the first as its
+/// entrypoint starts 3.4.45 on the 3.5 data, the second once 3.4.45 was
+/// proven (its record written or not). Each is started again as the
+/// kubelet would, with the same target: it carries on from what
+/// `version.txt` records, and the roll ends as without the kills, no
+/// downgrade job enabled, every acknowledged write kept.
+pub(crate) fn a_3_5_to_3_4_45_member_killed_at_each_point_carries_on() {
+    let Some((mut s, _ready)) = Scenario::start(
+        "down-3-5-to-3-4-kills",
+        Style::Kubeadm,
+        3,
+        "3.5.16",
+        &["3.4.45"],
+    ) else {
+        return;
+    };
+    for (i, point) in [(0, STARTS_3_4), (1, PROVEN)] {
+        let before = s.counts(point);
+        s.retarget(i, "3.4.45");
+        let victim = s.wait_for_line(point, &before, LINE_DEADLINE);
+        let name = s.cluster.members[victim].name.clone();
+        assert_eq!(
+            victim, i,
+            "{name} logged {point:?}, not the member restarted"
+        );
+        s.cluster.container(victim).kill();
+        eprintln!("{}: {name} SIGKILLed after {point:?}", s.test);
+        s.cluster.container(victim).start();
+        s.cluster.wait_healthy(victim, START_DEADLINE);
+        // Its proof and record once more, before the next member's
+        // lines are counted.
+        wait_recorded(&s.cluster, victim, "3.4.45/etcd3", LINE_DEADLINE);
+        s.writes(&format!("writes after {name} was killed after {point:?}"));
+    }
+    s.retarget(2, "3.4.45");
+    s.reached("3.4.45");
+    assert_eq!(
+        s.counts(ENABLED),
+        vec![0; 3],
+        "3.5 → 3.4 takes no downgrade job, kills or not:\n{}",
+        s.record()
+    );
+    s.finish_with("3.4.45", false);
 }
 
 /// The same rollout on the issue-30 schedule, 3 s apart and nobody

@@ -265,6 +265,91 @@ pub(crate) fn three_members_3_3_to_3_2_with_one_pause() {
     rolled_back_with_pauses_in("pause-3-3-to-3-2", Style::GceHa, "3.3.25", "3.2.32", &[]);
 }
 
+/// 3.2 back to 3.1 (issue 28, `ETCD_EXTRA_BIN_DIR`: 3.1.20, 3.2.32): a
+/// cluster below 3.3 runs its pause job where it is, with no
+/// `MoveLeader`: its leader writes the go and carries the data. GCE style
+/// (3.1 and 3.2 refuse kubeadm's `--listen-metrics-urls`).
+pub(crate) fn three_members_3_2_to_3_1_with_one_pause() {
+    rolled_back_with_pauses_in("pause-3-2-to-3-1", Style::GceHa, "3.2.32", "3.1.20", &[]);
+}
+
+/// How long the converter of `pause-3-2-leader-moved` stays frozen: well
+/// past the members' election timeout (1 s), so the others elect a leader
+/// of their own.
+const FROZEN_FOR: Duration = Duration::from_secs(5);
+
+/// The line of a member that hands the leadership of the old cluster over
+/// to the converter (below 3.3, no `MoveLeader`).
+const HANDS_OVER: &str =
+    "leads the old cluster but does not carry the data; it restarts its etcd gracefully";
+
+/// 3.2 back to 3.1 with the leadership taken from the converter after the
+/// go: the converter (the leader that wrote the go) is frozen for 5 s
+/// right then, as a stalled machine, and the others elect a leader among
+/// them. Below 3.3 nothing can move the leadership back by request
+/// (`MoveLeader` is 3.3's): the member that leads restarts its etcd
+/// gracefully once every other member answers again, which hands the
+/// leadership to a connected peer (3.1 and 3.2 do that on a graceful
+/// stop), until the converter leads again and removes the others. The
+/// job ends as without the freeze, every acknowledged write kept.
+pub(crate) fn below_3_3_the_leadership_moved_off_the_converter_comes_back() {
+    let test = "pause-3-2-leader-moved";
+    let (from, to) = ("3.2.32", "3.1.20");
+    let Some(ready) = ready(test, &[from, to]) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, Style::GceHa, 3, from);
+    let before = cluster.baseline();
+    let monitor = cluster.start_monitor();
+    let writer = cluster.start_writer();
+    writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
+    monitor.excuse_down(true);
+    cluster.roll_out(
+        &vec![consenting(to, "etcd3"); 3],
+        Rollout::Apart(ROLLOUT_GAP),
+    );
+    let converter = wait_for_point(&cluster, &GO, POINT_DEADLINE);
+    cluster.container(converter).freeze();
+    let removed_before = cluster.container(converter).count_in_log(REMOVED);
+    let name = cluster.members[converter].name.clone();
+    say(&format!(
+        "{test}: {name} (the converter) frozen for {:.0} s right after it wrote the go, {removed_before} member(s) removed by then",
+        FROZEN_FOR.as_secs_f64()
+    ));
+    assert!(
+        removed_before < 2,
+        "{name} removed both other members before the freeze: the leadership could not move off it; its log:\n{}",
+        cluster.container(converter).logs()
+    );
+    thread::sleep(FROZEN_FOR);
+    cluster.container(converter).thaw();
+    let took = cluster.wait_job_done(to, "etcd3", JOB_DEADLINE);
+    monitor.excuse_down(false);
+    let handed: Vec<String> = (0..3)
+        .filter(|&i| cluster.container(i).count_in_log(HANDS_OVER) > 0)
+        .map(|i| cluster.members[i].name.clone())
+        .collect();
+    assert!(
+        !handed.is_empty(),
+        "no member handed the leadership over after the converter's freeze; logs:\n{}",
+        cluster.all_logs()
+    );
+    assert_eq!(
+        cluster.container(converter).count_in_log(HANDS_OVER),
+        0,
+        "the converter itself restarted its etcd to hand the leadership over:\n{}",
+        cluster.container(converter).logs()
+    );
+    say(&format!(
+        "{test}: the leadership handed back by {}; every member records and serves {to}/etcd3 {:.1} s after the last restart",
+        handed.join(", "),
+        took.as_secs_f64()
+    ));
+    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
+    cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+}
+
 /// A 3.7 cluster to 3.3 in one target (issue 28, `ETCD_EXTRA_BIN_DIR`):
 /// four minors down, the last with no online way, so the whole route is
 /// one pause job: the member that carries the data walks it down alone

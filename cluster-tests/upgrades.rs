@@ -63,7 +63,7 @@ fn wait_rolled(cluster: &Cluster, release: &str, deadline: Duration) -> Duration
 }
 
 /// Member `i`'s version.txt records `want` within `deadline`.
-fn wait_recorded(cluster: &Cluster, i: usize, want: &str, deadline: Duration) {
+pub(crate) fn wait_recorded(cluster: &Cluster, i: usize, want: &str, deadline: Duration) {
     let started = Instant::now();
     loop {
         let recorded = cluster.version_txt(i);

@@ -180,9 +180,18 @@ pub struct Plan {
     pub then_pause: Option<VersionPair>,
 }
 
-/// The lowest release a pause job's cluster runs: the converter takes the
-/// leadership with `MoveLeader`, 3.3's (`cluster::pause`).
-pub const PAUSE_FLOOR: Minor = Minor::new(3, 3);
+/// From this cluster version on, a pause job's converter takes the
+/// leadership with `MoveLeader` (3.3's; `cluster::pause`): a cluster below
+/// it rolls here before a job to a target at or above it.
+pub const MOVE_LEADER_FLOOR: Minor = Minor::new(3, 3);
+
+/// The lowest cluster version a pause job runs at (`cluster::pause`). The
+/// job's keys, its go and the removals go through the v3 API (the
+/// cluster mode speaks v2 below 3.1), and a 3.1 or 3.2 leader hands its
+/// leadership over when its etcd stops gracefully; 3.0 does neither.
+/// Below [`MOVE_LEADER_FLOOR`] the leader carries the data, and the job
+/// is a rollback only (etcd3 data; see `cluster::pause::run`).
+pub const JOB_FLOOR: Minor = Minor::new(3, 1);
 
 /// What a run does with the data dir once it holds the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -817,24 +826,28 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
     Ok(plan)
 }
 
-/// The roll that takes a cluster below [`PAUSE_FLOOR`] to the newest
-/// bundled 3.3 with its storage kept, where `plan` (a route a cluster
-/// cannot roll) needs a pause job that such a cluster cannot run: the
-/// route's pause comes after it, in the same run
-/// ([`Plan::then_pause`]). `None` where the cluster is at 3.3 already,
-/// where the target is below 3.3 (no pause job can reach it), or where
-/// the way up to 3.3 is not a roll.
+/// The roll that takes a cluster to where the pause job `plan` needs
+/// can run, with its storage kept (a route a cluster cannot roll, from a
+/// release too old for the job): the route's pause comes after it, in the
+/// same run ([`Plan::then_pause`]).
+/// A target at 3.3 or later rolls to the newest bundled 3.3
+/// ([`MOVE_LEADER_FLOOR`]), where the job's converter takes the
+/// leadership with `MoveLeader` and the rest of the way up is the
+/// converter's. `None` where the cluster is at 3.3 already, where the
+/// target is below 3.3 (a rollback at 3.1 or 3.2 is a job where the
+/// cluster is; anything else below 3.3 waits, saying so), or where the
+/// way up is not a roll.
 fn roll_before_pause(plan: &Plan, bundle: &Bundle) -> Option<Plan> {
-    if plan.current.version.minor_line() >= PAUSE_FLOOR
-        || plan.target.version.minor_line() < PAUSE_FLOOR
+    if plan.current.version.minor_line() >= MOVE_LEADER_FLOOR
+        || plan.target.version.minor_line() < MOVE_LEADER_FLOOR
     {
         return None;
     }
-    let floor = VersionPair {
-        version: bundle.newest_in(PAUSE_FLOOR)?,
+    let end = VersionPair {
+        version: bundle.newest_in(MOVE_LEADER_FLOOR)?,
         storage: plan.current.storage,
     };
-    let mut rolled = self::plan(plan.current, floor, bundle).ok()?;
+    let mut rolled = self::plan(plan.current, end, bundle).ok()?;
     if rolled.steps.is_empty() || !rolled.steps.iter().all(Step::is_upgrade) {
         return None;
     }
@@ -995,7 +1008,7 @@ impl Plan {
         if let Some(then) = self.then_pause {
             return writeln!(
                 f,
-                "then: the whole-cluster pause job from {} to {then}, which a cluster below {PAUSE_FLOOR} cannot run (needs --allow-cluster-pause / ALLOW_CLUSTER_PAUSE=1 on every member; see docs/cluster-pause.md)",
+                "then: the whole-cluster pause job from {} to {then}, which the cluster cannot run at its present release (needs --allow-cluster-pause / ALLOW_CLUSTER_PAUSE=1 on every member; see docs/cluster-pause.md)",
                 self.target
             );
         }
@@ -2183,10 +2196,13 @@ mod tests {
                 false,
                 Ok("roll 3 to 3.3.25/etcd3, then pause to 3.4.23/etcd2"),
             ),
-            // ... unless its target is below 3.3 too: the job (which
-            // waits for a 3.3 cluster, saying so).
-            ("2.3.7/etcd2", "3.0.17/etcd3", TWO, 3, false, Ok("pause 3")),
+            // ... unless its target is below 3.3 too: the job, where the
+            // cluster is. A rollback at 3.1 or 3.2 runs (the leader
+            // carries the data); the rest waits, saying why (run.rs).
             ("3.2.32/etcd3", "3.1.20/etcd3", TWO, 3, false, Ok("pause 3")),
+            ("3.1.20/etcd2", "3.2.32/etcd3", TWO, 3, false, Ok("pause 3")),
+            ("2.3.7/etcd2", "3.2.32/etcd3", TWO, 3, false, Ok("pause 3")),
+            ("2.3.7/etcd2", "3.0.17/etcd3", TWO, 3, false, Ok("pause 3")),
         ];
         // 3.5 to a 3.4 that joins a 3.5 cluster (3.4.32+) rolls by
         // restarts; an older 3.4 patch takes a pause job.

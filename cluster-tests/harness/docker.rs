@@ -316,6 +316,18 @@ impl Container {
         docker(&["start", &self.name]);
     }
 
+    /// Freezes every process of the container (`docker pause`: the cgroup
+    /// freezer): its etcd answers nothing, as a stalled machine, until
+    /// [`Container::thaw`].
+    pub fn freeze(&self) {
+        docker(&["pause", &self.name]);
+    }
+
+    /// Lets a frozen container run on.
+    pub fn thaw(&self) {
+        docker(&["unpause", &self.name]);
+    }
+
     /// Cuts the container off its network.
     pub fn disconnect(&self, network: &str) {
         docker(&["network", "disconnect", network, &self.name]);

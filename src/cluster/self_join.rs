@@ -337,21 +337,37 @@ async fn membership_change(
         }
     };
     let id = added.member().map_or(0, |m| m.id());
+    let mut list: Vec<(u64, String, Vec<String>)> = added
+        .member_list()
+        .iter()
+        .map(|m| (m.id(), m.name().to_string(), m.peer_urls().to_vec()))
+        .collect();
+    if list.is_empty() {
+        // 3.1's MemberAddResponse carries no membership (3.2 added it):
+        // ask for it, the add committed.
+        let members = api
+            .member_list()
+            .await
+            .map_err(failed("member list after the add".to_string()))?;
+        list = members
+            .members()
+            .iter()
+            .map(|m| (m.id(), m.name().to_string(), m.peer_urls().to_vec()))
+            .collect();
+    }
+    if !list.iter().any(|(member, _, _)| *member == id) {
+        list.push((id, name.to_string(), peer_urls.to_vec()));
+    }
     log::info(
         "added this member to the cluster",
         &[
             ("id", format!("{id:x}").into()),
             ("name", name.into()),
             ("peer_urls", peer_urls.join(",").into()),
-            ("members", (added.member_list().len()).into()),
+            ("members", list.len().into()),
             ("learner", as_learner.into()),
         ],
     );
-    let list: Vec<(u64, String, Vec<String>)> = added
-        .member_list()
-        .iter()
-        .map(|m| (m.id(), m.name().to_string(), m.peer_urls().to_vec()))
-        .collect();
     Ok(Joined {
         id,
         initial_cluster: initial_cluster(&list, id, name),

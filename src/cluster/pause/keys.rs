@@ -4,7 +4,7 @@
 //! is), the withdrawal (a transaction that holds only while no `go` is),
 //! each leaving member's `stopping`, the converted cluster's `served` and each
 //! member's `joined`. Through the v3 API: the job needs a cluster version
-//! of 3.3 or later (`MoveLeader`).
+//! of 3.1 or later (`JOB_FLOOR`).
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 

@@ -15,9 +15,13 @@
 //! 2. **Go.** With every member of the membership agreed and up, one
 //!    member writes `go` in a transaction that holds only while every
 //!    agreement is there and no `go` is: it carries the data (the
-//!    converter).
+//!    converter). Below cluster version 3.3 only the leader writes it
+//!    ([`may_write_go`]).
 //! 3. **Shrink.** Every other member says it leaves (`stopping/<id>`);
-//!    the converter, made leader (`MoveLeader`), removes them from the
+//!    the converter, made leader (`MoveLeader`; below 3.3, where there is
+//!    none, a leader that is not the converter hands the leadership over
+//!    by a graceful restart of its etcd, [`hands_leadership_over`]),
+//!    removes them from the
 //!    membership one at a time (etcd's own `member remove`, committed by
 //!    the old cluster's quorum). A removed member's etcd stops by itself;
 //!    its entrypoint records that it left (never to serve the old data
@@ -57,7 +61,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::version::VersionPair;
+use crate::version::{Minor, VersionPair};
 
 /// Whether a member joining a cluster of `target` joins as a learner: a
 /// release with learners (3.4+). A learner counts for no quorum until it
@@ -182,6 +186,32 @@ pub fn shrink(converter: u64, membership: &[u64], seen: &Seen) -> Shrink {
     }
 }
 
+pub use crate::plan::{JOB_FLOOR, MOVE_LEADER_FLOOR};
+
+/// Whether this member may write the job's go at cluster version
+/// `cluster`, leading or not. The go's writer carries the data, and the
+/// converter must lead the old cluster while it removes the others (it
+/// then commits each removal itself and knows it committed; a follower
+/// can learn the last removal's commit too late, from a leader already
+/// gone). From 3.3 any member writes it and moves the leadership to
+/// itself; below, nothing moves the leadership to a chosen member, so
+/// only the leader writes it.
+pub fn may_write_go(cluster: Minor, leads: bool) -> bool {
+    cluster >= MOVE_LEADER_FLOOR || leads
+}
+
+/// Whether a member hands the leadership of the old cluster over to the
+/// converter by restarting its etcd gracefully (a 3.1/3.2 leader
+/// transfers the leadership to a connected peer when its etcd stops on
+/// SIGTERM): below 3.3 (no `MoveLeader`), after the go, when this member
+/// is one the converter removes and it leads (the leadership moved since
+/// the go: an election while the converter was slow). Only while every
+/// other member of the old cluster answers (`others_answer`): the
+/// restart costs the cluster one member, never two.
+pub fn hands_leadership_over(cluster: Minor, role: Role, leads: bool, others_answer: bool) -> bool {
+    cluster < MOVE_LEADER_FLOOR && role == Role::Other && leads && others_answer
+}
+
 /// The members whose agreement is missing.
 pub fn not_agreed(members: &[u64], seen: &Seen) -> Vec<u64> {
     members
@@ -300,6 +330,57 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn below_3_3_only_the_leader_writes_the_go() {
+        let (v3_1, v3_2, v3_3, v3_5) = (
+            Minor::new(3, 1),
+            Minor::new(3, 2),
+            Minor::new(3, 3),
+            Minor::new(3, 5),
+        );
+        #[rustfmt::skip]
+        let rows = [
+            // (cluster version, this member leads, may write the go)
+            (v3_1, true, true),
+            (v3_1, false, false),
+            (v3_2, true, true),
+            (v3_2, false, false),
+            // MoveLeader: the writer takes the leadership after.
+            (v3_3, false, true),
+            (v3_3, true, true),
+            (v3_5, false, true),
+        ];
+        for (cluster, leads, want) in rows {
+            assert_eq!(
+                may_write_go(cluster, leads),
+                want,
+                "{cluster} leads={leads}"
+            );
+        }
+    }
+
+    #[test]
+    fn below_3_3_a_leader_that_does_not_carry_the_data_hands_it_over() {
+        let (v3_2, v3_3) = (Minor::new(3, 2), Minor::new(3, 3));
+        #[rustfmt::skip]
+        let rows = [
+            // (cluster, role, leads, every other member answers, hands over)
+            ("the leadership moved off the converter", v3_2, Role::Other, true, true, true),
+            ("a follower", v3_2, Role::Other, false, true, false),
+            ("another member down: two would be", v3_2, Role::Other, true, false, false),
+            ("the converter itself", v3_2, Role::Converter, true, true, false),
+            ("not in the go", v3_2, Role::Outside, true, true, false),
+            ("MoveLeader does it from 3.3", v3_3, Role::Other, true, true, false),
+        ];
+        for (why, cluster, role, leads, others, want) in rows {
+            assert_eq!(
+                hands_leadership_over(cluster, role, leads, others),
+                want,
+                "{why}"
+            );
+        }
+    }
 
     #[test]
     fn the_go_is_the_same_whoever_computes_it() {

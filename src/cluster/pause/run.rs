@@ -31,8 +31,6 @@ const ROUND: Duration = Duration::from_millis(500);
 const PROGRESS_EVERY: Duration = Duration::from_secs(15);
 /// What one request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// The lowest cluster version a job runs at: `MoveLeader` is 3.3's.
-const LOWEST_CLUSTER: Minor = Minor::new(3, 3);
 
 /// How the member's part ended.
 #[derive(Debug)]
@@ -410,6 +408,12 @@ impl Pausing {
                     if self.removed(&peer).await {
                         return self.stop_for_job(etcd).await;
                     }
+                    if let Some(why) = self.hand_over_leadership(c, &peer, etcd).await? {
+                        reporter.wait(&self.job.id, &why);
+                        client = None;
+                        self.sleep().await;
+                        continue;
+                    }
                     reporter.wait(
                         &self.job.id,
                         &format!(
@@ -532,6 +536,14 @@ impl Pausing {
                 self.recorded.storage, self.old_release
             )));
         }
+        if self.job.target.version.minor_line() < pause::JOB_FLOOR {
+            // The converted cluster takes the joins and the job's keys
+            // through the v3 API, as the old one does.
+            return Ok(Some(format!(
+                "nothing: a cluster is not taken to {} by a pause job (the job speaks etcd's v3 API to the converted cluster, and the members' client cannot speak 3.0's gRPC over TLS); keep TARGET_VERSION at {} or later (this member serves {} meanwhile), or take one member back alone and rebuild the others from it",
+                self.job.target, pause::JOB_FLOOR, self.old_release
+            )));
+        }
         if !self.consent {
             return Ok(Some(format!(
                 "the operator's consent: {} -> {} pauses the whole cluster's writes for a moment (no cluster takes it member by member); set ALLOW_CLUSTER_PAUSE=1 (or --allow-cluster-pause) on every member, or keep TARGET_VERSION/TARGET_STORAGE at {}; this member serves {} meanwhile",
@@ -588,13 +600,43 @@ impl Pausing {
                 self.names(&down)
             )));
         }
-        match cluster {
-            Some(cv) if cv >= LOWEST_CLUSTER => {}
+        let cluster = match cluster {
+            Some(cv) if cv >= pause::JOB_FLOOR => cv,
             other => {
                 return Ok(Some(format!(
-                    "a cluster version of {LOWEST_CLUSTER} or later (it is {}): the job moves the leader with MoveLeader, 3.3's; roll the cluster to 3.3 first with the storage kept",
-                    other.map_or_else(|| "not decided".to_string(), |m| m.to_string())
+                    "a cluster version of {} or later (it is {}): the job speaks etcd's v3 API and needs a leader that hands its leadership over; roll the cluster to {} first with the storage kept",
+                    pause::JOB_FLOOR,
+                    other.map_or_else(|| "not decided".to_string(), |m| m.to_string()),
+                    pause::JOB_FLOOR,
                 )))
+            }
+        };
+        if cluster < pause::MOVE_LEADER_FLOOR && self.recorded.storage == Storage::Etcd2 {
+            // Measured: 3.2.32's `etcdctl migrate` of a cluster's etcd2
+            // data (beside the cluster's own v3 keys) made a db 3.2.32
+            // fatals on ("mvcc: range cannot find rev"), and 3.3's is
+            // the one the job's storage migration was proven with.
+            return Ok(Some(format!(
+                "nothing: a cluster's etcd2 data is taken to etcd3 by a pause job at cluster version {} or later (it is {cluster}); set TARGET_VERSION to a 3.3 or later release (the cluster rolls there first, with its storage kept, in the same rollout) and TARGET_STORAGE=etcd3 on every member, or keep TARGET_STORAGE=etcd2 (this member serves {} meanwhile)",
+                pause::MOVE_LEADER_FLOOR,
+                self.old_release
+            )));
+        }
+        if cluster < pause::MOVE_LEADER_FLOOR {
+            let leader = match client.status().await {
+                Ok(status) => status.leader(),
+                Err(e) => {
+                    return Ok(Some(format!(
+                        "this member's etcd to tell its status ({})",
+                        error_text(&e)
+                    )))
+                }
+            };
+            if !pause::may_write_go(cluster, leader == self.own.id) {
+                return Ok(Some(format!(
+                    "{} to write the go: at cluster version {cluster} (no MoveLeader) the leader carries the data",
+                    self.name_of(leader)
+                )));
             }
         }
         let go = Go::new(self.own.id, &ids);
@@ -669,6 +711,15 @@ impl Pausing {
             }
         };
         let leader = status.leader();
+        if leader != self.own.id && self.old_release.minor_line() < pause::MOVE_LEADER_FLOOR {
+            // No MoveLeader: the member that leads hands it over by a
+            // graceful restart of its etcd (`pause::hands_leadership_over`).
+            return Ok(Taking::Waiting(format!(
+                "the leadership back from {}: below {} there is no MoveLeader; that member's entrypoint hands it over by restarting its etcd gracefully (etcd then transfers it)",
+                self.name_of(leader),
+                pause::MOVE_LEADER_FLOOR
+            )));
+        }
         if leader != self.own.id {
             let url = self
                 .members
@@ -750,6 +801,79 @@ impl Pausing {
                 Ok(Taking::Taken)
             }
         }
+    }
+
+    /// Below 3.3 (no `MoveLeader`), a member the converter removes that
+    /// leads the old cluster hands the leadership over: it restarts its
+    /// etcd gracefully on the same data, and a 3.1/3.2 etcd stopping on
+    /// SIGTERM transfers its leadership to a connected peer first (if that
+    /// is not the converter, the new leader does the same). Only while
+    /// every other member of the old cluster answers, so the restart costs
+    /// it one member, never two. `Some(why)` when this member leads (it
+    /// restarted, or waits to): the round's wait.
+    async fn hand_over_leadership(
+        &mut self,
+        client: &mut etcd_client::Client,
+        peer: &PeerClient,
+        etcd: &mut SupervisedEtcd,
+    ) -> Result<Option<String>, PauseError> {
+        let cluster = self.old_release.minor_line();
+        if cluster >= pause::MOVE_LEADER_FLOOR {
+            return Ok(None);
+        }
+        let leads = match client.status().await {
+            Ok(status) => status.leader() == self.own.id,
+            Err(_) => false,
+        };
+        if !leads {
+            return Ok(None);
+        }
+        let membership = match client.member_list().await {
+            Ok(list) => list.members().to_vec(),
+            Err(e) => {
+                return Ok(Some(format!(
+                    "the old cluster's membership, to hand this member's leadership over ({})",
+                    error_text(&e)
+                )))
+            }
+        };
+        let mut silent = Vec::new();
+        for member in membership.iter().filter(|m| m.id() != self.own.id) {
+            let mut answers = false;
+            for url in member.peer_urls() {
+                if peer.version(url).await.is_ok() {
+                    answers = true;
+                    break;
+                }
+            }
+            if !answers {
+                silent.push(member.id());
+            }
+        }
+        if !pause::hands_leadership_over(cluster, Role::Other, leads, silent.is_empty()) {
+            return Ok(Some(format!(
+                "{} to answer on its peer URL: this member leads the old cluster and hands the leadership over to the converter by a graceful restart, which must not be the second member down",
+                self.names(&silent)
+            )));
+        }
+        log::info(
+            "pause job: this member leads the old cluster but does not carry the data; it restarts its etcd gracefully, which hands the leadership over (below 3.3 there is no MoveLeader)",
+            &[
+                ("job", self.job.id.as_str().into()),
+                ("release", self.old_release.to_string().into()),
+            ],
+        );
+        let graceful = etcd.stop_gracefully().await?;
+        if !graceful {
+            log::warn(
+                "pause job: this member's etcd did not stop gracefully; the cluster elects a leader itself",
+                &[],
+            );
+        }
+        etcd.start(self.old_release).await?;
+        Ok(Some(
+            "this member's etcd, restarted to hand the leadership over, to answer".to_string(),
+        ))
     }
 
     /// Whether the converter removed this member: the converter's peer
