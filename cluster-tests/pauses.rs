@@ -295,21 +295,11 @@ const HANDS_OVER: &str =
 pub(crate) fn below_3_3_the_leadership_moved_off_the_converter_comes_back() {
     let test = "pause-3-2-leader-moved";
     let (from, to) = ("3.2.32", "3.1.20");
-    let Some(ready) = ready(test, &[from, to]) else {
+    let Some(run) = rolled_out_in(test, Style::GceHa, (from, to)) else {
         return;
     };
-    let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, Style::GceHa, 3, from);
-    let before = cluster.baseline();
-    let monitor = cluster.start_monitor();
-    let writer = cluster.start_writer();
-    writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
-    monitor.excuse_down(true);
-    cluster.roll_out(
-        &vec![consenting(to, "etcd3"); 3],
-        Rollout::Apart(ROLLOUT_GAP),
-    );
-    let converter = wait_for_point(&cluster, &GO, POINT_DEADLINE);
+    let cluster = &run.cluster;
+    let converter = wait_for_point(cluster, &GO, POINT_DEADLINE);
     cluster.container(converter).freeze();
     let removed_before = cluster.container(converter).count_in_log(REMOVED);
     let name = cluster.members[converter].name.clone();
@@ -325,7 +315,7 @@ pub(crate) fn below_3_3_the_leadership_moved_off_the_converter_comes_back() {
     thread::sleep(FROZEN_FOR);
     cluster.container(converter).thaw();
     let took = cluster.wait_job_done(to, "etcd3", JOB_DEADLINE);
-    monitor.excuse_down(false);
+    run.monitor.excuse_down(false);
     let handed: Vec<String> = (0..3)
         .filter(|&i| cluster.container(i).count_in_log(HANDS_OVER) > 0)
         .map(|i| cluster.members[i].name.clone())
@@ -346,8 +336,20 @@ pub(crate) fn below_3_3_the_leadership_moved_off_the_converter_comes_back() {
         handed.join(", "),
         took.as_secs_f64()
     ));
-    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
-    cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+    run.writer.wait_acks(
+        run.writer.acks(),
+        ACKS,
+        ACK_DEADLINE,
+        "writes after the job",
+    );
+    cluster.finish_pause_scenario(
+        test,
+        run.started,
+        &run.before,
+        Vec::new(),
+        run.writer,
+        run.monitor,
+    );
 }
 
 /// A 3.7 cluster to 3.3 in one target (issue 28, `ETCD_EXTRA_BIN_DIR`):
@@ -722,10 +724,15 @@ struct Rolled {
 /// watching (members down excused: the job stops them); the operator rolls
 /// out TARGET_VERSION=`to` with the consent, 3 s apart, waiting for
 /// nobody. None when the image cannot run the scenario.
-fn rolled_out(test: &str, (from, to): (&str, &str)) -> Option<Rolled> {
+fn rolled_out(test: &str, pair: (&str, &str)) -> Option<Rolled> {
+    rolled_out_in(test, Style::Kubeadm, pair)
+}
+
+/// [`rolled_out`] with the members in `style`.
+fn rolled_out_in(test: &str, style: Style, (from, to): (&str, &str)) -> Option<Rolled> {
     let ready = ready(test, &[from, to])?;
     let started = Instant::now();
-    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, from);
+    let mut cluster = Cluster::start(&ready.image, test, style, 3, from);
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
