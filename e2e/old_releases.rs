@@ -296,7 +296,7 @@ fn say(line: &str) {
 /// as ignored, after its NOT RUN line naming them, never run or counted
 /// as passed.
 pub fn trials() -> Vec<Trial> {
-    cases()
+    let mut trials: Vec<Trial> = cases()
         .into_iter()
         .map(|case| {
             let missing = case.missing();
@@ -321,7 +321,152 @@ pub fn trials() -> Vec<Trial> {
             })
             .with_ignored_flag(ignored)
         })
-        .collect()
+        .collect();
+    for version in ["3.0.17", "3.1.20", "3.2.32", "3.3.25"] {
+        let name = format!("old_releases::migration_beside_a_v3_history_{version}");
+        let missing = find_binary(&format!("etcd-{version}")).is_none()
+            || find_binary(&format!("etcdctl-{version}")).is_none();
+        if missing {
+            say(&format!(
+                "NOT RUN for want of binaries: {name} (set ETCD_EXTRA_BIN_DIR to a dir with etcd-{version}, etcdctl-{version})"
+            ));
+        }
+        trials.push(
+            Trial::test(name, move || {
+                migration_beside_a_v3_history(version);
+                Ok(())
+            })
+            .with_ignored_flag(missing),
+        );
+    }
+    trials
+}
+
+/// The v3 keys written beside the v2 store of the etcd2 data of
+/// [`migration_beside_a_v3_history`]: a leased lock, the survivor of a
+/// transaction of two puts, the Kubernetes tool's `etcd_version`.
+const V3_HISTORY_KEPT: [&str; 3] = ["/etcd-migrate/lock", "/etcd-migrate/b", "etcd_version"];
+
+/// etcd2 data whose v3 keyspace has a history (a leased key, a
+/// transaction, a delete: what the cluster mode's locks and a pause job
+/// leave in an etcd2 cluster served by 3.x) migrated to etcd3 at its own
+/// release. Before 3.3, `etcdctl migrate` of such data made a db its own
+/// release fatals on at the first put ("mvcc: range cannot find rev",
+/// 3.0.17, 3.1.20 and 3.2.32); the step compacts the v3 history on its
+/// copy first. Every v2 key is in v3 with its TTL as a lease, the live
+/// v3 keys with their values, the deleted one gone.
+fn migration_beside_a_v3_history(version: &'static str) {
+    let tag = format!("old-v3-history-{version}").replace('.', "_");
+    let tmp = temp_dir(&tag);
+    let data = tmp.path().join("data");
+    let member = Member::new(&tag);
+    let fixture = v2::build(
+        version,
+        &data,
+        &member,
+        tmp.path(),
+        &v2::kubernetes_like(12, &[SHORT_LEASE_SECS, LONG_LEASE_SECS], 4),
+    );
+    let mut etcd = EtcdProcess::start_with(
+        version,
+        &member,
+        &data,
+        free_port(),
+        tmp.path(),
+        v2_flags(version),
+    );
+    block_on(async {
+        etcd.wait_ready().await;
+        let mut client = connect(&etcd.endpoint()).await.expect("connect");
+        let lease = client
+            .lease_grant(LONG_LEASE_SECS, None)
+            .await
+            .expect("grant")
+            .id();
+        client
+            .put(
+                V3_HISTORY_KEPT[0],
+                "held",
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .expect("put the lock");
+        client
+            .txn(etcd_client::Txn::new().and_then([
+                etcd_client::TxnOp::put("/etcd-migrate/a", "1", None),
+                etcd_client::TxnOp::put(V3_HISTORY_KEPT[1], "2", None),
+            ]))
+            .await
+            .expect("txn");
+        client
+            .delete("/etcd-migrate/a", None)
+            .await
+            .expect("delete");
+        client
+            .put(V3_HISTORY_KEPT[2], version, None)
+            .await
+            .expect("put etcd_version");
+    });
+    etcd.stop();
+    let bin = linked_bin_dir(&[version], tmp.path());
+    let run = Migration::new(version, &data, &member)
+        .bin_dir(&bin)
+        .arg("--target-storage")
+        .arg("etcd3")
+        .spawn()
+        .wait(CASE_MIGRATE_TIMEOUT);
+    run.assert_code(0);
+    assert_eq!(run.step_kinds(), ["storage-migration"], "{}", run.explain());
+    assert_eq!(
+        read_version_txt(&data),
+        format!("{version}/etcd3"),
+        "{}",
+        run.explain()
+    );
+    let compacted = !run.lines_with("v3 history compacted").is_empty();
+    assert_eq!(
+        compacted,
+        version < "3.3",
+        "the history is compacted before 3.3's migrate only:\n{}",
+        run.explain()
+    );
+    let (mut v3, read_at, v2_after) = read_back_v3(version, &member, &data, tmp.path());
+    let side: BTreeMap<Vec<u8>, _> = V3_HISTORY_KEPT
+        .iter()
+        .map(|key| {
+            let entry = v3.entries.remove(key.as_bytes());
+            // The lock's lease goes with it: the check below wants every
+            // lease to hold a migrated key.
+            if let Some(entry) = &entry {
+                v3.leases.remove(&entry.lease);
+            }
+            (key.as_bytes().to_vec(), entry)
+        })
+        .collect();
+    for (key, entry) in &side {
+        let key = String::from_utf8_lossy(key);
+        let entry = entry
+            .as_ref()
+            .unwrap_or_else(|| panic!("{key}: the v3 key is gone\n{}", run.explain()));
+        let want = match key.as_ref() {
+            "/etcd-migrate/lock" => "held",
+            "/etcd-migrate/b" => "2",
+            _ => version,
+        };
+        assert_eq!(entry.value, want.as_bytes(), "{key}: its value");
+        assert_eq!(
+            entry.lease != 0,
+            key == "/etcd-migrate/lock",
+            "{key}: its lease"
+        );
+    }
+    assert!(
+        !v3.entries.contains_key("/etcd-migrate/a".as_bytes()),
+        "the deleted v3 key came back"
+    );
+    v3.assert_no_health_key();
+    v2::assert_migrated(&v3, &fixture, read_at, &BTreeSet::new(), false);
+    v2_after.assert_empty();
 }
 
 /// What a case expects of the v2 store: each leaf's value and, if it

@@ -238,6 +238,11 @@ pub trait EtcdApi {
         put_back: &[Entry],
     ) -> impl Future<Output = Result<KnownLeases, Self::Error>>;
 
+    /// Compacts the v3 history of the data `endpoint` serves at its
+    /// current revision, physically (old revisions and deletions'
+    /// tombstones gone, every live key as it is); returns that revision.
+    fn compact_history(&self, endpoint: &str) -> impl Future<Output = Result<i64, Self::Error>>;
+
     /// What the health writes of this run put into the keyspace, for the
     /// reads to leave out.
     fn ours(&self) -> Ours;

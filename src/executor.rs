@@ -839,6 +839,10 @@ mod tests {
             panic!("an upgrade ended a downgrade")
         }
 
+        async fn compact_history(&self, _endpoint: &str) -> Result<i64, crate::effects::FakeError> {
+            panic!("an upgrade compacted the history")
+        }
+
         async fn delete_v2_tree(
             &self,
             _endpoint: &str,

@@ -51,6 +51,10 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
 /// a second call that finds the job in the state asked for are quicker.
 pub const DOWNGRADE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// What a physical compaction of a step's data may take (it walks every
+/// revision of the key bucket; the step's deadline bounds it too).
+const COMPACT_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Why a call to a step's etcd failed (or could not be made); each names
 /// the URL or endpoint and the key.
 #[derive(Debug, thiserror::Error)]
@@ -551,6 +555,46 @@ impl EtcdApi for EtcdHealth {
                 endpoint: endpoint.to_string(),
                 source: err.source,
             })
+    }
+
+    async fn compact_history(&self, endpoint: &str) -> Result<i64, ApiError> {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(ATTEMPT_TIMEOUT)
+            .with_timeout(COMPACT_TIMEOUT);
+        let mut client = etcd_client::Client::connect([endpoint], Some(options))
+            .await
+            .map_err(|err| ApiError::Connect {
+                endpoint: endpoint.to_string(),
+                detail: error_chain(&err),
+            })?;
+        let key_err = |op| {
+            move |source| ApiError::V3Key {
+                op,
+                key: "the whole keyspace".to_string(),
+                source,
+            }
+        };
+        let revision = client
+            .get(
+                "",
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_all_keys()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .map_err(key_err("read the revision of"))?
+            .header()
+            .map_or(0, |h| h.revision());
+        client
+            .compact(
+                revision,
+                Some(etcd_client::CompactionOptions::new().with_physical()),
+            )
+            .await
+            .map_err(key_err("compact the history of"))?;
+        Ok(revision)
     }
 
     async fn finish_downgrade(&self, endpoint: &str) -> Result<(), ApiError> {

@@ -188,6 +188,11 @@ impl EtcdApi for Fakes {
         Ok(())
     }
 
+    async fn compact_history(&self, endpoint: &str) -> Result<i64, crate::effects::FakeError> {
+        self.0.did(&format!("api compact_history {endpoint}"))?;
+        Ok(0)
+    }
+
     async fn read_all(
         &self,
         endpoint: &str,

@@ -268,8 +268,21 @@ fn member_dir(data_dir: &Path) -> Option<PathBuf> {
         .then(|| data_dir.to_path_buf())
 }
 
-/// The names of the entries of `dir` (lossy UTF-8); none for a missing
-/// dir, which a fresh or partial data dir may lack.
+/// Whether the db of `data_dir` holds any v3 record (a key's revision or
+/// a deletion's tombstone): its `key` bucket has an entry. `false` where
+/// there is no db or no such bucket.
+pub fn has_v3_records(data_dir: &Path) -> Result<bool, OnDiskError> {
+    let path = data_dir.join("member").join("snap").join("db");
+    if !path.exists() {
+        return Ok(false);
+    }
+    let db = bolt::Db::open(&path)?;
+    match db.bucket(b"key")? {
+        Some(bucket) => Ok(db.last_key(&bucket)?.is_some()),
+        None => Ok(false),
+    }
+}
+
 /// The size of the newest raft snapshot (`member/snap/*.snap`, the v2
 /// store and the membership) of the data in `data_dir`; 0 when there is
 /// none or it cannot be read (the size only tunes how a step's etcd
@@ -288,6 +301,8 @@ pub fn newest_snap_bytes(data_dir: &Path) -> u64 {
         .map_or(0, |meta| meta.len())
 }
 
+/// The names of the entries of `dir` (lossy UTF-8); none for a missing
+/// dir, which a fresh or partial data dir may lack.
 fn file_names(dir: &Path) -> Result<Vec<String>, OnDiskError> {
     let io = |source| OnDiskError::Io {
         path: dir.to_path_buf(),

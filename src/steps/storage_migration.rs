@@ -1,6 +1,8 @@
 //! This module owns the storage migration (etcd2 → etcd3 at `at`, 3.0 …
-//! 3.4): fingerprint the v2 store while `at` serves it, convert a copy of
-//! it with `etcdctl migrate` offline, give every TTL key a lease with its
+//! 3.4): fingerprint the v2 store while `at` serves it, compact the v3
+//! history on a copy where `at` is below 3.3 and the db holds any
+//! (`compact_before_migrate`), convert the copy with `etcdctl migrate`
+//! offline, give every TTL key a lease with its
 //! own remaining TTL (keys that expire in the same second share one),
 //! put back the v3 keys the data already held (etcd2 data served by 3.x
 //! can hold some: the Kubernetes tool wrote `etcd_version` through v3, and
@@ -28,7 +30,7 @@ use crate::steps::{
     copy_failure, report_expired, run, strings, work_err, Context, Failure, Serving, TtlLeases,
 };
 use crate::swap::Disk;
-use crate::version::{Storage, Version};
+use crate::version::{Minor, Storage, Version};
 
 /// The lease the flat TTL mode gives the TTL keys directory (what the
 /// Kubernetes tool attached to `/registry/events`).
@@ -96,11 +98,56 @@ async fn convert_copy<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
         &[("ms", log::ms(copying.elapsed()))],
     );
     crate::failpoint!("migration-after-copy");
+    compact_before_migrate(cx, at, converted).await?;
     let migrate_args = strings(&["migrate", "--data-dir", &converted.to_string_lossy()]);
     cx.offline(Binary::etcdctl(at), &migrate_args, &[("ETCDCTL_API", "3")])
         .await?;
     crate::failpoint!("migration-after-etcdctl-migrate");
     Ok(())
+}
+
+/// Before 3.3, `etcdctl migrate` of etcd2 data whose v3 keyspace has a
+/// history (keys put and deleted beside the v2 store: the cluster mode's
+/// locks, a job's keys) writes a db the same release then fatals on at
+/// the first put of a migrated key ("mvcc: range cannot find rev",
+/// measured on 3.0.17, 3.1.20 and 3.2.32 with one v3 key deleted; 3.3.25
+/// converts the same data cleanly). On the copy, `at` first compacts that
+/// history away (every live v3 key kept as it is, each put back and
+/// checked after the conversion anyway); a copy whose db holds no v3
+/// record at all, and 3.3+, skip it.
+async fn compact_before_migrate<L: Launcher, A: EtcdApi, T: Tools, D: Disk>(
+    cx: &Context<'_, L, A, T, D>,
+    at: Version,
+    converted: &Path,
+) -> Result<(), Failure> {
+    if at.minor_line() >= Minor::new(3, 3) || !has_v3_records(converted) {
+        return Ok(());
+    }
+    let mut serving = cx.start_serving(run(at, Storage::Etcd2, converted)).await?;
+    let endpoint = serving.endpoint.clone();
+    let revision = cx
+        .while_serving(
+            &mut serving,
+            "compact the v3 history before the conversion",
+            cx.api.compact_history(&endpoint),
+        )
+        .await?;
+    cx.stop_serving(serving).await?;
+    log::info(
+        "v3 history compacted on the copy before etcdctl migrate",
+        &[
+            ("revision", revision.into()),
+            ("release", at.to_string().into()),
+        ],
+    );
+    Ok(())
+}
+
+/// Whether the data dir `dir` holds any v3 record. An unreadable db
+/// counts as holding some: the compaction then runs, which etcd does on
+/// any db it serves.
+fn has_v3_records(dir: &Path) -> bool {
+    crate::ondisk::has_v3_records(dir).unwrap_or(true)
 }
 
 /// `at` serves the converted copy: its TTL keys get their leases, its v3
