@@ -124,6 +124,7 @@ fn main() {
         pauses::three_members_3_7_to_3_3_in_one_rollout,
         pauses::three_members_3_3_to_3_2_with_one_pause,
         pauses::three_members_3_2_to_3_1_with_one_pause,
+        pauses::three_members_2_3_etcd2_to_3_2_etcd3_in_one_rollout,
         pauses::below_3_3_the_leadership_moved_off_the_converter_comes_back,
         pauses::three_members_2_3_etcd2_to_3_5_etcd3_in_one_rollout,
         pauses::a_member_killed_as_its_roll_hands_over_to_the_pause_job,

@@ -273,6 +273,23 @@ pub(crate) fn three_members_3_2_to_3_1_with_one_pause() {
     rolled_back_with_pauses_in("pause-3-2-to-3-1", Style::GceHa, "3.2.32", "3.1.20", &[]);
 }
 
+/// etcd2 data at 2.3.7 to 3.2.32/etcd3 (issue 28, `ETCD_EXTRA_BIN_DIR`):
+/// a target below 3.3 reached from below 3.1 rolls to the target's
+/// release with the storage kept (2.3.7 → 3.0.17 → 3.1.20 → 3.2.32, one
+/// member restarting at a time), then the members take the storage
+/// migration together at 3.2, its leader carrying the data (3.2's
+/// `etcdctl migrate`, beside the v3 history the roll's locks and the
+/// job's keys left: compacted on the converter's copy first).
+pub(crate) fn three_members_2_3_etcd2_to_3_2_etcd3_in_one_rollout() {
+    etcd2_to_etcd3(
+        "pause-2-3-to-3-2",
+        3,
+        ("2.3.7", "3.2.32"),
+        &["3.0.17", "3.1.20"],
+        None,
+    );
+}
+
 /// How long the converter of `pause-3-2-leader-moved` stays frozen: well
 /// past the members' election timeout (1 s), so the others elect a leader
 /// of their own.

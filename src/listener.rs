@@ -171,25 +171,40 @@ fn find_listener(table: &str, ip: Ipv4Addr, port: u16) -> Option<u64> {
 /// For tests: a loopback listener on a port outside the kernel's
 /// ephemeral range, which no connect in this process draws as its source
 /// port (a connect to it once closed cannot meet itself) and no other
-/// test's `bind(…:0)` is handed once it is closed.
+/// test's `bind(…:0)` is handed once it is closed. Every call in the
+/// process gets a port no earlier call got (tests run at once, and one
+/// checks that a port it closed answers no more), each test process from
+/// its own offset.
 #[cfg(test)]
 pub(crate) fn test_listener() -> std::net::TcpListener {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
     let range =
         std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
     let mut bounds = range
         .split_whitespace()
-        .filter_map(|p| p.parse::<u16>().ok());
+        .filter_map(|p| p.parse::<u32>().ok());
     let (low, high) = (
         bounds.next().unwrap_or(32768),
         bounds.next().unwrap_or(60999),
     );
-    // Below the range, away from the well-known ports, each test process
-    // from its own offset; above it where nothing below is free.
-    let start = 20000 + (std::process::id() % 4000) as u16;
-    (start..low.min(30000))
-        .chain(high.saturating_add(1)..=u16::MAX)
-        .find_map(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok())
-        .expect("a free loopback port outside the ephemeral range")
+    // Below the range, away from the well-known ports; above it where
+    // nothing below is free.
+    let ports: Vec<u32> = (20000..low.min(30000))
+        .chain(high + 1..=u32::from(u16::MAX))
+        .collect();
+    let offset = (std::process::id() as usize * 97) % ports.len();
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst) as usize;
+        assert!(
+            n < ports.len(),
+            "no free loopback port outside the ephemeral range"
+        );
+        let port = ports[(offset + n) % ports.len()] as u16;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return listener;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -174,9 +174,10 @@ pub struct Plan {
     pub pause: Option<usize>,
     /// A roll whose end is not the user's target but the release a pause
     /// job can start from (issue 28 item 7): the cluster rolls its etcd2
-    /// data (or etcd3 data below 3.3) up to the newest bundled 3.3 with
-    /// the storage kept, then the members take the pause job to this, the
-    /// user's target, in the same run. `target` is then the roll's end.
+    /// data (or etcd3 data below 3.3) up with the storage kept, to the
+    /// newest bundled 3.3 (or, for a target of 3.1 or 3.2, to the target's
+    /// release), then the members take the pause job to this, the user's
+    /// target, in the same run. `target` is then the roll's end.
     pub then_pause: Option<VersionPair>,
 }
 
@@ -189,8 +190,7 @@ pub const MOVE_LEADER_FLOOR: Minor = Minor::new(3, 3);
 /// job's keys, its go and the removals go through the v3 API (the
 /// cluster mode speaks v2 below 3.1), and a 3.1 or 3.2 leader hands its
 /// leadership over when its etcd stops gracefully; 3.0 does neither.
-/// Below [`MOVE_LEADER_FLOOR`] the leader carries the data, and the job
-/// is a rollback only (etcd3 data; see `cluster::pause::run`).
+/// Below [`MOVE_LEADER_FLOOR`] the leader carries the data.
 pub const JOB_FLOOR: Minor = Minor::new(3, 1);
 
 /// What a run does with the data dir once it holds the lock.
@@ -830,21 +830,32 @@ pub fn decide(situation: &Situation<'_>) -> Result<Plan, Refusal> {
 /// can run, with its storage kept (a route a cluster cannot roll, from a
 /// release too old for the job): the route's pause comes after it, in the
 /// same run ([`Plan::then_pause`]).
-/// A target at 3.3 or later rolls to the newest bundled 3.3
-/// ([`MOVE_LEADER_FLOOR`]), where the job's converter takes the
-/// leadership with `MoveLeader` and the rest of the way up is the
-/// converter's. `None` where the cluster is at 3.3 already, where the
-/// target is below 3.3 (a rollback at 3.1 or 3.2 is a job where the
-/// cluster is; anything else below 3.3 waits, saying so), or where the
-/// way up is not a roll.
+/// - A target at 3.3 or later: the newest bundled 3.3
+///   ([`MOVE_LEADER_FLOOR`]), where the job's converter takes the
+///   leadership with `MoveLeader` and the rest of the way up is the
+///   converter's.
+/// - A target of 3.1 or 3.2 from etcd2 data below 3.1: the target's
+///   release with the storage kept; the storage migration is the job
+///   there, its leader carrying the data ([`JOB_FLOOR`]).
+///
+/// `None` where the cluster can run the job as it is (3.3 or later; 3.1
+/// or later for a target below 3.3), where the target is below 3.1 (no
+/// job reaches it: it waits, saying so), or where the way up is not a
+/// roll.
 fn roll_before_pause(plan: &Plan, bundle: &Bundle) -> Option<Plan> {
-    if plan.current.version.minor_line() >= MOVE_LEADER_FLOOR
-        || plan.target.version.minor_line() < MOVE_LEADER_FLOOR
-    {
+    let (from, to) = (
+        plan.current.version.minor_line(),
+        plan.target.version.minor_line(),
+    );
+    let end = if to >= MOVE_LEADER_FLOOR && from < MOVE_LEADER_FLOOR {
+        bundle.newest_in(MOVE_LEADER_FLOOR)?
+    } else if to < MOVE_LEADER_FLOOR && to >= JOB_FLOOR && from < JOB_FLOOR {
+        plan.target.version
+    } else {
         return None;
-    }
+    };
     let end = VersionPair {
-        version: bundle.newest_in(MOVE_LEADER_FLOOR)?,
+        version: end,
         storage: plan.current.storage,
     };
     let mut rolled = self::plan(plan.current, end, bundle).ok()?;
@@ -2197,11 +2208,20 @@ mod tests {
                 Ok("roll 3 to 3.3.25/etcd3, then pause to 3.4.23/etcd2"),
             ),
             // ... unless its target is below 3.3 too: the job, where the
-            // cluster is. A rollback at 3.1 or 3.2 runs (the leader
-            // carries the data); the rest waits, saying why (run.rs).
+            // cluster is at 3.1 or 3.2 (the leader carries the data) ...
             ("3.2.32/etcd3", "3.1.20/etcd3", TWO, 3, false, Ok("pause 3")),
             ("3.1.20/etcd2", "3.2.32/etcd3", TWO, 3, false, Ok("pause 3")),
-            ("2.3.7/etcd2", "3.2.32/etcd3", TWO, 3, false, Ok("pause 3")),
+            // ... etcd2 data below 3.1 to 3.1 or 3.2 rolls to the target's
+            // release with its storage kept, then migrates in the job ...
+            (
+                "2.3.7/etcd2",
+                "3.2.32/etcd3",
+                TWO,
+                3,
+                false,
+                Ok("roll 3 to 3.2.32/etcd2, then pause to 3.2.32/etcd3"),
+            ),
+            // ... and below 3.1 there is no job (it waits, saying so).
             ("2.3.7/etcd2", "3.0.17/etcd3", TWO, 3, false, Ok("pause 3")),
         ];
         // 3.5 to a 3.4 that joins a 3.5 cluster (3.4.32+) rolls by

@@ -611,18 +611,6 @@ impl Pausing {
                 )))
             }
         };
-        if cluster < pause::MOVE_LEADER_FLOOR && self.recorded.storage == Storage::Etcd2 {
-            // Tried once on 2.3.7 → 3.2.32: the converter's storage
-            // migration failed safe (3.0 … 3.2's `etcdctl migrate` beside
-            // a v3 history, since fixed in the step: it compacts its copy
-            // first), and the job was left waiting on it. Not run through
-            // since; 3.3 is the release the cluster job was proven with.
-            return Ok(Some(format!(
-                "nothing: a cluster's etcd2 data is taken to etcd3 by a pause job at cluster version {} or later (it is {cluster}); set TARGET_VERSION to a 3.3 or later release (the cluster rolls there first, with its storage kept, in the same rollout) and TARGET_STORAGE=etcd3 on every member, or keep TARGET_STORAGE=etcd2 (this member serves {} meanwhile)",
-                pause::MOVE_LEADER_FLOOR,
-                self.old_release
-            )));
-        }
         if cluster < pause::MOVE_LEADER_FLOOR {
             let leader = match client.status().await {
                 Ok(status) => status.leader(),
