@@ -580,7 +580,7 @@ mod tests {
         // Silent: accepts (the kernel's backlog), never writes.
         assert_eq!(first_line(addr), Seen::Listening);
         drop(probe);
-        assert_eq!(first_line(addr), Seen::Gone, "closed port");
+        assert_eq!(gone_within(addr), Seen::Gone, "closed port");
         let url = format!("http://{addr}");
         let announcement = Announcement::start(std::slice::from_ref(&url), 0xab).expect("binds");
         assert_eq!(first_line(addr), Seen::Forcing(0xab));
@@ -589,7 +589,23 @@ mod tests {
             Err(ForceError::PortInUse { .. })
         ));
         drop(announcement);
-        assert_eq!(first_line(addr), Seen::Gone, "given back on drop");
+        assert_eq!(gone_within(addr), Seen::Gone, "given back on drop");
+    }
+
+    /// What `addr` shows once it is closed: `Gone`, or what it still
+    /// showed after 10 s. A closed listener can answer for a moment
+    /// longer: another test of this process that forks a child between
+    /// the bind and the close leaves the child a copy of the socket until
+    /// its exec closes it (seen under load: 4 runs in 40).
+    fn gone_within(addr: SocketAddr) -> Seen {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = first_line(addr);
+            if seen == Seen::Gone || std::time::Instant::now() > deadline {
+                return seen;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     #[test]
