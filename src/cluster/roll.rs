@@ -377,6 +377,32 @@ fn waiting_kind(waiting: &Waiting) -> String {
     }
 }
 
+/// Whether `view` refuses our start at `first` ([`choose_start`]'s
+/// refusals: no member answers but some turn our TLS away, or the
+/// decision on the view refuses).
+fn start_refusal(rolling: &Rolling, first: Version, view: &View) -> Option<Refusal> {
+    let answered = view
+        .members
+        .iter()
+        .filter(|m| m.id != rolling.own_id)
+        .filter(|m| matches!(m.reach, crate::cluster::Reach::Up(_)))
+        .count();
+    if answered == 0 {
+        return (!view.tls_refused.is_empty()).then_some(Refusal::PeerTlsRefused {
+            refused: String::new(),
+            recorded: rolling.recorded.version,
+        });
+    }
+    let goal = Goal {
+        target: rolling.target.version,
+        next: next_release(first, rolling),
+    };
+    match decide(view, &own(rolling, first, false), &goal) {
+        Decision::Refuse(refusal) => Some(refusal),
+        _ => None,
+    }
+}
+
 /// Asks the cluster before our etcd starts, and chooses the release it
 /// starts with. What refuses the run whatever happens next (not a member,
 /// behind the cluster version, two minors ahead, a peer-URL change with a
@@ -398,7 +424,18 @@ pub async fn choose_start<C: Coordination, L: Ledger>(
     cluster: &mut C,
     ledger: &mut L,
 ) -> Result<Version, RollError> {
-    let view = cluster.peers().await;
+    let mut view = cluster.peers().await;
+    // A refusal stands only when [`REFUSALS_TO_END`] observations a round
+    // apart agree, as in the loop: a peer still starting can answer with
+    // less than it holds (a 2.2.1 member restarted beside us listed only
+    // itself in its `/members` for a moment, and we refused as removed).
+    for _ in 1..REFUSALS_TO_END {
+        if start_refusal(rolling, first, &view).is_none() {
+            break;
+        }
+        tokio::time::sleep(rolling.timing.round).await;
+        view = cluster.peers().await;
+    }
     let answered = view
         .members
         .iter()

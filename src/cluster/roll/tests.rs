@@ -675,6 +675,92 @@ fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
     assert!(shared.borrow().log.is_empty());
 }
 
+/// A peer that answers `/members` with only itself `partial_for` times
+/// (a 2.2.1 member still starting), then with the whole membership.
+struct Starting {
+    shared: Shared,
+    partial_for: usize,
+    asked: usize,
+}
+
+impl Coordination for Starting {
+    type Error = Fail;
+    async fn peers(&mut self) -> View {
+        self.asked += 1;
+        let mut view = self.shared.borrow_mut().view();
+        if self.asked <= self.partial_for {
+            view.members.retain(|m| m.id == 2);
+        }
+        view
+    }
+    async fn observe(&mut self) -> Result<View, Fail> {
+        Err(Fail("unused".into()))
+    }
+    async fn take_lock(&mut self) -> Result<Taken, Fail> {
+        Err(Fail("unused".into()))
+    }
+    async fn keep_lock(&mut self) -> Result<(), Fail> {
+        Ok(())
+    }
+    async fn release_lock(&mut self) -> Result<(), Fail> {
+        Ok(())
+    }
+    async fn move_leader(&mut self, _: u64, _: u64) -> Result<(), Fail> {
+        Ok(())
+    }
+    async fn enable_downgrade(&mut self, _: Minor) -> Result<(), Fail> {
+        Err(Fail("unused".into()))
+    }
+    async fn cancel_downgrade(&mut self) -> Result<(), Fail> {
+        Err(Fail("unused".into()))
+    }
+    async fn announce(&mut self, _: VersionPair) -> Result<bool, Fail> {
+        Err(Fail("unused".into()))
+    }
+    async fn prove(&mut self, _: Version) -> Result<(), Fail> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_peer_listing_only_itself_for_a_moment_refuses_nothing_a_lasting_one_does() {
+    let world = || World {
+        others: vec![Some(v("3.3.25")), Some(v("3.3.25"))],
+        own: None,
+        ..World::default()
+    };
+    let rolling = rolling("3.3.25", "3.4.23");
+    let start = |partial_for| {
+        let shared = Rc::new(RefCell::new(world()));
+        let mut cluster = Starting {
+            shared: shared.clone(),
+            partial_for,
+            asked: 0,
+        };
+        let result = runtime().block_on(choose_start(
+            &rolling,
+            v("3.3.25"),
+            &mut cluster,
+            &mut FakeLedger(shared.clone()),
+        ));
+        (result, cluster.asked)
+    };
+    // Seen once (the all-at-once restart of a 2.2.1 cluster): asked
+    // again, the membership holds us.
+    let (result, asked) = start(1);
+    assert!(result.is_ok(), "{:?}", result.err().map(|e| e.to_string()));
+    assert_eq!(asked, 2);
+    // Every observation of the start says so: removed, exit 2.
+    let (result, asked) = start(usize::MAX);
+    let err = result.expect_err("not a member");
+    assert!(
+        err.to_string()
+            .contains("is not in the cluster's membership"),
+        "{err}"
+    );
+    assert_eq!(asked, REFUSALS_TO_END as usize);
+}
+
 #[test]
 fn a_peer_tls_no_other_member_accepts_is_refused_before_anything_starts() {
     // Both others listen but fail the handshake (a TLS change rolled out
