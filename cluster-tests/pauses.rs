@@ -353,20 +353,7 @@ pub(crate) fn below_3_3_the_leadership_moved_off_the_converter_comes_back() {
         handed.join(", "),
         took.as_secs_f64()
     ));
-    run.writer.wait_acks(
-        run.writer.acks(),
-        ACKS,
-        ACK_DEADLINE,
-        "writes after the job",
-    );
-    cluster.finish_pause_scenario(
-        test,
-        run.started,
-        &run.before,
-        Vec::new(),
-        run.writer,
-        run.monitor,
-    );
+    run.finish(test);
 }
 
 /// A 3.7 cluster to 3.3 in one target (issue 28, `ETCD_EXTRA_BIN_DIR`):
@@ -737,6 +724,27 @@ struct Rolled {
     rolled: Instant,
 }
 
+impl Rolled {
+    /// Writes go on after the job, and every invariant of a pause
+    /// scenario holds.
+    fn finish(self, test: &str) {
+        self.writer.wait_acks(
+            self.writer.acks(),
+            ACKS,
+            ACK_DEADLINE,
+            "writes after the job",
+        );
+        self.cluster.finish_pause_scenario(
+            test,
+            self.started,
+            &self.before,
+            Vec::new(),
+            self.writer,
+            self.monitor,
+        );
+    }
+}
+
 /// 3 members of `from` (kubeadm style), a v3 client writing and a monitor
 /// watching (members down excused: the job stops them); the operator rolls
 /// out TARGET_VERSION=`to` with the consent, 3 s apart, waiting for
@@ -842,20 +850,7 @@ pub(crate) fn the_converter_cut_off_after_it_took_the_data() {
         CUT_FOR.as_secs_f64(),
         after.as_secs_f64()
     ));
-    run.writer.wait_acks(
-        run.writer.acks(),
-        ACKS,
-        ACK_DEADLINE,
-        "writes after the job",
-    );
-    cluster.finish_pause_scenario(
-        test,
-        run.started,
-        &run.before,
-        Vec::new(),
-        run.writer,
-        run.monitor,
-    );
+    run.finish(test);
 }
 
 /// 3 members of `from` (kubeadm style), a v3 client writing throughout;

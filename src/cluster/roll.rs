@@ -377,16 +377,20 @@ fn waiting_kind(waiting: &Waiting) -> String {
     }
 }
 
+/// How many other members `view` shows up.
+fn answered(rolling: &Rolling, view: &View) -> usize {
+    view.members
+        .iter()
+        .filter(|m| m.id != rolling.own_id)
+        .filter(|m| matches!(m.reach, crate::cluster::Reach::Up(_)))
+        .count()
+}
+
 /// Whether `view` refuses our start at `first` ([`choose_start`]'s
 /// refusals: no member answers but some turn our TLS away, or the
 /// decision on the view refuses).
 fn start_refusal(rolling: &Rolling, first: Version, view: &View) -> Option<Refusal> {
-    let answered = view
-        .members
-        .iter()
-        .filter(|m| m.id != rolling.own_id)
-        .filter(|m| matches!(m.reach, crate::cluster::Reach::Up(_)))
-        .count();
+    let answered = answered(rolling, view);
     if answered == 0 {
         return (!view.tls_refused.is_empty()).then_some(Refusal::PeerTlsRefused {
             refused: String::new(),
@@ -436,12 +440,7 @@ pub async fn choose_start<C: Coordination, L: Ledger>(
         tokio::time::sleep(rolling.timing.round).await;
         view = cluster.peers().await;
     }
-    let answered = view
-        .members
-        .iter()
-        .filter(|m| m.id != rolling.own_id)
-        .filter(|m| matches!(m.reach, crate::cluster::Reach::Up(_)))
-        .count();
+    let answered = answered(rolling, &view);
     if answered == 0 && !view.tls_refused.is_empty() {
         // They listen, but not to our TLS: our etcd would not reach them
         // either. Nothing has started; the operator rolls the TLS change
