@@ -621,42 +621,6 @@ fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
     };
     // Our data says 3.3.25, but the others report cluster version 3.4
     // (they bumped while we were away: our data is stale or foreign).
-    struct Bumped(Shared);
-    impl Coordination for Bumped {
-        type Error = Fail;
-        async fn peers(&mut self) -> View {
-            let mut view = self.0.borrow_mut().view();
-            view.cluster_version = Some(Minor::new(3, 4));
-            view
-        }
-        async fn observe(&mut self) -> Result<View, Fail> {
-            Err(Fail("unused".into()))
-        }
-        async fn take_lock(&mut self) -> Result<Taken, Fail> {
-            Err(Fail("unused".into()))
-        }
-        async fn keep_lock(&mut self) -> Result<(), Fail> {
-            Ok(())
-        }
-        async fn release_lock(&mut self) -> Result<(), Fail> {
-            Ok(())
-        }
-        async fn move_leader(&mut self, _: u64, _: u64) -> Result<(), Fail> {
-            Ok(())
-        }
-        async fn enable_downgrade(&mut self, _: Minor) -> Result<(), Fail> {
-            Err(Fail("unused".into()))
-        }
-        async fn cancel_downgrade(&mut self) -> Result<(), Fail> {
-            Err(Fail("unused".into()))
-        }
-        async fn announce(&mut self, _: VersionPair) -> Result<bool, Fail> {
-            Err(Fail("unused".into()))
-        }
-        async fn prove(&mut self, _: Version) -> Result<(), Fail> {
-            Ok(())
-        }
-    }
     let shared = Rc::new(RefCell::new(world));
     let rolling = rolling("3.3.25", "3.5.16");
     let runtime = runtime();
@@ -664,7 +628,11 @@ fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
         .block_on(choose_start(
             &rolling,
             v("3.3.25"),
-            &mut Bumped(shared.clone()),
+            &mut PeersOnly {
+                shared: shared.clone(),
+                asked: 0,
+                edit: |_, view: &mut View| view.cluster_version = Some(Minor::new(3, 4)),
+            },
             &mut FakeLedger(shared.clone()),
         ))
         .expect_err("behind");
@@ -675,22 +643,21 @@ fn a_member_behind_the_cluster_version_is_refused_before_anything_starts() {
     assert!(shared.borrow().log.is_empty());
 }
 
-/// A peer that answers `/members` with only itself `partial_for` times
-/// (a 2.2.1 member still starting), then with the whole membership.
-struct Starting {
+/// A cluster seen only through `peers`, each answer edited by `edit`
+/// (given how many times it was asked, this one included); anything
+/// else a start must not reach.
+struct PeersOnly<F> {
     shared: Shared,
-    partial_for: usize,
     asked: usize,
+    edit: F,
 }
 
-impl Coordination for Starting {
+impl<F: FnMut(usize, &mut View)> Coordination for PeersOnly<F> {
     type Error = Fail;
     async fn peers(&mut self) -> View {
         self.asked += 1;
         let mut view = self.shared.borrow_mut().view();
-        if self.asked <= self.partial_for {
-            view.members.retain(|m| m.id == 2);
-        }
+        (self.edit)(self.asked, &mut view);
         view
     }
     async fn observe(&mut self) -> Result<View, Fail> {
@@ -732,10 +699,17 @@ fn a_peer_listing_only_itself_for_a_moment_refuses_nothing_a_lasting_one_does() 
     let rolling = rolling("3.3.25", "3.4.23");
     let start = |partial_for| {
         let shared = Rc::new(RefCell::new(world()));
-        let mut cluster = Starting {
+        // A peer that answers `/members` with only itself `partial_for`
+        // times (a 2.2.1 member still starting), then with the whole
+        // membership.
+        let mut cluster = PeersOnly {
             shared: shared.clone(),
-            partial_for,
             asked: 0,
+            edit: |asked, view: &mut View| {
+                if asked <= partial_for {
+                    view.members.retain(|m| m.id == 2);
+                }
+            },
         };
         let result = runtime().block_on(choose_start(
             &rolling,
