@@ -34,6 +34,8 @@
 //!   are the `releases` target (`e2e/releases.rs`).
 //! - `cluster_probe`: the cluster mode's peer probe, view and decision on a
 //!   real 3-member cluster with peer TLS.
+//! - `pause_proof`: the pause job's proof of a joined member (`HashKV`,
+//!   and below 3.3 a digest of every key) failing on a differing value.
 //! - `cluster_roll`: the cluster mode end to end on loopback: three members
 //!   restarted as their entrypoints roll 3.3 → 3.5 themselves, one killed at
 //!   a failpoint under the lock; 2.2 → 3.0 over the v2 lock with
@@ -55,6 +57,7 @@ mod kubernetes_data;
 mod logging;
 mod no_step;
 mod ondisk;
+mod pause_proof;
 mod pid1;
 mod refusals;
 mod restores;

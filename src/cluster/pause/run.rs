@@ -1364,9 +1364,8 @@ impl Pausing {
     }
 
     /// `HashKV` of our etcd and the converter's at the converter's
-    /// revision, once ours has it; the revision when equal. A release
-    /// without `HashKV` (3.2 and older) compares a digest of every key at
-    /// that revision instead ([`keyspace_digest`]).
+    /// revision, once ours has it; the revision when equal
+    /// ([`same_keyspace`]).
     async fn same_hash(&self, endpoints: &[String], release: Version) -> Result<i64, String> {
         let mut theirs = connect_v3(endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT)
             .await
@@ -1378,57 +1377,7 @@ impl Pausing {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let revision = theirs
-            .status()
-            .await
-            .map_err(|e| error_text(&e))?
-            .header()
-            .map_or(0, |h| h.revision());
-        let own_revision = ours
-            .get(
-                "/etcd-migrate/pause/",
-                Some(
-                    etcd_client::GetOptions::new()
-                        .with_serializable()
-                        .with_count_only(),
-                ),
-            )
-            .await
-            .map_err(|e| error_text(&e))?
-            .header()
-            .map_or(0, |h| h.revision());
-        if own_revision < revision {
-            return Err(format!(
-                "this member is at revision {own_revision}, the converter at {revision}"
-            ));
-        }
-        if release.minor_line() < Minor::new(3, 3) {
-            let a = keyspace_digest(&mut theirs, revision).await?;
-            let b = keyspace_digest(&mut ours, revision).await?;
-            if a != b {
-                return Err(format!(
-                    "the keyspace at revision {revision}: converter {} keys (digest {}), this member {} keys (digest {})",
-                    a.0, a.1, b.0, b.1
-                ));
-            }
-            return Ok(revision);
-        }
-        let a = theirs
-            .hash_kv(revision)
-            .await
-            .map_err(|e| error_text(&e))?
-            .hash();
-        let b = ours
-            .hash_kv(revision)
-            .await
-            .map_err(|e| error_text(&e))?
-            .hash();
-        if a != b {
-            return Err(format!(
-                "HashKV at revision {revision}: converter {a:x}, this member {b:x}"
-            ));
-        }
-        Ok(revision)
+        same_keyspace(&mut theirs, &mut ours, release).await
     }
 
     /// The converter, its data converted (version.txt records the
@@ -1593,6 +1542,70 @@ enum Taking {
 /// The path of the pause record in `dir`, for messages.
 pub fn record_path(dir: &Path) -> PathBuf {
     dir.join(datadir::PAUSE_FILE)
+}
+
+/// The proof of a joined member (`ours`) against the converter
+/// (`theirs`), both serving `release`: the converter's revision, once
+/// ours has it, where both hash alike there: etcd's `HashKV`, or on a
+/// release without it (3.2 and older) a digest of every key at that
+/// revision ([`keyspace_digest`]). Otherwise what differs, or how far
+/// behind ours is.
+pub async fn same_keyspace(
+    theirs: &mut etcd_client::Client,
+    ours: &mut etcd_client::Client,
+    release: Version,
+) -> Result<i64, String> {
+    let revision = theirs
+        .status()
+        .await
+        .map_err(|e| error_text(&e))?
+        .header()
+        .map_or(0, |h| h.revision());
+    let own_revision = ours
+        .get(
+            "/etcd-migrate/pause/",
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_serializable()
+                    .with_count_only(),
+            ),
+        )
+        .await
+        .map_err(|e| error_text(&e))?
+        .header()
+        .map_or(0, |h| h.revision());
+    if own_revision < revision {
+        return Err(format!(
+            "this member is at revision {own_revision}, the converter at {revision}"
+        ));
+    }
+    if release.minor_line() < Minor::new(3, 3) {
+        let a = keyspace_digest(theirs, revision).await?;
+        let b = keyspace_digest(ours, revision).await?;
+        if a != b {
+            return Err(format!(
+                "the keyspace at revision {revision}: converter {} keys (digest {}), this member {} keys (digest {})",
+                a.0, a.1, b.0, b.1
+            ));
+        }
+        return Ok(revision);
+    }
+    let a = theirs
+        .hash_kv(revision)
+        .await
+        .map_err(|e| error_text(&e))?
+        .hash();
+    let b = ours
+        .hash_kv(revision)
+        .await
+        .map_err(|e| error_text(&e))?
+        .hash();
+    if a != b {
+        return Err(format!(
+            "HashKV at revision {revision}: converter {a:x}, this member {b:x}"
+        ));
+    }
+    Ok(revision)
 }
 
 /// Every key of `client`'s member at `revision`, read in pages, as a
