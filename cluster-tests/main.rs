@@ -129,6 +129,7 @@ fn main() {
         pauses::three_members_2_3_etcd2_to_3_5_etcd3_in_one_rollout,
         pauses::a_member_killed_as_its_roll_hands_over_to_the_pause_job,
         pauses::without_consent_on_one_member_the_job_waits,
+        pauses::a_job_to_3_0_waits_saying_why,
         pauses::a_target_raised_before_the_go_cancels_the_job,
         pauses::five_members_gce_style_etcd2_to_etcd3_with_one_pause,
         pauses::the_converter_cut_off_after_it_took_the_data,
@@ -137,6 +138,9 @@ fn main() {
         pauses::members_killed_at_each_phase_converge::converter_converted_then_member_added_to_it,
         pauses::members_killed_at_each_phase_converge::converter_serving_then_member_proven,
         pauses::members_killed_at_each_phase_converge::learner_added_then_promoted,
+        pauses::below_3_3_killed_at_each_phase_converge::converter_at_the_go_then_taking_the_data,
+        pauses::below_3_3_killed_at_each_phase_converge::member_leaving_then_converter_serving,
+        pauses::below_3_3_killed_at_each_phase_converge::member_added_then_member_proven,
     ];
     let mut trials: Vec<Trial> = scenarios
         .into_iter()

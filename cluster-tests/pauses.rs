@@ -42,6 +42,14 @@
 //!   converted cluster and proven in it; and 3.5.16 back to 3.4.23, whose
 //!   joiners are learners, killed once added and once promoted. Each run
 //!   ends as the others do.
+//! - `below_3_3_killed_at_each_phase_converge`: the same kills in a 3.2
+//!   cluster taken back to 3.1 (`ETCD_EXTRA_BIN_DIR`), where the leader
+//!   carries the data and no request moves the leadership: the converter
+//!   killed at the go and once it took the data, a member leaving and
+//!   the converter serving, a member added and one proven.
+//! - `a_job_to_3_0_waits_saying_why`: 3.1.20 rolled out to 3.0.17 with
+//!   the consent: no job reaches 3.0; every member serves 3.1.20, takes
+//!   writes and says why (`ETCD_EXTRA_BIN_DIR`).
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -407,8 +415,40 @@ fn rolled_back_with_pauses_in(
         "{test}: every member records and serves {target}/etcd3 {:.1} s after the last restart",
         took.as_secs_f64()
     ));
+    if below_move_leader(from) {
+        // The last member restarted agrees last, a follower by then: it
+        // finds every agreement in and says it leaves the go to the
+        // leader, who carries the data.
+        let waited: Vec<&str> = (0..cluster.members.len())
+            .filter(|&i| {
+                let c = cluster.container(i);
+                c.count_in_log(GO.line) == 0 && c.count_in_log(LEADER_WRITES_GO) > 0
+            })
+            .map(|i| cluster.members[i].name.as_str())
+            .collect();
+        assert!(
+            !waited.is_empty(),
+            "no member but the converter said it waits for the leader to write the go; logs:\n{}",
+            cluster.all_logs()
+        );
+        say(&format!(
+            "{test}: {} waited for the leader to write the go",
+            waited.join(", ")
+        ));
+    }
     writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
     cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+}
+
+/// A member's wait where the job's go is the leader's to write (below
+/// 3.3, no `MoveLeader`).
+const LEADER_WRITES_GO: &str = "to write the go: at cluster version";
+
+/// Whether a cluster of `release` has no `MoveLeader` (below 3.3).
+fn below_move_leader(release: &str) -> bool {
+    let mut parts = release.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) < (3, 3)
 }
 
 /// 3 members of 3.4.23 (kubeadm style): the operator rolls out
@@ -444,11 +484,7 @@ pub(crate) fn without_consent_on_one_member_the_job_waits() {
     cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
 }
 
-/// A point of the job: the line the member there prints (an exact part of
-/// the entrypoint's line), and whether the member's old data may serve
-/// again after a restart from it (its record is from before it left, or
-/// before the converter took the data).
-/// A cluster whose pause job waits for the third member's consent.
+/// A cluster whose pause job waits, every member serving its release.
 struct Held {
     cluster: Cluster,
     before: crate::harness::cluster::Baseline,
@@ -463,31 +499,55 @@ struct Held {
 /// then each records 3.4.23/etcd3 and names `ALLOW_CLUSTER_PAUSE` in its
 /// log.
 fn held_without_consent(image: &str, test: &str, watch: Duration) -> Held {
-    let mut cluster = Cluster::start(image, test, Style::Kubeadm, 3, "3.4.23");
+    let consent = consenting("3.3.25", "etcd3");
+    let without = Target::new("3.3.25", "etcd3");
+    held(
+        image,
+        test,
+        Style::Kubeadm,
+        "3.4.23",
+        &[consent.clone(), consent, without],
+        watch,
+        ALLOW_CLUSTER_PAUSE,
+    )
+}
+
+/// 3 members of `from` in `style`, a writer and the monitor; the operator
+/// rolls out `targets` (one per member), each member once the one before
+/// serves, and the job they call for cannot run. For `watch` every member
+/// still serves `from` (writes acknowledged throughout), then each records
+/// `from`/etcd3 and its log says why (`says`, part of its wait line).
+fn held(
+    image: &str,
+    test: &str,
+    style: Style,
+    from: &str,
+    targets: &[Target],
+    watch: Duration,
+    says: &str,
+) -> Held {
+    let mut cluster = Cluster::start(image, test, style, 3, from);
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
     let mut acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
-    let consent = consenting("3.3.25", "etcd3");
-    let without = Target::new("3.3.25", "etcd3");
-    cluster.roll_out(&[consent.clone(), consent, without], Rollout::Serving);
-    let last = cluster.members[2].name.clone();
+    cluster.roll_out(targets, Rollout::Serving);
     let watching = Instant::now();
     while watching.elapsed() < watch {
         acks = writer.wait_acks(
             acks,
             ACKS,
             ACK_DEADLINE,
-            &format!("writes while the job waits for {last}'s consent"),
+            &format!("writes while the job waits ({says})"),
         );
         // A probe lost to a loaded machine proves nothing either way
-        // (the monitor counts members down); an answer must be 3.4.23.
+        // (the monitor counts members down); an answer must be `from`.
         for (i, member) in cluster.members.iter().enumerate() {
             if let Ok(answer) = monitor::version(&cluster.client, &member.ip) {
                 assert_eq!(
                     answer.server,
-                    "3.4.23",
-                    "{} while {last} has no consent ({:.1} s after the rollout); its log:\n{}",
+                    from,
+                    "{} while the job waits ({says}; {:.1} s after the rollout); its log:\n{}",
                     member.name,
                     watching.elapsed().as_secs_f64(),
                     cluster.container(i).logs()
@@ -498,8 +558,8 @@ fn held_without_consent(image: &str, test: &str, watch: Duration) -> Held {
     for i in 0..cluster.members.len() {
         assert_eq!(
             answer_within(&cluster, i, ACK_DEADLINE),
-            "3.4.23",
-            "{} after {:.1} s without {last}'s consent",
+            from,
+            "{} after {:.1} s of the job's wait ({says})",
             cluster.members[i].name,
             watching.elapsed().as_secs_f64()
         );
@@ -507,18 +567,16 @@ fn held_without_consent(image: &str, test: &str, watch: Duration) -> Held {
     for i in 0..cluster.members.len() {
         assert_eq!(
             cluster.version_txt(i),
-            "3.4.23/etcd3",
+            format!("{from}/etcd3"),
             "{} records its release while the job waits",
             cluster.members[i].name
         );
     }
-    // Each says why: the two that consented wait for the third, the
-    // third lacks the consent.
     for i in 0..cluster.members.len() {
-        wait_logged(&cluster, i, ALLOW_CLUSTER_PAUSE, SAYS_WHY_DEADLINE);
+        wait_logged(&cluster, i, says, SAYS_WHY_DEADLINE);
     }
     say(&format!(
-        "{test}: the job waited {:.1} s for {last}'s consent, writes going on, every member naming {ALLOW_CLUSTER_PAUSE}",
+        "{test}: the job waited {:.1} s, writes going on, every member serving {from} and saying why ({says:?})",
         watching.elapsed().as_secs_f64()
     ));
     Held {
@@ -527,6 +585,38 @@ fn held_without_consent(image: &str, test: &str, watch: Duration) -> Held {
         monitor,
         writer,
     }
+}
+
+/// What a member says where its target is below the pause job's floor.
+const BELOW_THE_JOB: &str = "is not taken to 3.0.17/etcd3 by a pause job";
+
+/// 3 members of 3.1.20 (GCE style; `ETCD_EXTRA_BIN_DIR`: 3.0.17, 3.1.20)
+/// rolled out to 3.0.17 with the consent on every member: no pause job
+/// reaches 3.0 (the job speaks v3 to the converted cluster, and 3.0's
+/// gRPC over TLS is beyond the members' client), so for 20 s every member
+/// serves 3.1.20 and records it, writes acknowledged throughout, and each
+/// says why. Nothing was stopped or paused.
+pub(crate) fn a_job_to_3_0_waits_saying_why() {
+    let test = "pause-to-3-0-waits";
+    let Some(ready) = ready(test, &["3.1.20", "3.0.17"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let Held {
+        cluster,
+        before,
+        monitor,
+        writer,
+    } = held(
+        &ready.image,
+        test,
+        Style::GceHa,
+        "3.1.20",
+        &vec![consenting("3.0.17", "etcd3"); 3],
+        WAITS_FOR,
+        BELOW_THE_JOB,
+    );
+    cluster.finish_scenario(test, started, &before, writer, monitor);
 }
 
 /// The job held by a missing consent, as above; then the operator raises
@@ -571,6 +661,10 @@ pub(crate) fn a_target_raised_before_the_go_cancels_the_job() {
 /// A member's line once it withdrew its agreement to a job.
 const WITHDREW: &str = "pause job: this member withdrew its agreement to an earlier job";
 
+/// A point of the job: the line the member there prints (an exact part of
+/// the entrypoint's line), and whether the member's old data may serve
+/// again after a restart from it (its record is from before it left, or
+/// before the converter took the data).
 #[derive(Debug, Clone, Copy)]
 struct Point {
     /// What the member did, for the test's lines.
@@ -708,6 +802,48 @@ pub(crate) mod members_killed_at_each_phase_converge {
             "pause-kill-learner-added-promoted",
             ("3.5.16", "3.4.23"),
             &[ADDED, PROMOTED],
+        );
+    }
+}
+
+/// The pause job below 3.3 (`ETCD_EXTRA_BIN_DIR`: 3.1.20, 3.2.32): 3.2
+/// back to 3.1, GCE style, with members SIGKILLed at its phases as above.
+/// There is no `MoveLeader` there: the leader writes the go and carries
+/// the data, and a leadership lost to a kill comes back through graceful
+/// restarts; the joiners are voters (no learners before 3.4).
+pub(crate) mod below_3_3_killed_at_each_phase_converge {
+    use super::{killed_at_in, Style, ADDED, GO, LEAVES, PROVEN, SERVING, TAKEN};
+
+    const PAIR: (&str, &str) = ("3.2.32", "3.1.20");
+
+    /// The converter (the leader) killed right after it wrote the go: the
+    /// others elect a leader of their own, which must hand the leadership
+    /// back before the converter can take the data; then the converter
+    /// again, right after it took the data.
+    pub(crate) fn converter_at_the_go_then_taking_the_data() {
+        killed_at_in("pause-kill-3-2-go-taken", Style::GceHa, PAIR, &[GO, TAKEN]);
+    }
+
+    /// A member killed right after it said it leaves, then the converter
+    /// right after the converted data served alone.
+    pub(crate) fn member_leaving_then_converter_serving() {
+        killed_at_in(
+            "pause-kill-3-2-leaves-serving",
+            Style::GceHa,
+            PAIR,
+            &[LEAVES, SERVING],
+        );
+    }
+
+    /// A member killed right after it added itself to the converted 3.1
+    /// cluster (two voters, one down: the converted cluster waits for it),
+    /// then a joined member right after its proof.
+    pub(crate) fn member_added_then_member_proven() {
+        killed_at_in(
+            "pause-kill-3-2-added-proven",
+            Style::GceHa,
+            PAIR,
+            &[ADDED, PROVEN],
         );
     }
 }
@@ -861,7 +997,12 @@ pub(crate) fn the_converter_cut_off_after_it_took_the_data() {
 /// every member records and serves `to`/etcd3, every acknowledged write
 /// on every member, names and URLs kept; a member killed past the point
 /// where it left (or took the data) never served its old data again.
-fn killed_at(test: &str, (from, to): (&str, &str), points: &[Point]) {
+fn killed_at(test: &str, pair: (&str, &str), points: &[Point]) {
+    killed_at_in(test, Style::Kubeadm, pair, points);
+}
+
+/// [`killed_at`] with the members in `style`.
+fn killed_at_in(test: &str, style: Style, (from, to): (&str, &str), points: &[Point]) {
     let Some(Rolled {
         _ready,
         started,
@@ -870,7 +1011,7 @@ fn killed_at(test: &str, (from, to): (&str, &str), points: &[Point]) {
         monitor,
         writer,
         rolled,
-    }) = rolled_out(test, (from, to))
+    }) = rolled_out_in(test, style, (from, to))
     else {
         return;
     };
