@@ -1055,6 +1055,19 @@ fn killed_at_in(test: &str, style: Style, (from, to): (&str, &str), points: &[Po
         rolled.elapsed().as_secs_f64(),
         after_kills.as_secs_f64()
     ));
+    // Below 3.3 a converter killed after its go comes back a follower
+    // (as a rule: unless its restart beat the others' election): what
+    // brought the leadership back to it is worth a line.
+    let handed: Vec<&str> = (0..cluster.members.len())
+        .filter(|&i| cluster.container(i).count_in_log(HANDS_OVER) > 0)
+        .map(|i| cluster.members[i].name.as_str())
+        .collect();
+    if !handed.is_empty() {
+        say(&format!(
+            "{test}: the leadership handed back to the converter by {}",
+            handed.join(", ")
+        ));
+    }
     for (victim, point, old_starts) in &killed {
         if !point.old_may_serve {
             assert_eq!(
