@@ -532,7 +532,7 @@ impl Pausing {
             // The joined members are proven by HashKV, which an etcd2
             // store does not have: not done until they have a proof.
             return Ok(Some(format!(
-                "nothing: a cluster is not taken back to etcd2 storage by this release (a joined member's proof, etcd's HashKV, does not cover the v2 store); keep TARGET_STORAGE at {} (this member serves {} meanwhile), or take one member back alone and rebuild the others from it",
+                "nothing: a cluster is not taken back to etcd2 storage by this release (a joined member's proof, etcd's HashKV, does not cover the v2 store); keep TARGET_STORAGE at {} (this member serves {} meanwhile), or take one member there alone and add the others back to it (docs/cluster-pause.md, \"By hand\")",
                 self.recorded.storage, self.old_release
             )));
         }
@@ -540,7 +540,7 @@ impl Pausing {
             // The converted cluster takes the joins and the job's keys
             // through the v3 API, as the old one does.
             return Ok(Some(format!(
-                "nothing: a cluster is not taken to {} by a pause job (the job speaks etcd's v3 API to the converted cluster, and the members' client cannot speak 3.0's gRPC over TLS); keep TARGET_VERSION at {} or later (this member serves {} meanwhile), or take one member back alone and rebuild the others from it",
+                "nothing: a cluster is not taken to {} by a pause job (the job speaks etcd's v3 API to the converted cluster, and the members' client cannot speak 3.0's gRPC over TLS); keep TARGET_VERSION at {} or later (this member serves {} meanwhile), or take one member there alone and add the others back to it (docs/cluster-pause.md, \"By hand\")",
                 self.job.target, pause::JOB_FLOOR, self.old_release
             )));
         }
