@@ -13,8 +13,11 @@
 //!   restore from a snapshot on 3.6 and 3.7.
 //! - `v2_baseline`: etcd2 data's baseline replayed offline, proven by the
 //!   first step's read, and its fallback to a start.
+//! - `by_hand`: the steps by hand for a cluster no pause job takes
+//!   (docs/cluster-pause.md): 3.0.17/etcd3 to 2.2.1/etcd2 on three members.
 
 // The harness is `e2e`'s; this target uses part of it.
+mod by_hand;
 #[allow(dead_code)]
 mod harness;
 mod old_releases;
@@ -28,5 +31,6 @@ fn main() {
     let mut trials = old_releases::trials();
     trials.extend(present::trials());
     trials.extend(v2_baseline::trials());
+    trials.extend(by_hand::trials());
     libtest_mimic::run(&args, trials).exit();
 }
