@@ -1,10 +1,14 @@
 //! The steps by hand that `docs/cluster-pause.md` ("By hand") gives for a
 //! cluster no pause job takes (etcd3 → etcd2, a 3.0 target), on real
-//! releases (`$ETCD_EXTRA_BIN_DIR`: 3.0.17, 2.2.1): three members of
-//! 3.0.17 on etcd3 data, shrunk to one by `member remove`; that member
-//! taken to 2.2.1/etcd2 by etcd-migrate alone; the other two added back
-//! by etcd's member add on empty data dirs. Every member ends holding
-//! every key, the leased one as a v2 key with its TTL.
+//! releases (`$ETCD_EXTRA_BIN_DIR`): three members on etcd3 data, shrunk
+//! to one by `member remove`; that member taken to the target by
+//! etcd-migrate alone; the other two added back by etcd's member add on
+//! empty data dirs. Every member ends holding every key, the leased one
+//! still expiring (a v2 key with its TTL; a v3 key on a lease).
+//!
+//! - 3.0.17/etcd3 → 2.2.1/etcd2 (Kubernetes 1.6 → 1.5), the joiners
+//!   added through the v2 members API;
+//! - 3.1.20 → 3.0.17 (a 3.0 target), added through v3's `MemberAdd`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -29,12 +33,28 @@ const LEASE_TTL: i64 = 3600;
 const RECONFIG_DEADLINE: Duration = Duration::from_secs(60);
 
 pub fn trials() -> Vec<Trial> {
-    vec![release_trial(
-        "by_hand",
-        "by_hand::a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2",
-        a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2,
-        &["3.0.17", "2.2.1"],
-    )]
+    vec![
+        release_trial(
+            "by_hand",
+            "by_hand::a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2",
+            a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2,
+            &["3.0.17", "2.2.1"],
+        ),
+        release_trial(
+            "by_hand",
+            "by_hand::a_3_1_cluster_goes_back_to_3_0",
+            a_3_1_cluster_goes_back_to_3_0,
+            &["3.1.20", "3.0.17"],
+        ),
+    ]
+}
+
+fn a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2() {
+    by_hand("3.0.17", "2.2.1", "etcd2");
+}
+
+fn a_3_1_cluster_goes_back_to_3_0() {
+    by_hand("3.1.20", "3.0.17", "etcd3");
 }
 
 /// `name=peer URL` of each member, comma-separated.
@@ -87,9 +107,39 @@ where
     }
 }
 
-/// The v2 store below `/registry` as member `endpoint` holds it itself:
-/// key → (value, TTL).
-async fn local_v2(endpoint: &str) -> Vec<(String, String, Option<i64>)> {
+/// The keys below `/registry` as member `endpoint` holds them itself
+/// (a serializable read), sorted: key, value, and whether it expires (a
+/// v2 TTL within [`LEASE_TTL`], or a v3 lease).
+async fn local_keys(endpoint: &str, storage: &str) -> Vec<(String, String, bool)> {
+    let mut keys = if storage == "etcd2" {
+        local_v2(endpoint).await
+    } else {
+        let mut client = connect(endpoint).await.expect("connect");
+        let options = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_serializable();
+        let answer = client
+            .get("/registry", Some(options))
+            .await
+            .unwrap_or_else(|e| panic!("get /registry from {endpoint}: {e}"));
+        answer
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                    kv.lease() != 0,
+                )
+            })
+            .collect()
+    };
+    keys.sort();
+    keys
+}
+
+/// The v2 store below `/registry` as member `endpoint` holds it.
+async fn local_v2(endpoint: &str) -> Vec<(String, String, bool)> {
     let url = format!("{endpoint}/v2/keys/registry?recursive=true&sorted=true");
     let text = http_client()
         .get(&url)
@@ -107,18 +157,59 @@ async fn local_v2(endpoint: &str) -> Vec<(String, String, Option<i64>)> {
         if let Some(children) = node["nodes"].as_array() {
             stack.extend(children.iter().cloned());
         } else if node["dir"].as_bool() != Some(true) {
+            let ttl = node["ttl"].as_i64();
             leaves.push((
                 node["key"].as_str().unwrap_or_default().to_string(),
                 node["value"].as_str().unwrap_or_default().to_string(),
-                node["ttl"].as_i64(),
+                ttl.is_some_and(|t| t > 0 && t <= LEASE_TTL),
             ));
         }
     }
-    leaves.sort();
     leaves
 }
 
-fn a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2() {
+/// Waits until `etcd` takes a write through the API of its storage.
+async fn wait_ready(etcd: &mut EtcdProcess, storage: &str) {
+    if storage == "etcd2" {
+        etcd.wait_ready_v2().await;
+    } else {
+        etcd.wait_ready().await;
+    }
+}
+
+/// Adds `member` to the cluster `endpoint` serves, through the v2 members
+/// API (2.x) or v3's `MemberAdd`.
+async fn member_add(endpoint: &str, member: &Member, storage: &str) -> Result<(), String> {
+    if storage == "etcd2" {
+        let url = format!("{endpoint}/v2/members");
+        let response = http_client()
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "peerURLs": [member.peer_url()] }).to_string())
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if response.status().is_success() {
+            return Ok(());
+        }
+        return Err(format!(
+            "{}: {}",
+            response.status(),
+            response.text().await.unwrap_or_default()
+        ));
+    }
+    let mut client = connect_within(endpoint, PROBE_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    client
+        .member_add(vec![member.peer_url()], None)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Three members of `from` on etcd3 data taken to `to`/`storage` by hand.
+fn by_hand(from: &str, to: &str, storage: &str) {
     let tmp = temp_dir("by-hand");
     let logs = tmp.path();
     let members: Vec<Member> = ["a", "b", "c"]
@@ -130,17 +221,7 @@ fn a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2() {
     let all: Vec<&Member> = members.iter().collect();
     let cluster = initial_cluster(&all);
     let mut old: Vec<EtcdProcess> = (0..3)
-        .map(|i| {
-            start(
-                "3.0.17",
-                &members[i],
-                &data[i],
-                ports[i],
-                logs,
-                &cluster,
-                "new",
-            )
-        })
+        .map(|i| start(from, &members[i], &data[i], ports[i], logs, &cluster, "new"))
         .collect();
     let endpoint_a = old[0].endpoint();
     block_on(async {
@@ -191,7 +272,7 @@ fn a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2() {
         }
     });
     for dir in &data {
-        write_version_txt(dir, "3.0.17/etcd3");
+        write_version_txt(dir, &format!("{from}/etcd3"));
     }
     let mut old = old.into_iter();
     let a = old.next().expect("a");
@@ -200,22 +281,22 @@ fn a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2() {
     }
     a.stop();
 
-    // 2. That member taken to 2.2.1/etcd2 alone.
-    let bin = linked_bin_dir(&["3.0.17", "2.2.1"], logs);
-    let run = Migration::new("2.2.1", &data[0], &members[0])
+    // 2. That member taken to the target alone.
+    let bin = linked_bin_dir(&[from, to], logs);
+    let run = Migration::new(to, &data[0], &members[0])
         .bin_dir(&bin)
         .arg("--target-storage")
-        .arg("etcd2")
+        .arg(storage)
         .run();
     run.assert_code(0);
     assert_eq!(
         read_version_txt(&data[0]),
-        "2.2.1/etcd2",
+        format!("{to}/{storage}"),
         "{}",
         run.explain()
     );
     let mut joined = vec![start(
-        "2.2.1",
+        to,
         &members[0],
         &data[0],
         ports[0],
@@ -226,32 +307,18 @@ fn a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2() {
 
     // 3. The others added back one at a time, on empty data dirs.
     block_on(async {
-        joined[0].wait_ready_v2().await;
-        let expected = local_v2(&endpoint_a).await;
+        wait_ready(&mut joined[0], storage).await;
+        let expected = local_keys(&endpoint_a, storage).await;
         assert_eq!(expected.len(), KEYS + 1, "{expected:?}");
+        let expiring: Vec<&str> = expected
+            .iter()
+            .filter(|(_, _, expires)| *expires)
+            .map(|(k, _, _)| k.as_str())
+            .collect();
+        assert_eq!(expiring, ["/registry/events/e1"], "{expected:?}");
         for i in 1..3 {
-            let url = format!("{endpoint_a}/v2/members");
-            let peer = members[i].peer_url();
             until_taken(&format!("member add {}", members[i].name), || {
-                let (url, peer) = (url.clone(), peer.clone());
-                async move {
-                    let response = http_client()
-                        .post(&url)
-                        .header("content-type", "application/json")
-                        .body(serde_json::json!({ "peerURLs": [peer] }).to_string())
-                        .send()
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if response.status().is_success() {
-                        Ok(())
-                    } else {
-                        Err(format!(
-                            "{}: {}",
-                            response.status(),
-                            response.text().await.unwrap_or_default()
-                        ))
-                    }
-                }
+                member_add(&endpoint_a, &members[i], storage)
             })
             .await;
             std::fs::rename(
@@ -260,7 +327,7 @@ fn a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2() {
             )
             .expect("the old data aside");
             let mut etcd = start(
-                "2.2.1",
+                to,
                 &members[i],
                 &data[i],
                 ports[i],
@@ -268,22 +335,17 @@ fn a_3_0_etcd3_cluster_goes_back_to_2_2_etcd2() {
                 &initial_cluster(&all[..=i]),
                 "existing",
             );
-            etcd.wait_ready_v2().await;
-            let holds = local_v2(&etcd.endpoint()).await;
-            let kept: Vec<_> = holds.iter().map(|(k, v, _)| (k, v)).collect();
-            let want: Vec<_> = expected.iter().map(|(k, v, _)| (k, v)).collect();
-            assert_eq!(kept, want, "{} holds what etcd-a holds", members[i].name);
+            wait_ready(&mut etcd, storage).await;
             joined.push(etcd);
         }
-        for etcd in &joined {
-            let holds = local_v2(&etcd.endpoint()).await;
-            let event = holds
-                .iter()
-                .find(|(k, _, _)| k == "/registry/events/e1")
-                .unwrap_or_else(|| panic!("the leased key on {}: {holds:?}", etcd.endpoint()));
-            let ttl = event.2.unwrap_or_else(|| panic!("{event:?} has no TTL"));
-            assert!(ttl > 0 && ttl <= LEASE_TTL, "{event:?}");
-            assert_eq!(holds.len(), KEYS + 1, "{holds:?}");
+        for (i, etcd) in joined.iter().enumerate() {
+            assert_eq!(
+                local_keys(&etcd.endpoint(), storage).await,
+                expected,
+                "{} holds what {} holds",
+                members[i].name,
+                members[0].name
+            );
         }
     });
     for etcd in joined {

@@ -14,7 +14,8 @@
 //! - `v2_baseline`: etcd2 data's baseline replayed offline, proven by the
 //!   first step's read, and its fallback to a start.
 //! - `by_hand`: the steps by hand for a cluster no pause job takes
-//!   (docs/cluster-pause.md): 3.0.17/etcd3 to 2.2.1/etcd2 on three members.
+//!   (docs/cluster-pause.md): 3.0.17/etcd3 to 2.2.1/etcd2 and 3.1.20 to
+//!   3.0.17, three members each.
 
 // The harness is `e2e`'s; this target uses part of it.
 mod by_hand;
