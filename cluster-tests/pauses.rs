@@ -446,9 +446,10 @@ const LEADER_WRITES_GO: &str = "to write the go: at cluster version";
 
 /// Whether a cluster of `release` has no `MoveLeader` (below 3.3).
 fn below_move_leader(release: &str) -> bool {
-    let mut parts = release.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) < (3, 3)
+    let release: etcd_migrate::version::Version = release
+        .parse()
+        .unwrap_or_else(|e| panic!("release {release:?}: {e}"));
+    release.minor_line() < etcd_migrate::plan::MOVE_LEADER_FLOOR
 }
 
 /// 3 members of 3.4.23 (kubeadm style): the operator rolls out

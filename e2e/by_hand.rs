@@ -15,11 +15,10 @@ use std::time::{Duration, Instant};
 
 use etcd_client::Client;
 use libtest_mimic::Trial;
-use serde_json::Value;
 
 use crate::harness::etcd::{connect, connect_within, EtcdProcess, PROBE_TIMEOUT};
 use crate::harness::migrator::Migration;
-use crate::harness::v2::http_client;
+use crate::harness::v2::{http_client, V2Keyspace};
 use crate::harness::{
     block_on, free_port, linked_bin_dir, read_version_txt, release_trial, temp_dir,
     write_version_txt, Member,
@@ -140,32 +139,16 @@ async fn local_keys(endpoint: &str, storage: &str) -> Vec<(String, String, bool)
 
 /// The v2 store below `/registry` as member `endpoint` holds it.
 async fn local_v2(endpoint: &str) -> Vec<(String, String, bool)> {
-    let url = format!("{endpoint}/v2/keys/registry?recursive=true&sorted=true");
-    let text = http_client()
-        .get(&url)
-        .send()
+    V2Keyspace::read(endpoint)
         .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
-        .text()
-        .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    let body: Value =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {url}: {e}: {text}"));
-    let mut leaves = Vec::new();
-    let mut stack = vec![body["node"].clone()];
-    while let Some(node) = stack.pop() {
-        if let Some(children) = node["nodes"].as_array() {
-            stack.extend(children.iter().cloned());
-        } else if node["dir"].as_bool() != Some(true) {
-            let ttl = node["ttl"].as_i64();
-            leaves.push((
-                node["key"].as_str().unwrap_or_default().to_string(),
-                node["value"].as_str().unwrap_or_default().to_string(),
-                ttl.is_some_and(|t| t > 0 && t <= LEASE_TTL),
-            ));
-        }
-    }
-    leaves
+        .leaves
+        .into_iter()
+        .filter(|(key, _)| key.starts_with("/registry/"))
+        .map(|(key, node)| {
+            let expires = node.ttl.is_some_and(|t| t > 0 && t <= LEASE_TTL);
+            (key, node.value, expires)
+        })
+        .collect()
 }
 
 /// Waits until `etcd` takes a write through the API of its storage.

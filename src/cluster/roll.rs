@@ -388,23 +388,42 @@ fn answered(rolling: &Rolling, view: &View) -> usize {
 
 /// Whether `view` refuses our start at `first` ([`choose_start`]'s
 /// refusals: no member answers but some turn our TLS away, or the
-/// decision on the view refuses).
-fn start_refusal(rolling: &Rolling, first: Version, view: &View) -> Option<Refusal> {
-    let answered = answered(rolling, view);
-    if answered == 0 {
-        return (!view.tls_refused.is_empty()).then_some(Refusal::PeerTlsRefused {
-            refused: String::new(),
+/// decision on the view, toward `goal`, refuses).
+fn start_refusal(rolling: &Rolling, first: Version, goal: &Goal, view: &View) -> Option<Refusal> {
+    if answered(rolling, view) == 0 {
+        // They listen, but not to our TLS: our etcd would not reach them
+        // either. Nothing has started; the operator rolls the TLS change
+        // out on its own first.
+        return (!view.tls_refused.is_empty()).then(|| Refusal::PeerTlsRefused {
+            refused: tls_refusals(view),
             recorded: rolling.recorded.version,
         });
     }
-    let goal = Goal {
-        target: rolling.target.version,
-        next: next_release(first, rolling),
-    };
-    match decide(view, &own(rolling, first, false), &goal) {
+    match decide(view, &own(rolling, first, false), goal) {
         Decision::Refuse(refusal) => Some(refusal),
         _ => None,
     }
+}
+
+/// Each member that turned our TLS away, and why: `name peer-urls: why`.
+fn tls_refusals(view: &View) -> String {
+    view.members
+        .iter()
+        .filter_map(|m| {
+            view.tls_refused.get(&m.id).map(|why| {
+                format!(
+                    "{} {}: {why}",
+                    if m.name.is_empty() {
+                        "(unstarted)"
+                    } else {
+                        &m.name
+                    },
+                    m.peer_urls.join(",")
+                )
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Asks the cluster before our etcd starts, and chooses the release it
@@ -428,48 +447,28 @@ pub async fn choose_start<C: Coordination, L: Ledger>(
     cluster: &mut C,
     ledger: &mut L,
 ) -> Result<Version, RollError> {
+    let goal = Goal {
+        target: rolling.target.version,
+        next: next_release(first, rolling),
+    };
     let mut view = cluster.peers().await;
     // A refusal stands only when [`REFUSALS_TO_END`] observations a round
     // apart agree, as in the loop: a peer still starting can answer with
     // less than it holds (a 2.2.1 member restarted beside us listed only
     // itself in its `/members` for a moment, and we refused as removed).
+    let mut refusal = start_refusal(rolling, first, &goal, &view);
     for _ in 1..REFUSALS_TO_END {
-        if start_refusal(rolling, first, &view).is_none() {
+        if refusal.is_none() {
             break;
         }
         tokio::time::sleep(rolling.timing.round).await;
         view = cluster.peers().await;
+        refusal = start_refusal(rolling, first, &goal, &view);
     }
-    let answered = answered(rolling, &view);
-    if answered == 0 && !view.tls_refused.is_empty() {
-        // They listen, but not to our TLS: our etcd would not reach them
-        // either. Nothing has started; the operator rolls the TLS change
-        // out on its own first.
-        let refused = view
-            .members
-            .iter()
-            .filter_map(|m| {
-                view.tls_refused.get(&m.id).map(|why| {
-                    format!(
-                        "{} {}: {why}",
-                        if m.name.is_empty() {
-                            "(unstarted)"
-                        } else {
-                            &m.name
-                        },
-                        m.peer_urls.join(",")
-                    )
-                })
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        return Err(Refusal::PeerTlsRefused {
-            refused,
-            recorded: rolling.recorded.version,
-        }
-        .into());
+    if let Some(refusal) = refusal {
+        return Err(refusal.into());
     }
-    if answered == 0 {
+    if answered(rolling, &view) == 0 {
         // All down (restarted at once, or a cluster being recovered): the
         // data's own cluster version bounds what ours may run, and etcd
         // refuses the rest itself.
@@ -478,14 +477,6 @@ pub async fn choose_start<C: Coordination, L: Ledger>(
             &[("release", first.to_string().into())],
         );
         return Ok(first);
-    }
-    let own = own(rolling, first, false);
-    let goal = Goal {
-        target: rolling.target.version,
-        next: next_release(first, rolling),
-    };
-    if let Decision::Refuse(refusal) = decide(&view, &own, &goal) {
-        return Err(refusal.into());
     }
     let Some(next) = goal.next else {
         return Ok(first);
