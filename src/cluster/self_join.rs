@@ -333,6 +333,22 @@ async fn membership_change(
                 );
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
+            // etcd derives a new member's id from its peer URLs and the
+            // wall-clock second of the add: an add within the second of
+            // our removed entry's own add (a join killed at once and
+            // started again) gets that removed id back, refused for good
+            // (`ErrIDRemoved`, sent as "member not found"). The next
+            // second makes a new id.
+            Err(err)
+                if error_text(&err).contains("member not found")
+                    && std::time::Instant::now() < deadline =>
+            {
+                log::info(
+                    "the cluster refuses a member add whose id it removed this second; asking again in the next",
+                    &[("error", error_text(&err).into())],
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
             Err(err) => return Err(failed(format!("member add {}", peer_urls.join(",")))(err)),
         }
     };
