@@ -36,6 +36,8 @@
 //!   real 3-member cluster with peer TLS.
 //! - `pause_proof`: the pause job's proof of a joined member (`HashKV`,
 //!   and below 3.3 a digest of every key) failing on a differing value.
+//! - `self_join`: a member replacing its stale entry within the second of
+//!   that entry's add (etcd's removed-id refusal) joins under a new id.
 //! - `cluster_roll`: the cluster mode end to end on loopback: three members
 //!   restarted as their entrypoints roll 3.3 → 3.5 themselves, one killed at
 //!   a failpoint under the lock; 2.2 → 3.0 over the v2 lock with
@@ -64,5 +66,6 @@ mod restores;
 mod rollbacks;
 mod scale;
 mod security;
+mod self_join;
 mod storage;
 mod walks;

@@ -276,14 +276,19 @@ pub async fn add_self(
 }
 
 /// Who asks to be added, and how.
-struct Asked<'a> {
-    name: &'a str,
-    peer_urls: &'a [String],
-    as_learner: bool,
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    /// The member's name (`--name`).
+    pub name: &'a str,
+    /// The peer URLs it advertises.
+    pub peer_urls: &'a [String],
+    /// Added as a learner ([`joins_as_learner`]).
+    pub as_learner: bool,
 }
 
-/// The remove (for [`Change::Replace`]) and the add, through `endpoint`.
-async fn membership_change(
+/// The remove (for [`Change::Replace`]) and the add, through the one
+/// member at `endpoint` ([`add_self`] tries each member's in turn).
+pub async fn membership_change(
     endpoint: &str,
     client_tls: Option<&TlsFiles>,
     timeout: Duration,
