@@ -320,41 +320,23 @@ pub async fn membership_change(
             Err(err) => return Err(failed(format!("member remove {id:x}"))(err)),
         }
     }
-    // etcd refuses an add while a member has been connected for less than
-    // a few seconds ("unhealthy cluster", --strict-reconfig-check): a
-    // cluster that just (re)started is asked again, up to a deadline.
+    // A refusal that passes within a second or a few is asked again, up
+    // to a deadline ([`passing_add_refusal`]).
     let deadline = std::time::Instant::now() + UNHEALTHY_RETRY;
     let added = loop {
         let options = as_learner.then(|| etcd_client::MemberAddOptions::new().with_is_learner());
         match api.member_add(peer_urls, options).await {
             Ok(added) => break added,
-            Err(err)
-                if error_text(&err).contains("unhealthy cluster")
-                    && std::time::Instant::now() < deadline =>
-            {
-                log::info(
-                    "the cluster refuses a member add while it settles; asking again",
-                    &[("error", error_text(&err).into())],
-                );
-                tokio::time::sleep(Duration::from_secs(1)).await;
+            Err(err) => {
+                let text = error_text(&err);
+                match passing_add_refusal(&text) {
+                    Some(why) if std::time::Instant::now() < deadline => {
+                        log::info(why, &[("error", text.into())]);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    _ => return Err(failed(format!("member add {}", peer_urls.join(",")))(err)),
+                }
             }
-            // etcd derives a new member's id from its peer URLs and the
-            // wall-clock second of the add: an add within the second of
-            // our removed entry's own add (a join killed at once and
-            // started again) gets that removed id back, refused for good
-            // (`ErrIDRemoved`, sent as "member not found"). The next
-            // second makes a new id.
-            Err(err)
-                if error_text(&err).contains("member not found")
-                    && std::time::Instant::now() < deadline =>
-            {
-                log::info(
-                    "the cluster refuses a member add whose id it removed this second; asking again in the next",
-                    &[("error", error_text(&err).into())],
-                );
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(err) => return Err(failed(format!("member add {}", peer_urls.join(",")))(err)),
         }
     };
     let id = added.member().map_or(0, |m| m.id());
@@ -395,6 +377,27 @@ pub async fn membership_change(
         learner: as_learner,
         endpoints: Vec::new(),
     })
+}
+
+/// What to log for a refused member add that passes by itself, asked
+/// again a second later; `None` for a refusal that stays.
+///
+/// - etcd refuses an add while a member has been connected for less than
+///   a few seconds ("unhealthy cluster", `--strict-reconfig-check`): a
+///   cluster that just (re)started.
+/// - etcd derives a new member's id from its peer URLs and the Unix second
+///   of the add, and refuses an id it removed for good (`ErrIDRemoved`,
+///   sent as "member not found"): an add within the second of our removed
+///   entry's own add (a join killed at once and started again) gets that
+///   id back. The next second makes a new one (`e2e/self_join.rs`).
+fn passing_add_refusal(error: &str) -> Option<&'static str> {
+    if error.contains("unhealthy cluster") {
+        Some("the cluster refuses a member add while it settles; asking again")
+    } else if error.contains("member not found") {
+        Some("the cluster refuses a member add whose id it removed this second; asking again in the next")
+    } else {
+        None
+    }
 }
 
 /// What a promote of a learner came to.
@@ -604,6 +607,20 @@ fn promoted_already(answer: &str) -> bool {
 mod tests {
     use super::*;
     use crate::cluster::decide::Reach;
+
+    #[test]
+    fn the_add_refusals_that_pass_are_asked_again_and_no_other() {
+        let cases = [
+            ("etcdserver: unhealthy cluster", true),
+            ("grpc request error: code: 'Some requested entity was not found', message: \"etcdserver: member not found\"", true),
+            ("etcdserver: Peer URLs already exists", false),
+            ("etcdserver: too many learner members in cluster", false),
+            ("transport error", false),
+        ];
+        for (error, passes) in cases {
+            assert_eq!(passing_add_refusal(error).is_some(), passes, "{error}");
+        }
+    }
 
     fn member(id: u64, name: &str, url: &str) -> Member {
         Member {
