@@ -129,6 +129,7 @@ fn main() {
         pauses::three_members_2_3_etcd2_to_3_5_etcd3_in_one_rollout,
         pauses::a_member_killed_as_its_roll_hands_over_to_the_pause_job,
         pauses::without_consent_on_one_member_the_job_waits,
+        pauses::a_member_down_when_the_job_is_due_holds_it,
         pauses::a_job_to_3_0_waits_saying_why,
         pauses::a_target_raised_before_the_go_cancels_the_job,
         pauses::five_members_gce_style_etcd2_to_etcd3_with_one_pause,

@@ -23,6 +23,10 @@
 //! - `without_consent_on_one_member_the_job_waits`: one member without
 //!   the consent holds the job; the cluster serves 3.4.23 and takes writes
 //!   meanwhile, its members say why; once it consents the job is done.
+//! - `a_member_down_when_the_job_is_due_holds_it`: the same held job,
+//!   then a member that agreed goes down and the last one consents: the
+//!   job waits naming the member down, the others serving and taking
+//!   writes; once it is back the job is done.
 //! - `a_target_raised_before_the_go_cancels_the_job`: the same held job,
 //!   then the target raised to 3.5.16: the agreements are withdrawn and
 //!   the cluster rolls up as any roll does, nothing paused.
@@ -54,7 +58,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::harness::cluster::{Cluster, Rollout, Style, Target};
+use crate::harness::cluster::{Cluster, Rollout, Style, Target, START_DEADLINE, STOP_GRACE_S};
 use crate::harness::docker::{first_to_log, Container, State};
 use crate::harness::monitor;
 use crate::harness::pause::{ALLOW_CLUSTER_PAUSE, JOB_DEADLINE};
@@ -479,6 +483,88 @@ pub(crate) fn without_consent_on_one_member_the_job_waits() {
     monitor.excuse_down(false);
     say(&format!(
         "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after {last} consented",
+        took.as_secs_f64()
+    ));
+    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
+    cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+}
+
+/// 3 members of 3.4.23 (kubeadm style), the job held by the missing
+/// consent of etcd-c; then etcd-a, which agreed, goes down (its node
+/// stopped) and the operator restarts etcd-c with the consent (the quorum
+/// gone for that restart: the operator's doing, with a member down).
+/// Every member has agreed, and one does not answer: for 20 s etcd-b and
+/// etcd-c serve 3.4.23 and record it, writes are acknowledged, and both
+/// name etcd-a in their wait lines. Nothing starts without it: once
+/// etcd-a's node is back, the job is done with every acknowledged write.
+pub(crate) fn a_member_down_when_the_job_is_due_holds_it() {
+    let test = "pause-member-down";
+    let Some(ready) = ready(test, &["3.4.23", "3.3.25"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let Held {
+        mut cluster,
+        before,
+        monitor,
+        writer,
+    } = held_without_consent(&ready.image, test, Duration::ZERO);
+    let down = cluster.members[0].name.clone();
+    cluster.container(0).stop(STOP_GRACE_S);
+    say(&format!("{test}: {down} stopped (agreed, its node down)"));
+    monitor.excuse_down(true);
+    cluster.restart_as(2, &consenting("3.3.25", "etcd3"));
+    cluster.wait_healthy(2, START_DEADLINE);
+    monitor.excuse_down(false);
+    let says = format!("{down} (");
+    let needle = "to answer on its peer URL";
+    let mut acks = writer.acks();
+    let watching = Instant::now();
+    while watching.elapsed() < WAITS_FOR {
+        acks = writer.wait_acks(
+            acks,
+            ACKS,
+            ACK_DEADLINE,
+            &format!("writes while {down} is down"),
+        );
+        for i in 1..3 {
+            if let Ok(answer) = monitor::version(&cluster.client, &cluster.members[i].ip) {
+                assert_eq!(
+                    answer.server,
+                    "3.4.23",
+                    "{} while {down} is down ({:.1} s); its log:\n{}",
+                    cluster.members[i].name,
+                    watching.elapsed().as_secs_f64(),
+                    cluster.container(i).logs()
+                );
+            }
+        }
+    }
+    for i in 1..3 {
+        assert_eq!(
+            cluster.version_txt(i),
+            "3.4.23/etcd3",
+            "{}",
+            cluster.members[i].name
+        );
+        let logs = cluster.container(i).logs();
+        assert!(
+            logs.lines()
+                .any(|l| l.contains(&says) && l.contains(needle)),
+            "{} does not name {down} as what the job waits for; its log:\n{logs}",
+            cluster.members[i].name
+        );
+    }
+    say(&format!(
+        "{test}: every member agreed, {down} down: the job waited {:.1} s, writes going on, the others serving 3.4.23 and naming it",
+        watching.elapsed().as_secs_f64()
+    ));
+    monitor.excuse_down(true);
+    cluster.container(0).start();
+    let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
+    monitor.excuse_down(false);
+    say(&format!(
+        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after {down} came back",
         took.as_secs_f64()
     ));
     writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
