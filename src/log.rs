@@ -66,9 +66,22 @@ const OUR_TARGET: &str = "etcd_migrate";
 /// An error and its causes on one line, each cause once (a cause already
 /// quoted in its parent's message is not repeated): "connection refused"
 /// hides two or three levels down in hyper/tonic errors.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
+///
+/// A gRPC status says its code and etcd's message, then its causes in
+/// words: tonic's own text of a status appends its cause's debug form, a
+/// screenful of struct names in every wait line that quotes it.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let (mut text, mut source) = match err.downcast_ref::<etcd_client::Error>() {
+        Some(etcd_client::Error::GRpcStatus(status)) => (
+            format!(
+                "grpc request error: {}: {}",
+                status.code().description(),
+                status.message()
+            ),
+            std::error::Error::source(status),
+        ),
+        _ => (err.to_string(), err.source()),
+    };
     while let Some(cause) = source {
         let cause_text = cause.to_string();
         if !text.contains(&cause_text) {
@@ -491,6 +504,37 @@ fn render<K: AsRef<str>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// etcd refusing a call (nothing listens on port 1 of loopback) reads
+    /// as the gRPC status and its causes in words, without tonic's debug
+    /// form of the cause.
+    #[test]
+    fn a_refused_grpc_call_reads_in_words() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let text = runtime.block_on(async {
+            let options = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(std::time::Duration::from_secs(2))
+                .with_timeout(std::time::Duration::from_secs(2));
+            match etcd_client::Client::connect(["http://127.0.0.1:1"], Some(options)).await {
+                Err(err) => error_chain(&err),
+                Ok(mut client) => match client.get("k", None).await {
+                    Err(err) => error_chain(&err),
+                    Ok(_) => panic!("a get through port 1 succeeded"),
+                },
+            }
+        });
+        assert!(
+            text.contains("Connection refused") || text.contains("connection refused"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("tonic::") && !text.contains("ConnectError("),
+            "{text}"
+        );
+    }
 
     fn field_map(fields: Vec<(String, Value)>) -> Vec<String> {
         fields

@@ -217,17 +217,8 @@ pub(crate) fn tls_failure(err: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// An error with its causes, which hold the useful part (refused, TLS
-/// alert, timeout).
-pub(crate) fn error_text(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+/// alert, timeout): [`crate::log::error_chain`].
+pub(crate) use crate::log::error_chain as error_text;
 
 #[cfg(test)]
 mod tests {

@@ -83,7 +83,7 @@ pub struct Rolling {
 #[allow(async_fn_in_trait)]
 pub trait Coordination {
     /// What can go wrong, as its own type.
-    type Error: std::error::Error;
+    type Error: std::error::Error + 'static;
     /// Every member's version as its peer endpoint tells it (our own etcd
     /// may be down): enough for the refusals before our etcd starts.
     async fn peers(&mut self) -> View;
@@ -117,7 +117,7 @@ pub trait Coordination {
 #[allow(async_fn_in_trait)]
 pub trait MemberEtcd {
     /// What can go wrong, as its own type.
-    type Error: std::error::Error;
+    type Error: std::error::Error + 'static;
     /// Starts `release` as our member, with the user's own settings.
     async fn start(&mut self, release: Version) -> Result<(), Self::Error>;
     /// Starts `release` as our member with the user's own settings and a
@@ -137,7 +137,7 @@ pub trait MemberEtcd {
 /// What the data dir records of the member's release.
 pub trait Ledger {
     /// What can go wrong, as its own type.
-    type Error: std::error::Error;
+    type Error: std::error::Error + 'static;
     /// `version.txt` := `release`, and the restart mark goes.
     fn record(&mut self, release: Version) -> Result<(), Self::Error>;
     /// The restart mark := `release`, before it starts on the data.
@@ -228,7 +228,7 @@ pub enum RollError {
 }
 
 impl RollError {
-    fn action(action: impl Into<String>, err: &dyn std::error::Error) -> Self {
+    fn action(action: impl Into<String>, err: &(dyn std::error::Error + 'static)) -> Self {
         RollError::Action {
             action: action.into(),
             reason: crate::cluster::peer::error_text(err),

@@ -612,7 +612,7 @@ mod tests {
     fn the_add_refusals_that_pass_are_asked_again_and_no_other() {
         let cases = [
             ("etcdserver: unhealthy cluster", true),
-            ("grpc request error: code: 'Some requested entity was not found', message: \"etcdserver: member not found\"", true),
+            ("grpc request error: Some requested entity was not found: etcdserver: member not found", true),
             ("etcdserver: Peer URLs already exists", false),
             ("etcdserver: too many learner members in cluster", false),
             ("transport error", false),
