@@ -88,15 +88,21 @@ fn consenting(version: &str, storage: &'static str) -> Target {
     Target::new(version, storage).with_env(ALLOW_CLUSTER_PAUSE, "1")
 }
 
-/// Waits until member `i`'s log shows `needle`.
-fn wait_logged(cluster: &Cluster, i: usize, needle: &str, deadline: Duration) {
+/// Waits until one line of member `i`'s log holds every one of `parts`.
+fn wait_line(cluster: &Cluster, i: usize, parts: &[&str], deadline: Duration) {
     let started = Instant::now();
-    while cluster.container(i).count_in_log(needle) == 0 {
+    loop {
+        let logs = cluster.container(i).logs();
+        if logs
+            .lines()
+            .any(|line| parts.iter().all(|p| line.contains(p)))
+        {
+            return;
+        }
         assert!(
             started.elapsed() < deadline,
-            "{} never logged {needle:?} within {deadline:?}; its log:\n{}",
-            cluster.members[i].name,
-            cluster.container(i).logs()
+            "{} logged no line with {parts:?} within {deadline:?}; its log:\n{logs}",
+            cluster.members[i].name
         );
         thread::sleep(Duration::from_millis(500));
     }
@@ -547,13 +553,7 @@ pub(crate) fn a_member_down_when_the_job_is_due_holds_it() {
             "{}",
             cluster.members[i].name
         );
-        let logs = cluster.container(i).logs();
-        assert!(
-            logs.lines()
-                .any(|l| l.contains(&says) && l.contains(needle)),
-            "{} does not name {down} as what the job waits for; its log:\n{logs}",
-            cluster.members[i].name
-        );
+        wait_line(&cluster, i, &[&says, needle], SAYS_WHY_DEADLINE);
     }
     say(&format!(
         "{test}: every member agreed, {down} down: the job waited {:.1} s, writes going on, the others serving 3.4.23 and naming it",
@@ -660,7 +660,7 @@ fn held(
         );
     }
     for i in 0..cluster.members.len() {
-        wait_logged(&cluster, i, says, SAYS_WHY_DEADLINE);
+        wait_line(&cluster, i, &[says], SAYS_WHY_DEADLINE);
     }
     say(&format!(
         "{test}: the job waited {:.1} s, writes going on, every member serving {from} and saying why ({says:?})",
@@ -731,7 +731,7 @@ pub(crate) fn a_target_raised_before_the_go_cancels_the_job() {
         took.as_secs_f64()
     ));
     for i in 0..2 {
-        wait_logged(&cluster, i, WITHDREW, SAYS_WHY_DEADLINE);
+        wait_line(&cluster, i, &[WITHDREW], SAYS_WHY_DEADLINE);
     }
     for i in 0..cluster.members.len() {
         let record = cluster.try_data_file(i, ".etcd-migrate.pause");
