@@ -261,7 +261,10 @@ pub fn processes_on(data_dir: &Path) -> Vec<(i32, String)> {
         else {
             continue;
         };
-        if pid == own {
+        // Ourselves, and our own children: the release checks begun while
+        // the data is read (`etcd-<v> <the member's flags> --version`) name
+        // the data dir too, and are no earlier run's.
+        if pid == own || parent_of(&entry.path()) == Some(own) {
             continue;
         }
         let Some(raw) = command_line(&entry.path()) else {
@@ -288,6 +291,15 @@ pub fn processes_on(data_dir: &Path) -> Vec<(i32, String)> {
         }
     }
     found
+}
+
+/// The parent pid of the process at `/proc/<pid>` (`proc_dir`): the field
+/// after the state in its `stat`, read after the command name's closing
+/// parenthesis (the name may hold spaces and parentheses itself).
+fn parent_of(proc_dir: &Path) -> Option<i32> {
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Whether `args` (of an etcd, etcdctl or etcdutl) name `dir` (resolved)
@@ -851,44 +863,71 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let data = tmp.path().join("data");
         // A shell under an etcd-like name stands in for a stopping etcd. It
-        // waits in the `read` builtin on a pipe nobody writes: no child of
-        // its own (a forked child would carry the same command line).
+        // waits in the `read` builtin on a fifo nobody writes: no child of
+        // its own (a forked child would carry the same command line). It is
+        // started by a shell that exits at once, so that it is no child of
+        // ours (as an earlier run's etcd is not): its pid comes back on
+        // the shell's output.
         let fake = tmp.path().join("etcd-3.4.23");
         std::fs::copy("/bin/sh", &fake).expect("copy sh");
+        let fifo = tmp.path().join("never-written");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
         let scratch = format!("--data-dir={}/.etcd-migrate.work/v2", data.display());
-        let mut etcd = Command::new(&fake)
+        let started = Command::new("/bin/sh")
+            .args([
+                "-c",
+                r#""$0" -c 'read line < "$1"' etcd "$1" "$2" >/dev/null 2>&1 & echo $!"#,
+            ])
+            .arg(&fake)
+            .arg(&fifo)
+            .arg(&scratch)
+            .output()
+            .expect("start the stand-in");
+        let orphan: i32 = String::from_utf8_lossy(&started.stdout)
+            .trim()
+            .parse()
+            .expect("the stand-in's pid");
+        // Our own child naming the dir (as the release checks begun while
+        // the data is read do) is no earlier run's.
+        let mut own_child = Command::new(&fake)
             .args(["-c", "read line", "etcd", &scratch])
             .stdin(std::process::Stdio::piped())
             .spawn()
-            .expect("spawn the stand-in");
+            .expect("spawn our own stand-in");
         // A wrapper naming the same dir is not etcd.
         let mut wrapper = Command::new("/bin/sh")
             .args(["-c", "read line", "sh", &scratch])
             .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("spawn the wrapper");
-        // Until both have exec'd (a loaded machine can take a while), /proc
-        // shows the test's own command line for them: wait, with a deadline.
+        // Until each has exec'd (a loaded machine can take a while), /proc
+        // shows another command line for it: wait, with a deadline.
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let exec_done = |pid: u32| {
+        let exec_done = |pid: i32| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|line| line.windows(scratch.len()).any(|w| w == scratch.as_bytes()))
         };
-        while !(exec_done(etcd.id()) && exec_done(wrapper.id())) {
+        let mut found = Vec::new();
+        let pids = [orphan, own_child.id() as i32, wrapper.id() as i32];
+        while !pids.iter().all(|pid| exec_done(*pid)) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the stand-ins never exec'd"
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        let found = processes_on(&data);
+        found.extend(processes_on(&data));
         let other = processes_on(&tmp.path().join("dat"));
-        let _ = etcd.kill();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(orphan),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = own_child.kill();
         let _ = wrapper.kill();
-        let _ = etcd.wait();
+        let _ = own_child.wait();
         let _ = wrapper.wait();
         let pids: Vec<i32> = found.iter().map(|(pid, _)| *pid).collect();
-        assert_eq!(pids, [etcd.id() as i32], "{found:?}");
+        assert_eq!(pids, [orphan], "{found:?}");
         assert!(found[0].1.contains(".etcd-migrate.work/v2"), "{found:?}");
         assert!(
             other.is_empty(),
