@@ -323,6 +323,8 @@ pub async fn membership_change(
     // A refusal that passes within a second or a few is asked again, up
     // to a deadline ([`passing_add_refusal`]).
     let deadline = std::time::Instant::now() + UNHEALTHY_RETRY;
+    // Said once per refusal, not once per ask.
+    let mut said = None;
     let added = loop {
         let options = as_learner.then(|| etcd_client::MemberAddOptions::new().with_is_learner());
         match api.member_add(peer_urls, options).await {
@@ -330,9 +332,12 @@ pub async fn membership_change(
             Err(err) => {
                 let text = error_text(&err);
                 match passing_add_refusal(&text) {
-                    Some(why) if std::time::Instant::now() < deadline => {
-                        log::info(why, &[("error", text.into())]);
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    Some((why, again)) if std::time::Instant::now() < deadline => {
+                        if said != Some(why) {
+                            log::info(why, &[("error", text.into())]);
+                            said = Some(why);
+                        }
+                        tokio::time::sleep(again).await;
                     }
                     _ => return Err(failed(format!("member add {}", peer_urls.join(",")))(err)),
                 }
@@ -379,22 +384,30 @@ pub async fn membership_change(
     })
 }
 
-/// What to log for a refused member add that passes by itself, asked
-/// again a second later; `None` for a refusal that stays.
+/// What to log for a refused member add that passes by itself, and when
+/// to ask again; `None` for a refusal that stays.
 ///
 /// - etcd refuses an add while a member has been connected for less than
-///   a few seconds ("unhealthy cluster", `--strict-reconfig-check`): a
-///   cluster that just (re)started.
+///   its health interval, 5 s ("unhealthy cluster",
+///   `--strict-reconfig-check`): a cluster that just (re)started, or took
+///   a member just before (a pause job's voters join one after another).
+///   Asked again soon: the add goes through as the 5 s end.
 /// - etcd derives a new member's id from its peer URLs and the Unix second
 ///   of the add, and refuses an id it removed for good (`ErrIDRemoved`,
 ///   sent as "member not found"): an add within the second of our removed
 ///   entry's own add (a join killed at once and started again) gets that
 ///   id back. The next second makes a new one (`e2e/self_join.rs`).
-fn passing_add_refusal(error: &str) -> Option<&'static str> {
+fn passing_add_refusal(error: &str) -> Option<(&'static str, Duration)> {
     if error.contains("unhealthy cluster") {
-        Some("the cluster refuses a member add while it settles; asking again")
+        Some((
+            "the cluster refuses a member add while it settles; asking again",
+            Duration::from_millis(200),
+        ))
     } else if error.contains("member not found") {
-        Some("the cluster refuses a member add whose id it removed this second; asking again in the next")
+        Some((
+            "the cluster refuses a member add whose id it removed this second; asking again in the next",
+            Duration::from_secs(1),
+        ))
     } else {
         None
     }

@@ -25,8 +25,14 @@ use crate::log;
 use crate::supervisor::{ExitStatus, SupervisorError};
 use crate::version::{Minor, Storage, Version, VersionPair};
 
-/// The pause between two rounds.
+/// The pause between two rounds while the job waits for its go: on the
+/// operator (consent, a member restarted), for as long as it takes.
 const ROUND: Duration = Duration::from_millis(500);
+/// The pause between two rounds once the job has its go: each phase
+/// waits on another member's last one (its word that it leaves, its
+/// removal, `served`, the lock, `joined`), and the cluster's writes pause
+/// on some of them; a few reads a round, for seconds.
+const ROUND_AFTER_GO: Duration = Duration::from_millis(100);
 /// How often an unchanged wait is said again.
 const PROGRESS_EVERY: Duration = Duration::from_secs(15);
 /// What one request may take.
@@ -903,8 +909,13 @@ impl Pausing {
 
     async fn sleep(&mut self) {
         let mut termination = self.termination.clone();
+        let round = if self.record.as_ref().is_some_and(|r| r.go.is_some()) {
+            ROUND_AFTER_GO
+        } else {
+            ROUND
+        };
         tokio::select! {
-            _ = tokio::time::sleep(ROUND) => {}
+            _ = tokio::time::sleep(round) => {}
             _ = termination.changed() => {}
         }
     }
