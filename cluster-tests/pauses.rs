@@ -62,6 +62,7 @@ use crate::harness::cluster::{Cluster, Rollout, Style, Target, START_DEADLINE, S
 use crate::harness::docker::{first_to_log, Container, State};
 use crate::harness::monitor;
 use crate::harness::pause::{ALLOW_CLUSTER_PAUSE, JOB_DEADLINE};
+use crate::harness::writer::Writer;
 use crate::harness::{last_line, ready, say, Api};
 
 /// What the writer must get acknowledged at each stage.
@@ -86,6 +87,38 @@ const POINT_DEADLINE: Duration = Duration::from_secs(180);
 /// `storage` and the operator's consent to a pause.
 fn consenting(version: &str, storage: &'static str) -> Target {
     Target::new(version, storage).with_env(ALLOW_CLUSTER_PAUSE, "1")
+}
+
+/// For `watch`: writes acknowledged throughout, and each of `members`
+/// that answers serving `release` (a probe lost to a loaded machine
+/// proves nothing either way: the monitor counts members down); `while_`
+/// says in a failure what was going on. Returns how long it watched.
+fn serving_for(
+    cluster: &Cluster,
+    writer: &Writer,
+    (members, release): (&[usize], &str),
+    watch: Duration,
+    while_: &str,
+) -> Duration {
+    let mut acks = writer.acks();
+    let watching = Instant::now();
+    while watching.elapsed() < watch {
+        acks = writer.wait_acks(acks, ACKS, ACK_DEADLINE, &format!("writes while {while_}"));
+        for &i in members {
+            let member = &cluster.members[i];
+            if let Ok(answer) = monitor::version(&cluster.client, &member.ip) {
+                assert_eq!(
+                    answer.server,
+                    release,
+                    "{} while {while_} ({:.1} s); its log:\n{}",
+                    member.name,
+                    watching.elapsed().as_secs_f64(),
+                    cluster.container(i).logs()
+                );
+            }
+        }
+    }
+    watching.elapsed()
 }
 
 /// Waits until one line of member `i`'s log holds every one of `parts`.
@@ -485,14 +518,17 @@ pub(crate) fn without_consent_on_one_member_the_job_waits() {
     // The third's restart, then the job's stop of every member.
     monitor.excuse_down(true);
     cluster.restart_as(2, &consenting("3.3.25", "etcd3"));
-    let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
-    monitor.excuse_down(false);
-    say(&format!(
-        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after {last} consented",
-        took.as_secs_f64()
-    ));
-    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
-    cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+    the_held_job_done(
+        test,
+        started,
+        Held {
+            cluster,
+            before,
+            monitor,
+            writer,
+        },
+        &format!("{last} consented"),
+    );
 }
 
 /// 3 members of 3.4.23 (kubeadm style), the job held by the missing
@@ -524,28 +560,13 @@ pub(crate) fn a_member_down_when_the_job_is_due_holds_it() {
     monitor.excuse_down(false);
     let says = format!("{down} (");
     let needle = "to answer on its peer URL";
-    let mut acks = writer.acks();
-    let watching = Instant::now();
-    while watching.elapsed() < WAITS_FOR {
-        acks = writer.wait_acks(
-            acks,
-            ACKS,
-            ACK_DEADLINE,
-            &format!("writes while {down} is down"),
-        );
-        for i in 1..3 {
-            if let Ok(answer) = monitor::version(&cluster.client, &cluster.members[i].ip) {
-                assert_eq!(
-                    answer.server,
-                    "3.4.23",
-                    "{} while {down} is down ({:.1} s); its log:\n{}",
-                    cluster.members[i].name,
-                    watching.elapsed().as_secs_f64(),
-                    cluster.container(i).logs()
-                );
-            }
-        }
-    }
+    let watched = serving_for(
+        &cluster,
+        &writer,
+        (&[1, 2], "3.4.23"),
+        WAITS_FOR,
+        &format!("{down} is down"),
+    );
     for i in 1..3 {
         assert_eq!(
             cluster.version_txt(i),
@@ -557,14 +578,38 @@ pub(crate) fn a_member_down_when_the_job_is_due_holds_it() {
     }
     say(&format!(
         "{test}: every member agreed, {down} down: the job waited {:.1} s, writes going on, the others serving 3.4.23 and naming it",
-        watching.elapsed().as_secs_f64()
+        watched.as_secs_f64()
     ));
     monitor.excuse_down(true);
     cluster.container(0).start();
+    the_held_job_done(
+        test,
+        started,
+        Held {
+            cluster,
+            before,
+            monitor,
+            writer,
+        },
+        &format!("{down} came back"),
+    );
+}
+
+/// The job that was held runs now (the monitor excusing members down,
+/// from the restart that let it go): every member records and serves
+/// 3.3.25/etcd3, said with the time since `after`; writes go on after it,
+/// and the scenario's checks hold.
+fn the_held_job_done(test: &str, started: Instant, held: Held, after: &str) {
+    let Held {
+        cluster,
+        before,
+        monitor,
+        writer,
+    } = held;
     let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
     monitor.excuse_down(false);
     say(&format!(
-        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after {down} came back",
+        "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after {after}",
         took.as_secs_f64()
     ));
     writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
@@ -576,7 +621,7 @@ struct Held {
     cluster: Cluster,
     before: crate::harness::cluster::Baseline,
     monitor: crate::harness::monitor::Monitor,
-    writer: crate::harness::writer::Writer,
+    writer: Writer,
 }
 
 /// 3 members of 3.4.23 (kubeadm style), a writer and the monitor; the
@@ -617,38 +662,23 @@ fn held(
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
-    let mut acks = writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
+    writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
     cluster.roll_out(targets, Rollout::Serving);
-    let watching = Instant::now();
-    while watching.elapsed() < watch {
-        acks = writer.wait_acks(
-            acks,
-            ACKS,
-            ACK_DEADLINE,
-            &format!("writes while the job waits ({says})"),
-        );
-        // A probe lost to a loaded machine proves nothing either way
-        // (the monitor counts members down); an answer must be `from`.
-        for (i, member) in cluster.members.iter().enumerate() {
-            if let Ok(answer) = monitor::version(&cluster.client, &member.ip) {
-                assert_eq!(
-                    answer.server,
-                    from,
-                    "{} while the job waits ({says}; {:.1} s after the rollout); its log:\n{}",
-                    member.name,
-                    watching.elapsed().as_secs_f64(),
-                    cluster.container(i).logs()
-                );
-            }
-        }
-    }
+    let all: Vec<usize> = (0..cluster.members.len()).collect();
+    let watched = serving_for(
+        &cluster,
+        &writer,
+        (&all, from),
+        watch,
+        &format!("the job waits ({says})"),
+    );
     for i in 0..cluster.members.len() {
         assert_eq!(
             answer_within(&cluster, i, ACK_DEADLINE),
             from,
             "{} after {:.1} s of the job's wait ({says})",
             cluster.members[i].name,
-            watching.elapsed().as_secs_f64()
+            watched.as_secs_f64()
         );
     }
     for i in 0..cluster.members.len() {
@@ -664,7 +694,7 @@ fn held(
     }
     say(&format!(
         "{test}: the job waited {:.1} s, writes going on, every member serving {from} and saying why ({says:?})",
-        watching.elapsed().as_secs_f64()
+        watched.as_secs_f64()
     ));
     Held {
         cluster,
@@ -942,7 +972,7 @@ struct Rolled {
     cluster: Cluster,
     before: crate::harness::cluster::Baseline,
     monitor: crate::harness::monitor::Monitor,
-    writer: crate::harness::writer::Writer,
+    writer: Writer,
     /// When the operator's last restart was made.
     rolled: Instant,
 }
