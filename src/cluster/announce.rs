@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::peer::error_text;
+use crate::log::error_chain;
 use crate::version::{Version, VersionPair};
 
 /// The prefix of the announcement keys.
@@ -76,7 +76,7 @@ pub async fn put_v3(
         .put(key(id), announcement.to_json(), None)
         .await
         .map(|_| ())
-        .map_err(|e| error_text(&e))
+        .map_err(|e| error_chain(&e))
 }
 
 /// Every announcement, through a v3 client.
@@ -84,7 +84,7 @@ pub async fn read_v3(client: &mut etcd_client::Client) -> Result<BTreeMap<u64, V
     let response = client
         .get(PREFIX, Some(etcd_client::GetOptions::new().with_prefix()))
         .await
-        .map_err(|e| error_text(&e))?;
+        .map_err(|e| error_chain(&e))?;
     Ok(response
         .kvs()
         .iter()
@@ -130,7 +130,7 @@ pub async fn put_v2(
         {
             Ok(response) if response.status().is_success() => return Ok(()),
             Ok(response) => last = format!("{url}: {}", response.status()),
-            Err(e) => last = format!("{url}: {}", error_text(&e)),
+            Err(e) => last = format!("{url}: {}", error_chain(&e)),
         }
     }
     Err(last)
@@ -153,12 +153,12 @@ pub async fn read_v2(
             Ok(response) => match response.text().await {
                 Ok(body) => body,
                 Err(e) => {
-                    last = format!("{url}: {}", error_text(&e));
+                    last = format!("{url}: {}", error_chain(&e));
                     continue;
                 }
             },
             Err(e) => {
-                last = format!("{url}: {}", error_text(&e));
+                last = format!("{url}: {}", error_chain(&e));
                 continue;
             }
         };

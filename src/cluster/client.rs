@@ -11,7 +11,8 @@ use std::time::Duration;
 use etcd_client::{AlarmAction, AlarmType, ConnectOptions};
 use serde::Deserialize;
 
-use crate::cluster::peer::{self, error_text, PeerError, TlsFiles};
+use crate::cluster::peer::{self, PeerError, TlsFiles};
+use crate::log::error_chain;
 use crate::version::{Minor, Version};
 
 /// Why the cluster's client API could not be used.
@@ -77,7 +78,7 @@ pub async fn connect_v3(
         .await
         .map_err(|e| ClientError::Unreachable {
             endpoints: endpoints.join(","),
-            reason: error_text(&e),
+            reason: error_chain(&e),
         })
 }
 
@@ -107,7 +108,7 @@ impl V3Cluster {
     fn unreachable(&self, err: etcd_client::Error) -> ClientError {
         ClientError::Unreachable {
             endpoints: self.endpoints.join(","),
-            reason: error_text(&err),
+            reason: error_chain(&err),
         }
     }
 
@@ -194,7 +195,7 @@ impl V3Cluster {
             .map_err(|e| ClientError::Transfer {
                 from: leader,
                 to,
-                reason: error_text(&e),
+                reason: error_chain(&e),
             })
     }
 }
@@ -225,12 +226,12 @@ pub async fn v2_leader(
             Ok(response) => match response.text().await {
                 Ok(body) => body,
                 Err(e) => {
-                    last = format!("{url}: {}", error_text(&e));
+                    last = format!("{url}: {}", error_chain(&e));
                     continue;
                 }
             },
             Err(e) => {
-                last = format!("{url}: {}", error_text(&e));
+                last = format!("{url}: {}", error_chain(&e));
                 continue;
             }
         };

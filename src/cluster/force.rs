@@ -33,9 +33,10 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::decide::Member;
 use crate::cluster::member::SupervisedEtcd;
-use crate::cluster::peer::{error_text, PeerClient, PeerError, TlsFiles};
+use crate::cluster::peer::{PeerClient, PeerError, TlsFiles};
 use crate::cluster::roll::MemberEtcd;
 use crate::log;
+use crate::log::error_chain;
 use crate::supervisor::SupervisorError;
 use crate::version::Version;
 
@@ -441,7 +442,7 @@ pub async fn force(
                 }
             },
             Ok(list) => format!("its membership lists {} members", list.len()),
-            Err(err) => error_text(&err),
+            Err(err) => error_chain(&err),
         };
         if started.elapsed() > within {
             break Err(ForceError::NotForced { within, why: seen });
@@ -470,11 +471,11 @@ async fn committed(client_urls: &[String], client_tls: Option<&TlsFiles>) -> Res
     client
         .put(PROOF_KEY, "forced", None)
         .await
-        .map_err(|e| error_text(&e))?;
+        .map_err(|e| error_chain(&e))?;
     client
         .delete(PROOF_KEY, None)
         .await
-        .map_err(|e| error_text(&e))?;
+        .map_err(|e| error_chain(&e))?;
     Ok(())
 }
 

@@ -17,7 +17,8 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::client::{connect_v3, ClientError};
-use crate::cluster::peer::{self, error_text, PeerError, TlsFiles};
+use crate::cluster::peer::{self, PeerError, TlsFiles};
+use crate::log::error_chain;
 
 /// The lock's key. Outside Kubernetes' `/registry` prefix; present only
 /// while a member restarts.
@@ -223,7 +224,7 @@ impl V3Lock {
         LockError::Unreachable {
             key: LOCK_KEY.to_string(),
             endpoints: self.endpoints.clone(),
-            reason: error_text(&err),
+            reason: error_chain(&err),
         }
     }
 
@@ -407,9 +408,9 @@ impl V2Lock {
                         Ok(answer) => return Ok(answer),
                         Err(e) => last = format!("{url} answered {body:?}: {e}"),
                     },
-                    Err(e) => last = format!("{url}: {}", error_text(&e)),
+                    Err(e) => last = format!("{url}: {}", error_chain(&e)),
                 },
-                Err(e) => last = format!("{url}: {}", error_text(&e)),
+                Err(e) => last = format!("{url}: {}", error_chain(&e)),
             }
         }
         Err(LockError::Unreachable {

@@ -407,7 +407,7 @@ impl LiveCluster {
                     .form(&[("value", value.as_str()), ("ttl", ttl.as_str())])
                     .send()
                     .await
-                    .map_err(|e| failed(peer::error_text(&e)))?;
+                    .map_err(|e| failed(crate::log::error_chain(&e)))?;
                 let status = response.status();
                 if !status.is_success() {
                     let body = response.text().await.unwrap_or_default();
@@ -425,7 +425,7 @@ impl LiveCluster {
                 let lease = client
                     .lease_grant(PROOF_TTL_SECS, None)
                     .await
-                    .map_err(|e| failed(peer::error_text(&e)))?;
+                    .map_err(|e| failed(crate::log::error_chain(&e)))?;
                 client
                     .put(
                         key.as_str(),
@@ -433,7 +433,7 @@ impl LiveCluster {
                         Some(etcd_client::PutOptions::new().with_lease(lease.id())),
                     )
                     .await
-                    .map_err(|e| failed(peer::error_text(&e)))?;
+                    .map_err(|e| failed(crate::log::error_chain(&e)))?;
                 Ok(())
             }
         }

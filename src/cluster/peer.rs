@@ -127,7 +127,7 @@ pub(crate) fn http_client(
     }
     builder
         .build()
-        .map_err(|e| PeerError::Client(error_text(&e)))
+        .map_err(|e| PeerError::Client(crate::log::error_chain(&e)))
 }
 
 impl PeerClient {
@@ -159,7 +159,7 @@ impl PeerClient {
         let unreachable = |e: reqwest::Error| PeerError::Unreachable {
             endpoint: endpoint.to_string(),
             timeout: self.timeout,
-            reason: error_text(&e),
+            reason: crate::log::error_chain(&e),
             tls_refused: tls_failure(&e),
         };
         let response = self.http.get(endpoint).send().await.map_err(unreachable)?;
@@ -215,10 +215,6 @@ pub(crate) fn tls_failure(err: &(dyn std::error::Error + 'static)) -> bool {
     }
     false
 }
-
-/// An error with its causes, which hold the useful part (refused, TLS
-/// alert, timeout): [`crate::log::error_chain`].
-pub(crate) use crate::log::error_chain as error_text;
 
 #[cfg(test)]
 mod tests {

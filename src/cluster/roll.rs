@@ -231,7 +231,7 @@ impl RollError {
     fn action(action: impl Into<String>, err: &(dyn std::error::Error + 'static)) -> Self {
         RollError::Action {
             action: action.into(),
-            reason: crate::cluster::peer::error_text(err),
+            reason: crate::log::error_chain(err),
         }
     }
 }
@@ -621,7 +621,7 @@ where
         if let Err(err) = cluster.release_lock().await {
             log::warn(
                 "could not release the upgrade lock; it expires by itself within its TTL",
-                &[("error", crate::cluster::peer::error_text(&err).into())],
+                &[("error", crate::log::error_chain(&err).into())],
             );
         }
     }
@@ -662,7 +662,7 @@ async fn give_up<C: Coordination, E: MemberEtcd>(
         if let Err(err) = etcd.stop().await {
             log::warn(
                 "stopping this member's etcd failed",
-                &[("error", crate::cluster::peer::error_text(&err).into())],
+                &[("error", crate::log::error_chain(&err).into())],
             );
         }
     }
@@ -671,7 +671,7 @@ async fn give_up<C: Coordination, E: MemberEtcd>(
             Ok(()) => log::info("upgrade lock released", &[]),
             Err(err) => log::warn(
                 "could not release the upgrade lock; it expires by itself within its TTL",
-                &[("error", crate::cluster::peer::error_text(&err).into())],
+                &[("error", crate::log::error_chain(&err).into())],
             ),
         }
         member.holding = false;
@@ -718,7 +718,7 @@ where
             if let Err(err) = cluster.keep_lock().await {
                 log::warn(
                     "could not refresh the upgrade lock",
-                    &[("error", crate::cluster::peer::error_text(&err).into())],
+                    &[("error", crate::log::error_chain(&err).into())],
                 );
             }
         }
@@ -739,7 +739,7 @@ where
                     "observe",
                     &format!(
                         "waiting for the cluster's client API to answer: {}",
-                        crate::cluster::peer::error_text(&err)
+                        crate::log::error_chain(&err)
                     ),
                 );
                 pause(between_rounds(rolling, member), termination).await;
@@ -778,7 +778,7 @@ async fn announce<C: Coordination>(rolling: &Rolling, cluster: &mut C) {
         }
         Err(err) => log::warn(
             "could not announce this member's target; trying again next round",
-            &[("error", crate::cluster::peer::error_text(&err).into())],
+            &[("error", crate::log::error_chain(&err).into())],
         ),
     }
 }
@@ -905,7 +905,7 @@ where
                     "lock",
                     &format!(
                         "waiting to take the upgrade lock: {}",
-                        crate::cluster::peer::error_text(&err)
+                        crate::log::error_chain(&err)
                     ),
                 );
                 Ok(Next::Pause)
@@ -937,7 +937,7 @@ where
                 ),
                 Err(err) => log::warn(
                     "leadership not moved; the graceful stop makes the others elect",
-                    &[("error", crate::cluster::peer::error_text(&err).into())],
+                    &[("error", crate::log::error_chain(&err).into())],
                 ),
             }
             Ok(Next::Observe)
@@ -964,7 +964,7 @@ where
                         "enable",
                         &format!(
                             "waiting to enable etcd's downgrade to {to}: {}",
-                            crate::cluster::peer::error_text(&err)
+                            crate::log::error_chain(&err)
                         ),
                     );
                     Ok(Next::Pause)
@@ -991,7 +991,7 @@ where
                         "cancel",
                         &format!(
                             "waiting to end etcd's downgrade job: {}",
-                            crate::cluster::peer::error_text(&err)
+                            crate::log::error_chain(&err)
                         ),
                     );
                     Ok(Next::Pause)
@@ -1016,7 +1016,7 @@ where
                     "release",
                     &format!(
                         "waiting to release the upgrade lock: {}",
-                        crate::cluster::peer::error_text(&err)
+                        crate::log::error_chain(&err)
                     ),
                 );
                 return Ok(Next::Pause);
@@ -1186,7 +1186,7 @@ async fn prove<C: Coordination, L: Ledger>(
             Ok(())
         }
         Err(err) => {
-            member.last_proof_error = crate::cluster::peer::error_text(&err);
+            member.last_proof_error = crate::log::error_chain(&err);
             match member.started_under_lock {
                 Some(at) if at.elapsed() > rolling.timing.prove_deadline => {
                     Err(RollError::NotProven {

@@ -27,10 +27,11 @@ use crate::cluster::client::{self, ClientError};
 use crate::cluster::decide::Member;
 use crate::cluster::join::Peer;
 use crate::cluster::member::SupervisedEtcd;
-use crate::cluster::peer::{error_text, PeerClient, TlsFiles};
+use crate::cluster::peer::{PeerClient, TlsFiles};
 use crate::cluster::roll::{self, Ended, MemberEtcd};
 use crate::datadir::DataDirError;
 use crate::log;
+use crate::log::error_chain;
 use crate::supervisor::{ExitStatus, SupervisorError};
 use crate::version::Version;
 
@@ -206,7 +207,7 @@ pub async fn add_self(
                 members = Some(list);
                 break;
             }
-            Err(err) => tried.push(format!("{}: {}", other.url, error_text(&err))),
+            Err(err) => tried.push(format!("{}: {}", other.url, error_chain(&err))),
         }
     }
     let Some(members) = members else {
@@ -306,7 +307,7 @@ pub async fn membership_change(
         move |err: etcd_client::Error| SelfJoinError::Call {
             action,
             endpoints,
-            reason: error_text(&err),
+            reason: error_chain(&err),
         }
     };
     if let Change::Replace { id } = what {
@@ -316,7 +317,7 @@ pub async fn membership_change(
                 &[("id", format!("{id:x}").into()), ("name", name.into())],
             ),
             // Removed by an attempt through another member already.
-            Err(err) if error_text(&err).contains("member not found") => {}
+            Err(err) if error_chain(&err).contains("member not found") => {}
             Err(err) => return Err(failed(format!("member remove {id:x}"))(err)),
         }
     }
@@ -330,7 +331,7 @@ pub async fn membership_change(
         match api.member_add(peer_urls, options).await {
             Ok(added) => break added,
             Err(err) => {
-                let text = error_text(&err);
+                let text = error_chain(&err);
                 match passing_add_refusal(&text) {
                     Some((why, again)) if std::time::Instant::now() < deadline => {
                         if said != Some(why) {
@@ -446,7 +447,7 @@ pub async fn try_promote(
             // The caller says it, once, in its own words.
             Ok(_) => return Ok(Promoted::Done),
             Err(err) => {
-                let answer = error_text(&err);
+                let answer = error_chain(&err);
                 if promoted_already(&answer) {
                     return Ok(Promoted::Done);
                 }

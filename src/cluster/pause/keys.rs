@@ -9,7 +9,7 @@
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
 use crate::cluster::pause::{Go, Seen};
-use crate::cluster::peer::error_text;
+use crate::log::error_chain;
 
 /// The prefix of every job's keys.
 pub const PREFIX: &str = "/etcd-migrate/pause/";
@@ -73,7 +73,7 @@ pub async fn read(
     let response = client
         .get(dir.as_str(), Some(options))
         .await
-        .map_err(|e| error_text(&e))?;
+        .map_err(|e| error_chain(&e))?;
     let mut seen = Seen::default();
     for kv in response.kvs() {
         let key = String::from_utf8_lossy(kv.key());
@@ -90,7 +90,7 @@ pub async fn put(client: &mut etcd_client::Client, key: &str, value: &str) -> Re
         .put(key, value, None)
         .await
         .map(|_| ())
-        .map_err(|e| error_text(&e))
+        .map_err(|e| error_chain(&e))
 }
 
 /// Writes `go` for `job` while every one of `members` agreed and no go is
@@ -117,7 +117,7 @@ pub async fn write_go(
         .txn(txn)
         .await
         .map(|r| r.succeeded())
-        .map_err(|e| error_text(&e))
+        .map_err(|e| error_chain(&e))
 }
 
 /// Withdraws member `id`'s agreement to `job` while it has no go; `true`
@@ -134,7 +134,7 @@ pub async fn withdraw(
         .txn(txn)
         .await
         .map(|r| r.succeeded())
-        .map_err(|e| error_text(&e))
+        .map_err(|e| error_chain(&e))
 }
 
 /// Removes every key of `job` (the job is over).
@@ -146,7 +146,7 @@ pub async fn remove_all(client: &mut etcd_client::Client, job: &str) -> Result<(
         )
         .await
         .map(|_| ())
-        .map_err(|e| error_text(&e))
+        .map_err(|e| error_chain(&e))
 }
 
 #[cfg(test)]

@@ -18,10 +18,11 @@ use crate::cluster::join::Peer;
 use crate::cluster::lock::{Holder, Taken, UpgradeLock, V3Lock};
 use crate::cluster::member::SupervisedEtcd;
 use crate::cluster::pause::{self, keys, Go, Job, Phase, Record, Role, Seen, Shrink, Whom};
-use crate::cluster::peer::{error_text, PeerClient, TlsFiles};
+use crate::cluster::peer::{PeerClient, TlsFiles};
 use crate::cluster::roll::MemberEtcd;
 use crate::datadir;
 use crate::log;
+use crate::log::error_chain;
 use crate::supervisor::{ExitStatus, SupervisorError};
 use crate::version::{Minor, Storage, Version, VersionPair};
 
@@ -623,7 +624,7 @@ impl Pausing {
                 Err(e) => {
                     return Ok(Some(format!(
                         "this member's etcd to tell its status ({})",
-                        error_text(&e)
+                        error_chain(&e)
                     )))
                 }
             };
@@ -679,7 +680,7 @@ impl Pausing {
                     return Ok(());
                 }
                 Ok(response) => last = format!("{url}: {}", response.status()),
-                Err(e) => last = format!("{url}: {}", error_text(&e)),
+                Err(e) => last = format!("{url}: {}", error_chain(&e)),
             }
         }
         Err(last)
@@ -701,7 +702,7 @@ impl Pausing {
             Err(e) => {
                 return Ok(Taking::Waiting(format!(
                     "this member's etcd to tell its status ({})",
-                    error_text(&e)
+                    error_chain(&e)
                 )))
             }
         };
@@ -732,7 +733,7 @@ impl Pausing {
                     .move_leader(self.own.id)
                     .await
                     .map(|_| ())
-                    .map_err(|e| error_text(&e)),
+                    .map_err(|e| error_chain(&e)),
                 Err(e) => Err(e.to_string()),
             };
             return Ok(Taking::Waiting(match moved {
@@ -748,7 +749,7 @@ impl Pausing {
             Err(e) => {
                 return Ok(Taking::Waiting(format!(
                     "the old cluster's membership ({})",
-                    error_text(&e)
+                    error_chain(&e)
                 )))
             }
         };
@@ -762,7 +763,7 @@ impl Pausing {
                     return Ok(Taking::Waiting(format!(
                         "the removal of {} from the old cluster ({})",
                         self.name_of(id),
-                        error_text(&e)
+                        error_chain(&e)
                     )));
                 }
                 log::info(
@@ -828,7 +829,7 @@ impl Pausing {
             Err(e) => {
                 return Ok(Some(format!(
                     "the old cluster's membership, to hand this member's leadership over ({})",
-                    error_text(&e)
+                    error_chain(&e)
                 )))
             }
         };
@@ -1569,7 +1570,7 @@ pub async fn same_keyspace(
     let revision = theirs
         .status()
         .await
-        .map_err(|e| error_text(&e))?
+        .map_err(|e| error_chain(&e))?
         .header()
         .map_or(0, |h| h.revision());
     let own_revision = ours
@@ -1582,7 +1583,7 @@ pub async fn same_keyspace(
             ),
         )
         .await
-        .map_err(|e| error_text(&e))?
+        .map_err(|e| error_chain(&e))?
         .header()
         .map_or(0, |h| h.revision());
     if own_revision < revision {
@@ -1604,12 +1605,12 @@ pub async fn same_keyspace(
     let a = theirs
         .hash_kv(revision)
         .await
-        .map_err(|e| error_text(&e))?
+        .map_err(|e| error_chain(&e))?
         .hash();
     let b = ours
         .hash_kv(revision)
         .await
-        .map_err(|e| error_text(&e))?
+        .map_err(|e| error_chain(&e))?
         .hash();
     if a != b {
         return Err(format!(
@@ -1642,7 +1643,7 @@ async fn keyspace_digest(
         let page = client
             .get(start.clone(), Some(options))
             .await
-            .map_err(|e| error_text(&e))?;
+            .map_err(|e| error_chain(&e))?;
         for kv in page.kvs() {
             for field in [kv.key(), kv.value()] {
                 digest.update((field.len() as u64).to_be_bytes());
