@@ -622,6 +622,38 @@ pub fn create(
     now: SystemTime,
     stop: StopCheck<'_>,
 ) -> Result<PathBuf, BackupError> {
+    publish(data_dir, policy, pair, now, stop, false)
+}
+
+/// A backup of a data dir that is retired: its files are never opened
+/// for writing again (a member that joins another cluster with an empty
+/// `member/`, its old data only ever read after this). The backup takes
+/// each file by a hard link where the backup root shares the data dir's
+/// filesystem, reading it once for its hash, so half a GB costs a read
+/// instead of a write and an fsync (a pause job's joiner does this on its
+/// way into the converted cluster, while the cluster waits for it); a
+/// copy where a link is not offered. Otherwise as [`create`]: complete or
+/// absent after a crash, and the data dir untouched either way (a link
+/// takes nothing away from it).
+pub fn retire(
+    data_dir: &Path,
+    policy: &BackupPolicy,
+    pair: VersionPair,
+    now: SystemTime,
+    stop: StopCheck<'_>,
+) -> Result<PathBuf, BackupError> {
+    publish(data_dir, policy, pair, now, stop, true)
+}
+
+/// [`create`], or with `link` [`retire`].
+fn publish(
+    data_dir: &Path,
+    policy: &BackupPolicy,
+    pair: VersionPair,
+    now: SystemTime,
+    stop: StopCheck<'_>,
+    link: bool,
+) -> Result<PathBuf, BackupError> {
     let size = check_space(data_dir, &policy.root)?;
     DirBuilder::new()
         .recursive(true)
@@ -640,7 +672,7 @@ pub fn create(
         name = backup_name(when, pair);
     }
     let temp = policy.root.join(format!("{TEMP_PREFIX}{name}"));
-    let written = write_copy(data_dir, &temp, &source, &policy.root, size, stop);
+    let written = write_copy(data_dir, &temp, &source, &policy.root, size, stop, link);
     let tally = match written {
         Ok(tally) => tally,
         Err(err) => {
@@ -679,6 +711,7 @@ fn write_copy(
     root: &Path,
     size: u64,
     stop: StopCheck<'_>,
+    link: bool,
 ) -> Result<copy::Tally, BackupError> {
     // A backup's top dir is private whatever the data dir's mode (the
     // Kubernetes tool made data dirs 0755): it holds the whole keyspace.
@@ -697,6 +730,7 @@ fn write_copy(
         true,
         size,
     )?;
+    copier.link = link;
     let top = fs::metadata(data_dir).map_err(io_err("stat", data_dir))?;
     let mut stack = vec![id(&top)];
     copier.copy_entries(data_dir, temp, Path::new(""), true, &mut stack)?;
@@ -794,6 +828,8 @@ struct Copier<'a> {
     fence: Fence,
     buffer: Vec<u8>,
     backup: bool,
+    /// Hard links first ([`retire`]).
+    link: bool,
     manifest: Vec<ManifestEntry>,
     /// Methods, bytes and time so far.
     tally: copy::Tally,
@@ -815,6 +851,7 @@ impl<'a> Copier<'a> {
             fence: Fence::around(destinations)?,
             buffer: vec![0; CHUNK],
             backup,
+            link: false,
             manifest: Vec::new(),
             tally: copy::Tally::default(),
             progress: log::Progress::new(what, log::ProgressUnit::Bytes, total),
@@ -893,6 +930,11 @@ impl<'a> Copier<'a> {
         to: &Path,
         mode: u32,
     ) -> Result<(u64, [u8; 32]), BackupError> {
+        if self.link {
+            if let Some(linked) = self.link_file(from, to)? {
+                return Ok(linked);
+            }
+        }
         let input = File::open(from).map_err(io_err("open", from))?;
         // Readable too: a copy the kernel made is hashed by reading it back.
         let output = OpenOptions::new()
@@ -945,6 +987,50 @@ impl<'a> Copier<'a> {
         output.sync_all().map_err(io_err("fsync", to))?;
         let digest = hasher.map(|h| h.finalize().into()).unwrap_or([0; 32]);
         Ok((copied.bytes, digest))
+    }
+}
+
+impl Copier<'_> {
+    /// Takes `from` into a retired data dir's backup as a hard link at
+    /// `to`, and hashes it by reading it; `None` when the filesystem
+    /// offers no link for it (another filesystem, say): the caller copies.
+    fn link_file(
+        &mut self,
+        from: &Path,
+        to: &Path,
+    ) -> Result<Option<(u64, [u8; 32])>, BackupError> {
+        // The file a symlink leads to, as a copy follows it: a link to
+        // the symlink itself would back up a path, not the bytes.
+        let file = fs::canonicalize(from).map_err(io_err("resolve", from))?;
+        match fs::hard_link(&file, to) {
+            Ok(()) => {}
+            Err(err) if copy::not_offered(&err) => return Ok(None),
+            Err(err) => return Err(io_err("link", to)(err)),
+        }
+        let linked = File::open(to).map_err(io_err("open", to))?;
+        let mut hasher = Sha256::new();
+        let mut hash = |chunk: &[u8]| hasher.update(chunk);
+        let (stop, progress) = (self.stop, &mut self.progress);
+        let mut between = |read: u64| -> Result<(), BackupError> {
+            progress.add(read, read);
+            match stop() {
+                Some(signal) => Err(BackupError::Interrupted {
+                    signal,
+                    path: to.to_path_buf(),
+                }),
+                None => Ok(()),
+            }
+        };
+        let mut hooks = copy::Hooks {
+            between: &mut between,
+            bytes: Some(&mut hash),
+        };
+        let copied = copy::read_linked(&linked, to, &mut self.buffer, &mut hooks)?;
+        self.tally.add(copied);
+        // The bytes the hash vouches for, durable before the backup is
+        // published: an etcd that was killed may have left them unsynced.
+        linked.sync_all().map_err(io_err("fsync", to))?;
+        Ok(Some((copied.bytes, hasher.finalize().into())))
     }
 }
 
@@ -1260,6 +1346,77 @@ pub(super) mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn a_retired_data_dir_is_backed_up_by_hard_links_that_its_manifest_vouches_for() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        sample_data(&data);
+        let elsewhere = tmp.path().join("elsewhere.txt");
+        fs::write(&elsewhere, b"behind a symlink").expect("write");
+        std::os::unix::fs::symlink(&elsewhere, data.join("linked.txt")).expect("symlink");
+        let backup = retire(
+            &data,
+            &policy(tmp.path().join("data.backup"), 3),
+            pair("3.4.23/etcd3"),
+            SystemTime::now(),
+            &never_stop,
+        )
+        .expect("backup");
+        let inode = |p: &Path| fs::metadata(p).expect("stat").ino();
+        for file in ["member/snap/db", "member/wal/0.wal", "version.txt"] {
+            assert_eq!(
+                inode(&backup.join(file)),
+                inode(&data.join(file)),
+                "{file} is the data dir's own file"
+            );
+            assert!(data.join(file).exists(), "the data dir keeps {file}");
+        }
+        // A symlink is followed, as a copy follows it: the file, not the link.
+        let linked = fs::symlink_metadata(backup.join("linked.txt")).expect("stat");
+        assert!(linked.is_file());
+        assert_eq!(linked.ino(), inode(&elsewhere));
+        assert!(!backup.join(WORK_DIR).exists(), "scratch space stays out");
+        let checked = tool::verify(&backup).expect("the manifest holds");
+        assert_eq!(checked.files, 4, "{checked:?}");
+        // The manifest is of the bytes, not of names: a change is caught.
+        fs::remove_file(data.join("member/wal/0.wal")).expect("rm");
+        fs::write(backup.join("member/wal/0.wal"), b"other").expect("write");
+        assert!(tool::verify(&backup).is_err());
+    }
+
+    #[test]
+    fn a_retired_data_dir_on_another_filesystem_than_its_backups_is_copied() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        sample_data(&data);
+        // tmpfs, while the temp dir is on the disk: a link across the two
+        // fails with EXDEV, as with a backup dir on its own volume.
+        let other = tempfile::tempdir_in("/dev/shm").expect("a dir in /dev/shm");
+        let dev = |p: &Path| fs::metadata(p).expect("stat").dev();
+        assert_ne!(
+            dev(other.path()),
+            dev(tmp.path()),
+            "this test needs /dev/shm and the temp dir ({}) on two filesystems",
+            tmp.path().display()
+        );
+        let backup = retire(
+            &data,
+            &policy(other.path().join("data.backup"), 3),
+            pair("3.4.23/etcd3"),
+            SystemTime::now(),
+            &never_stop,
+        )
+        .expect("backup");
+        assert_eq!(
+            fs::read(backup.join("member/snap/db")).expect("read"),
+            vec![7u8; 50_000]
+        );
+        tool::verify(&backup).expect("the manifest holds");
+        assert!(data.join("member/snap/db").exists());
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //! the filesystem offers, and the tally of a whole copy (methods, bytes,
 //! time) that a backup or a scratch copy logs when it is done:
 //!
+//! 0. for a backup that retires the data dir's files (`backup::retire`:
+//!    no etcd opens them again), a hard link: the backup takes the file
+//!    itself, and only reads it for its hash;
 //! 1. a reflink (`FICLONE`): the copy shares the source's extents, copy on
 //!    write (btrfs, XFS with reflink, bcachefs), so a multi-GB db costs a
 //!    metadata update;
@@ -28,6 +31,8 @@ use crate::log;
 /// How a file was copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Method {
+    /// A hard link: the file itself (a retired data dir's, in a backup).
+    HardLink,
     /// `FICLONE`: shared extents.
     Reflink,
     /// `copy_file_range`: an in-kernel copy.
@@ -41,6 +46,7 @@ impl Method {
     /// The name in a log line.
     pub fn as_str(self) -> &'static str {
         match self {
+            Method::HardLink => "hard link",
             Method::Reflink => "reflink",
             Method::CopyFileRange => "copy_file_range",
             Method::ReadWrite => "read/write",
@@ -251,6 +257,39 @@ pub fn copy_file<E: From<CopyError>>(
     })
 }
 
+/// A file hard-linked into a backup ([`Method::HardLink`]): its bytes,
+/// read from the link, fed to `hooks.bytes` (the hash), `between` told
+/// after each chunk.
+pub fn read_linked<E: From<CopyError>>(
+    file: &File,
+    path: &Path,
+    buffer: &mut [u8],
+    hooks: &mut Hooks<'_, E>,
+) -> Result<Copied, E> {
+    (hooks.between)(0)?;
+    let ends = Ends {
+        from: file,
+        from_path: path,
+        to: file,
+        to_path: path,
+    };
+    read_back(&ends, buffer, hooks)?;
+    let bytes = file
+        .metadata()
+        .map_err(|source| {
+            E::from(CopyError {
+                op: "stat",
+                path: path.to_path_buf(),
+                source,
+            })
+        })?
+        .len();
+    Ok(Copied {
+        method: Method::HardLink,
+        bytes,
+    })
+}
+
 /// Feeds the copy's bytes, read back from it, to `hooks.bytes` (if set),
 /// telling `between` after each chunk how many it read.
 fn read_back<E: From<CopyError>>(
@@ -284,16 +323,16 @@ fn read_back<E: From<CopyError>>(
 /// What a whole copy did: files and bytes by method, and since when.
 pub struct Tally {
     started: Instant,
-    files: [u64; 3],
-    bytes: [u64; 3],
+    files: [u64; 4],
+    bytes: [u64; 4],
 }
 
 impl Default for Tally {
     fn default() -> Self {
         Tally {
             started: Instant::now(),
-            files: [0; 3],
-            bytes: [0; 3],
+            files: [0; 4],
+            bytes: [0; 4],
         }
     }
 }
@@ -309,11 +348,16 @@ impl Tally {
     /// The methods used, fastest first: `reflink`, or e.g.
     /// `copy_file_range (12 files), read/write (1 files)` when they mixed.
     pub fn methods(&self) -> String {
-        let used: Vec<(Method, u64)> = [Method::Reflink, Method::CopyFileRange, Method::ReadWrite]
-            .into_iter()
-            .map(|m| (m, self.files[m as usize]))
-            .filter(|(_, files)| *files > 0)
-            .collect();
+        let used: Vec<(Method, u64)> = [
+            Method::HardLink,
+            Method::Reflink,
+            Method::CopyFileRange,
+            Method::ReadWrite,
+        ]
+        .into_iter()
+        .map(|m| (m, self.files[m as usize]))
+        .filter(|(_, files)| *files > 0)
+        .collect();
         match used.as_slice() {
             [] => "none".to_string(),
             [(method, _)] => method.as_str().to_string(),

@@ -1007,7 +1007,10 @@ impl Pausing {
             }
         }
         if self.phase() == Some(Phase::Stopping) {
-            let path = crate::backup::create(
+            // Retired: the old data is never served again (the member
+            // joins with an empty `member/`), so the backup may take its
+            // files themselves, while the cluster waits for this member.
+            let path = crate::backup::retire(
                 &self.data_dir,
                 &self.backup,
                 self.recorded,
