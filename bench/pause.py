@@ -438,7 +438,8 @@ class PauseRound(Round):
             ts = [t for p, _, t in ph if p == phase]
             return ts[n - 1] if len(ts) >= n else None
 
-        out["converter"] = next((n for p, n, _ in ph if p == "go"), None)
+        # The go names the leader as the converter, not always its writer.
+        out["converter"] = next((n for p, n, _ in ph if p == "converter stops"), None)
         stop, serve = first("converter stops"), first("converted data serves")
         out["converter_stop_to_serve_s"] = (serve - stop) if stop is not None and serve is not None else None
         out["phase_marks"] = {"go": first("go"), "converter stops": stop, "converted data serves": serve,

@@ -372,7 +372,7 @@ pub(crate) fn below_3_3_the_leadership_moved_off_the_converter_comes_back() {
     let removed_before = cluster.container(converter).count_in_log(REMOVED);
     let name = cluster.members[converter].name.clone();
     say(&format!(
-        "{test}: {name} (the converter) frozen for {:.0} s right after it wrote the go, {removed_before} member(s) removed by then",
+        "{test}: {name} (the converter) frozen for {:.0} s right after it recorded the go, {removed_before} member(s) removed by then",
         FROZEN_FOR.as_secs_f64()
     ));
     assert!(
@@ -794,12 +794,13 @@ struct Point {
     old_may_serve: bool,
 }
 
-/// The converter wrote the job's go (the old cluster still has every
-/// member).
+/// The converter recorded the job's go (the old cluster still has every
+/// member). From 3.3 the go names the leader, whoever wrote it; below,
+/// the leader writes it.
 const GO: Point = Point {
-    what: "the converter wrote the go",
+    what: "the converter recorded the go",
     tag: "go",
-    line: "this member wrote the go and carries the data",
+    line: "pause job: go; this member carries the data",
     old_may_serve: true,
 };
 /// A member saw the go and said it leaves (not removed yet).
@@ -879,7 +880,7 @@ pub(crate) mod members_killed_at_each_phase_converge {
     /// 3.4.23 back to 3.3.25: the joiners are voters.
     const VOTERS: (&str, &str) = ("3.4.23", "3.3.25");
 
-    /// The converter killed right after it wrote the go (before its
+    /// The converter killed right after it recorded the go (before its
     /// removals: the old cluster keeps quorum with the other two, who
     /// wait for it), then the first member to have left the old cluster
     /// (waiting for the converted one, its old data never to serve).
@@ -933,7 +934,7 @@ pub(crate) mod below_3_3_killed_at_each_phase_converge {
 
     const PAIR: (&str, &str) = ("3.2.32", "3.1.20");
 
-    /// The converter (the leader) killed right after it wrote the go: the
+    /// The converter (the leader) killed right after it recorded the go: the
     /// others elect a leader of their own, which must hand the leadership
     /// back before the converter can take the data; then the converter
     /// again, right after it took the data.

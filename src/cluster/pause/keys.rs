@@ -2,7 +2,8 @@
 //! `/etcd-migrate/pause/<job>/…`: the agreements, the `go` (written in a
 //! transaction that holds only while every agreement is there and no `go`
 //! is), the withdrawal (a transaction that holds only while no `go` is),
-//! each leaving member's `stopping`, the converted cluster's `served` and each
+//! each leaving member's `stopping` (and, for one at a time, the
+//! converter's `leave-now`: stop before your removal), the converted cluster's `served` and each
 //! member's `joined`. Through the v3 API: the job needs a cluster version
 //! of 3.1 or later (`JOB_FLOOR`).
 
@@ -35,6 +36,12 @@ pub fn stopping_key(job: &str, id: u64) -> String {
     format!("{}stopping/{id:x}", dir(job))
 }
 
+/// The converter asks member `id`, which said it leaves, to stop its
+/// etcd before its removal ([`crate::cluster::pause::leaves_first`]).
+pub fn leave_now_key(job: &str, id: u64) -> String {
+    format!("{}leave-now/{id:x}", dir(job))
+}
+
 /// The converted cluster serves.
 pub fn served_key(job: &str) -> String {
     format!("{}served", dir(job))
@@ -46,10 +53,16 @@ pub fn joined_key(job: &str, id: u64) -> String {
 }
 
 /// What one key under the job's directory says, into `seen`.
-fn take_in(seen: &mut Seen, rest: &str, value: &[u8]) {
+fn take_in(seen: &mut Seen, rest: &str, value: &[u8], revision: i64) {
     let id = |s: &str| u64::from_str_radix(s, 16).ok();
     match rest.split_once('/') {
-        Some(("agree", m)) => seen.agreed.extend(id(m)),
+        Some(("agree", m)) => {
+            if let Some(m) = id(m) {
+                seen.agreed.insert(m);
+                seen.agreed_at.insert(m, revision);
+            }
+        }
+        Some(("leave-now", m)) => seen.leave_now.extend(id(m)),
         Some(("stopping", m)) => seen.stopping.extend(id(m)),
         Some(("joined", m)) => seen.joined.extend(id(m)),
         _ if rest == "go" => seen.go = serde_json::from_slice::<Go>(value).ok(),
@@ -78,7 +91,7 @@ pub async fn read(
     for kv in response.kvs() {
         let key = String::from_utf8_lossy(kv.key());
         if let Some(rest) = key.strip_prefix(dir.as_str()) {
-            take_in(&mut seen, rest, kv.value());
+            take_in(&mut seen, rest, kv.value(), kv.mod_revision());
         }
     }
     Ok(seen)
@@ -163,14 +176,20 @@ mod tests {
             (agree_key(job, 0x2a), "{}"),
             (stopping_key(job, 0x2b), "{}"),
             (joined_key(job, 0x2c), "{}"),
+            (leave_now_key(job, 0x2b), "{}"),
             (go_key(job), go_json.as_str()),
             (served_key(job), "{}"),
             (format!("{}agree/zz", dir(job)), "{}"),
         ] {
             let rest = key.strip_prefix(dir(job).as_str()).expect("in the job");
-            take_in(&mut seen, rest, value.as_bytes());
+            take_in(&mut seen, rest, value.as_bytes(), 7);
         }
         assert_eq!(seen.agreed.iter().copied().collect::<Vec<_>>(), vec![0x2a]);
+        assert_eq!(seen.agreed_at.get(&0x2a), Some(&7));
+        assert_eq!(
+            seen.leave_now.iter().copied().collect::<Vec<_>>(),
+            vec![0x2b]
+        );
         assert_eq!(
             seen.stopping.iter().copied().collect::<Vec<_>>(),
             vec![0x2b]

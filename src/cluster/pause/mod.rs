@@ -14,18 +14,23 @@
 //!    waits, naming who has not agreed.
 //! 2. **Go.** With every member of the membership agreed and up, one
 //!    member writes `go` in a transaction that holds only while every
-//!    agreement is there and no `go` is: it carries the data (the
-//!    converter). Below cluster version 3.3 only the leader writes it
-//!    ([`may_write_go`]).
+//!    agreement is there and no `go` is. It names the leader to carry the
+//!    data (the converter, [`converter_at_go`]). Below cluster version
+//!    3.3 only the leader writes it ([`may_write_go`]).
 //! 3. **Shrink.** Every other member says it leaves (`stopping/<id>`);
-//!    the converter, made leader (`MoveLeader`; below 3.3, where there is
-//!    none, a leader that is not the converter hands the leadership over
-//!    by a graceful restart of its etcd, [`hands_leadership_over`]),
-//!    removes them from the
+//!    the converter, leader (else made leader: `MoveLeader`; below 3.3,
+//!    where there is none, a leader that is not the converter hands the
+//!    leadership over by a graceful restart of its etcd,
+//!    [`hands_leadership_over`]), removes them from the
 //!    membership one at a time (etcd's own `member remove`, committed by
-//!    the old cluster's quorum). A removed member's etcd stops by itself;
-//!    its entrypoint records that it left (never to serve the old data
-//!    again) and waits. The cluster serves writes all along.
+//!    the old cluster's quorum). Where etcd refuses to remove a running
+//!    member while the cluster settles (every member connected for 5 s),
+//!    the converter asks one that leaves to stop first (`leave-now/<id>`,
+//!    one at a time, only while every member answers:
+//!    [`leaves_first`]), and removes it once it is down. A removed
+//!    member's etcd stops by itself; its entrypoint records that it left
+//!    (never to serve the old data again) and waits. The cluster serves
+//!    writes all along.
 //! 4. **Take.** Alone in the membership, the converter's log holds every
 //!    committed write and it knows them committed (a cluster of one
 //!    commits alone): it records that it converts and stops gracefully.
@@ -57,7 +62,7 @@ pub mod entry;
 pub mod keys;
 pub mod run;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -90,10 +95,11 @@ impl Job {
     }
 }
 
-/// Who carries the data, fixed by the member that wrote the job's `go`.
+/// Who carries the data, fixed by the member that wrote the job's `go`
+/// ([`converter_at_go`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Go {
-    /// The member that carries the data (the `go`'s writer).
+    /// The member that carries the data.
     pub converter: u64,
     /// The old membership, by id.
     pub members: Vec<u64>,
@@ -146,6 +152,13 @@ impl Go {
 pub struct Seen {
     /// The members that agreed.
     pub agreed: BTreeSet<u64>,
+    /// Each agreement's revision (its key's `mod_revision`): in a rollout
+    /// a member agrees once its etcd is back, so the newest agreement is,
+    /// as a rule, the member restarted last.
+    pub agreed_at: BTreeMap<u64, i64>,
+    /// The members the converter asked to stop before their removal
+    /// ([`leaves_first`]).
+    pub leave_now: BTreeSet<u64>,
     /// The job's go, once written.
     pub go: Option<Go>,
     /// The members that know the go and leave: the converter removes them.
@@ -180,9 +193,68 @@ pub fn shrink(converter: u64, membership: &[u64], seen: &Seen) -> Shrink {
     if others.is_empty() {
         return Shrink::Alone;
     }
-    match others.iter().find(|id| seen.stopping.contains(id)) {
+    // A member asked to stop first goes first: etcd removes a member
+    // that is down at once, and its slot is the one the cluster lacks.
+    let asked = others
+        .iter()
+        .find(|id| seen.leave_now.contains(id) && seen.stopping.contains(id));
+    match asked.or_else(|| others.iter().find(|id| seen.stopping.contains(id))) {
         Some(id) => Shrink::Remove(*id),
         None => Shrink::Wait(others),
+    }
+}
+
+/// The member the converter asks to stop before its removal, when etcd
+/// refused to remove a running one while the cluster settles (etcd's
+/// `--strict-reconfig-check`: a voter goes only once every member has
+/// been connected for 5 s, and a member restarted by the rollout just
+/// now holds every removal that long; a member that is down goes at
+/// once). Only in a `membership` of 3 or more whose every member answers
+/// (`all_answer`), and only while no member it asked is still in it: the
+/// stop costs the cluster one member, never two, and a quorum stays to
+/// commit the removal. Once every other member said it leaves, the one
+/// that agreed last (as a rule, restarted last: the one etcd waits for);
+/// `None`: the converter waits (for their word, or for etcd).
+pub fn leaves_first(
+    converter: u64,
+    membership: &[u64],
+    seen: &Seen,
+    all_answer: bool,
+) -> Option<u64> {
+    if membership.len() < 3 || !all_answer {
+        return None;
+    }
+    if membership.iter().any(|id| seen.leave_now.contains(id)) {
+        return None;
+    }
+    let others: Vec<u64> = membership
+        .iter()
+        .copied()
+        .filter(|id| *id != converter)
+        .collect();
+    // Each must have said it leaves: the one etcd waits for may be the
+    // last to say it.
+    if others.iter().any(|id| !seen.stopping.contains(id)) {
+        return None;
+    }
+    others
+        .into_iter()
+        .max_by_key(|id| (seen.agreed_at.get(id).copied().unwrap_or(0), *id))
+}
+
+/// The member the go names to carry the data, written by member `own`
+/// while `leader` leads, at cluster version `cluster`. The leader: it
+/// commits the removals itself with no hand-over, and (as a rule) it is
+/// not the member the rollout restarted last, whose fresh connections
+/// etcd makes every removal wait for (the writer is, as a rule: it saw
+/// every agreement because its own came last). Below 3.3 only the
+/// leader writes the go ([`may_write_go`]), so it names itself. A leader
+/// outside the members (none known yet): the writer.
+pub fn converter_at_go(own: u64, leader: u64, members: &[u64], cluster: Minor) -> u64 {
+    if cluster >= MOVE_LEADER_FLOOR && members.contains(&leader) {
+        leader
+    } else {
+        own
     }
 }
 
@@ -421,6 +493,95 @@ mod tests {
                 shrink(1, &membership, &seen),
                 want,
                 "{membership:?} {stopping:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_member_asked_to_stop_first_is_removed_first() {
+        let mut seen = Seen {
+            stopping: [2, 3].into_iter().collect(),
+            leave_now: [3].into_iter().collect(),
+            ..Seen::default()
+        };
+        assert_eq!(shrink(1, &[1, 2, 3], &seen), Shrink::Remove(3));
+        // Asked, but it has not said it leaves (it cannot have been asked
+        // then; the word comes first all the same).
+        seen.stopping = [2].into_iter().collect();
+        assert_eq!(shrink(1, &[1, 2, 3], &seen), Shrink::Remove(2));
+        // Removed already: the others as before.
+        seen.stopping = [2, 3].into_iter().collect();
+        assert_eq!(shrink(1, &[1, 2], &seen), Shrink::Remove(2));
+    }
+
+    #[test]
+    fn the_converter_asks_the_last_to_agree_to_stop_first_one_at_a_time() {
+        let seen = |stopping: &[u64], leave_now: &[u64]| Seen {
+            stopping: stopping.iter().copied().collect(),
+            leave_now: leave_now.iter().copied().collect(),
+            agreed_at: [(1, 10), (2, 30), (3, 20), (4, 40), (5, 5)]
+                .into_iter()
+                .collect(),
+            ..Seen::default()
+        };
+        // (membership with the converter first, said they leave, asked
+        // already, all answer, asked now)
+        type Row = (Vec<u64>, Vec<u64>, Vec<u64>, bool, Option<u64>);
+        let rows: Vec<Row> = vec![
+            (vec![1, 2, 3], vec![2, 3], vec![], true, Some(2)),
+            // Only once every other member said it leaves (the one etcd
+            // waits for may say it last).
+            (vec![1, 2, 3], vec![3], vec![], true, None),
+            (vec![1, 2, 3], vec![2], vec![], true, None),
+            (vec![1, 2, 3], vec![], vec![], true, None),
+            // Never the converter, however late it agreed.
+            (vec![4, 2, 3], vec![2, 3, 4], vec![], true, Some(2)),
+            // A member down already: a second one down would be two.
+            (vec![1, 2, 3], vec![2, 3], vec![], false, None),
+            // Two members: the one left could not remove the other.
+            (vec![1, 2], vec![2], vec![], true, None),
+            // One at a time: the one asked is still in the membership.
+            (vec![1, 2, 3, 4, 5], vec![2, 3, 4, 5], vec![4], true, None),
+            (vec![1, 2, 3, 5], vec![2, 3, 4, 5], vec![4], true, Some(2)),
+            // No agreement read (a revision unknown): by id.
+            (vec![1, 6, 7], vec![6, 7], vec![], true, Some(7)),
+        ];
+        for (membership, stopping, asked, all_answer, want) in rows {
+            assert_eq!(
+                leaves_first(
+                    membership[0],
+                    &membership,
+                    &seen(&stopping, &asked),
+                    all_answer
+                ),
+                want,
+                "{membership:?} leaving {stopping:?} asked {asked:?} all answer {all_answer}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_go_names_the_leader_from_3_3_and_its_writer_below() {
+        let m = |s: &str| -> Minor {
+            let (major, minor) = s.split_once('.').expect("major.minor");
+            Minor::new(major.parse().expect("major"), minor.parse().expect("minor"))
+        };
+        let members = [1, 2, 3];
+        // (writer, leader, cluster version, converter)
+        for (own, leader, cluster, want) in [
+            (3, 1, "3.4", 1),
+            (3, 3, "3.4", 3),
+            (3, 1, "3.3", 1),
+            // No leader known, or one outside the go's members.
+            (3, 0, "3.5", 3),
+            (3, 9, "3.5", 3),
+            // Below 3.3 only the leader writes the go.
+            (2, 2, "3.2", 2),
+        ] {
+            assert_eq!(
+                converter_at_go(own, leader, &members, m(cluster)),
+                want,
+                "writer {own} leader {leader} at {cluster}"
             );
         }
     }

@@ -386,7 +386,11 @@ impl Pausing {
                     r.converter = converter;
                 })?;
                 log::info(
-                    "pause job: go",
+                    if go.converter == self.own.id {
+                        "pause job: go; this member carries the data"
+                    } else {
+                        "pause job: go"
+                    },
                     &[
                         ("job", self.job.id.as_str().into()),
                         ("converter", self.name_of(go.converter).into()),
@@ -415,6 +419,13 @@ impl Pausing {
                     if self.removed(&peer).await {
                         return self.stop_for_job(etcd).await;
                     }
+                    if seen.leave_now.contains(&self.own.id) {
+                        log::info(
+                            "pause job: the converter asked this member to stop before its removal (etcd removes a member that is down at once)",
+                            &[("job", self.job.id.as_str().into())],
+                        );
+                        return self.stop_for_job(etcd).await;
+                    }
                     if let Some(why) = self.hand_over_leadership(c, &peer, etcd).await? {
                         reporter.wait(&self.job.id, &why);
                         client = None;
@@ -433,7 +444,7 @@ impl Pausing {
                     &self.job.id,
                     "nothing: this member is not in the job's go (it joined the cluster after it); it keeps serving",
                 ),
-                Role::Converter => match self.take(c, &seen, etcd).await? {
+                Role::Converter => match self.take(c, &peer, &seen, etcd).await? {
                     Taking::Taken => return Ok(Next::Convert),
                     Taking::Waiting(why) => reporter.wait(&self.job.id, &why),
                 },
@@ -618,28 +629,32 @@ impl Pausing {
                 )))
             }
         };
-        if cluster < pause::MOVE_LEADER_FLOOR {
-            let leader = match client.status().await {
-                Ok(status) => status.leader(),
-                Err(e) => {
-                    return Ok(Some(format!(
-                        "this member's etcd to tell its status ({})",
-                        error_chain(&e)
-                    )))
-                }
-            };
-            if !pause::may_write_go(cluster, leader == self.own.id) {
+        let leader = match client.status().await {
+            Ok(status) => status.leader(),
+            Err(e) => {
                 return Ok(Some(format!(
-                    "{} to write the go: at cluster version {cluster} (no MoveLeader) the leader carries the data",
-                    self.name_of(leader)
-                )));
+                    "this member's etcd to tell its status ({})",
+                    error_chain(&e)
+                )))
             }
+        };
+        if !pause::may_write_go(cluster, leader == self.own.id) {
+            return Ok(Some(format!(
+                "{} to write the go: at cluster version {cluster} (no MoveLeader) the leader carries the data",
+                self.name_of(leader)
+            )));
         }
-        let go = Go::new(self.own.id, &ids);
+        let go = Go::new(
+            pause::converter_at_go(self.own.id, leader, &ids, cluster),
+            &ids,
+        );
         match keys::write_go(client, &self.job.id, &ids, &go).await {
             Ok(true) => log::info(
-                "pause job: every member agreed; this member wrote the go and carries the data",
-                &[("job", self.job.id.as_str().into())],
+                "pause job: every member agreed; this member wrote the go",
+                &[
+                    ("job", self.job.id.as_str().into()),
+                    ("converter", self.name_of(go.converter).into()),
+                ],
             ),
             Ok(false) => {}
             Err(why) => return Ok(Some(format!("the old cluster to take the go ({why})"))),
@@ -694,6 +709,7 @@ impl Pausing {
     async fn take(
         &mut self,
         client: &mut etcd_client::Client,
+        peer: &PeerClient,
         seen: &Seen,
         etcd: &mut SupervisedEtcd,
     ) -> Result<Taking, PauseError> {
@@ -744,8 +760,8 @@ impl Pausing {
                 Err(why) => format!("leadership from {} ({why})", self.name_of(leader)),
             }));
         }
-        let membership: Vec<u64> = match client.member_list().await {
-            Ok(list) => list.members().iter().map(|m| m.id()).collect(),
+        let listed = match client.member_list().await {
+            Ok(list) => list.members().to_vec(),
             Err(e) => {
                 return Ok(Taking::Waiting(format!(
                     "the old cluster's membership ({})",
@@ -753,6 +769,7 @@ impl Pausing {
                 )))
             }
         };
+        let membership: Vec<u64> = listed.iter().map(|m| m.id()).collect();
         match pause::shrink(self.own.id, &membership, seen) {
             Shrink::Wait(ids) => Ok(Taking::Waiting(format!(
                 "{} to say it leaves (its entrypoint sees the job's go)",
@@ -760,10 +777,13 @@ impl Pausing {
             ))),
             Shrink::Remove(id) => {
                 if let Err(e) = client.member_remove(id).await {
+                    let why = error_chain(&e);
+                    if why.contains("unhealthy cluster") {
+                        return self.leave_first(client, peer, &listed, seen, id, why).await;
+                    }
                     return Ok(Taking::Waiting(format!(
-                        "the removal of {} from the old cluster ({})",
+                        "the removal of {} from the old cluster ({why})",
                         self.name_of(id),
-                        error_chain(&e)
                     )));
                 }
                 log::info(
@@ -797,6 +817,58 @@ impl Pausing {
                 Ok(Taking::Taken)
             }
         }
+    }
+
+    /// etcd refused to remove `refused`, running, while the cluster
+    /// settles (`why`): asks one member that said it leaves to stop first
+    /// where that is safe ([`pause::leaves_first`]: every member answers
+    /// on its peer URL, none asked is still in the membership), since
+    /// etcd removes a member that is down at once; else waits for etcd.
+    async fn leave_first(
+        &self,
+        client: &mut etcd_client::Client,
+        peer: &PeerClient,
+        listed: &[etcd_client::Member],
+        seen: &Seen,
+        refused: u64,
+        why: String,
+    ) -> Result<Taking, PauseError> {
+        let mut all_answer = true;
+        for member in listed.iter().filter(|m| m.id() != self.own.id) {
+            let mut answers = false;
+            for url in member.peer_urls() {
+                if peer.version(url).await.is_ok() {
+                    answers = true;
+                    break;
+                }
+            }
+            all_answer &= answers;
+        }
+        let membership: Vec<u64> = listed.iter().map(|m| m.id()).collect();
+        let waiting = format!(
+            "the removal of {} from the old cluster ({why}: etcd removes a running member only once every member has been connected for 5 s)",
+            self.name_of(refused)
+        );
+        let Some(id) = pause::leaves_first(self.own.id, &membership, seen, all_answer) else {
+            return Ok(Taking::Waiting(waiting));
+        };
+        if let Err(e) = keys::put(client, &keys::leave_now_key(&self.job.id, id), "{}").await {
+            return Ok(Taking::Waiting(format!(
+                "{waiting}; asking {} to stop first: {e}",
+                self.name_of(id)
+            )));
+        }
+        log::info(
+            "pause job: etcd removes a running member only once every member has been connected for 5 s; asked one that leaves to stop first (one that is down goes at once)",
+            &[
+                ("job", self.job.id.as_str().into()),
+                ("member", self.name_of(id).into()),
+            ],
+        );
+        Ok(Taking::Waiting(format!(
+            "{} to stop before its removal",
+            self.name_of(id)
+        )))
     }
 
     /// Below 3.3 (no `MoveLeader`), a member the converter removes that
