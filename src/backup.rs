@@ -950,17 +950,7 @@ impl<'a> Copier<'a> {
                 hasher.update(chunk);
             }
         };
-        let (stop, progress) = (self.stop, &mut self.progress);
-        let mut between = |copied: u64| -> Result<(), BackupError> {
-            progress.add(copied, copied);
-            match stop() {
-                Some(signal) => Err(BackupError::Interrupted {
-                    signal,
-                    path: to.to_path_buf(),
-                }),
-                None => Ok(()),
-            }
-        };
+        let mut between = counted_until_stopped(self.stop, &mut self.progress, to);
         let ends = copy::Ends {
             from: &input,
             from_path: from,
@@ -1010,17 +1000,7 @@ impl Copier<'_> {
         let linked = File::open(to).map_err(io_err("open", to))?;
         let mut hasher = Sha256::new();
         let mut hash = |chunk: &[u8]| hasher.update(chunk);
-        let (stop, progress) = (self.stop, &mut self.progress);
-        let mut between = |read: u64| -> Result<(), BackupError> {
-            progress.add(read, read);
-            match stop() {
-                Some(signal) => Err(BackupError::Interrupted {
-                    signal,
-                    path: to.to_path_buf(),
-                }),
-                None => Ok(()),
-            }
-        };
+        let mut between = counted_until_stopped(self.stop, &mut self.progress, to);
         let mut hooks = copy::Hooks {
             between: &mut between,
             bytes: Some(&mut hash),
@@ -1031,6 +1011,25 @@ impl Copier<'_> {
         // published: an etcd that was killed may have left them unsynced.
         linked.sync_all().map_err(io_err("fsync", to))?;
         Ok(Some((copied.bytes, hasher.finalize().into())))
+    }
+}
+
+/// What a copy of the file `to` does between chunks: counts the bytes a
+/// chunk finished into `progress`, and stops on a termination signal.
+fn counted_until_stopped<'p>(
+    stop: StopCheck<'p>,
+    progress: &'p mut log::Progress,
+    to: &'p Path,
+) -> impl FnMut(u64) -> Result<(), BackupError> + 'p {
+    move |done: u64| {
+        progress.add(done, done);
+        match stop() {
+            Some(signal) => Err(BackupError::Interrupted {
+                signal,
+                path: to.to_path_buf(),
+            }),
+            None => Ok(()),
+        }
     }
 }
 

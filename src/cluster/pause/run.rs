@@ -833,17 +833,7 @@ impl Pausing {
         refused: u64,
         why: String,
     ) -> Result<Taking, PauseError> {
-        let mut all_answer = true;
-        for member in listed.iter().filter(|m| m.id() != self.own.id) {
-            let mut answers = false;
-            for url in member.peer_urls() {
-                if peer.version(url).await.is_ok() {
-                    answers = true;
-                    break;
-                }
-            }
-            all_answer &= answers;
-        }
+        let all_answer = self.silent(peer, listed).await.is_empty();
         let membership: Vec<u64> = listed.iter().map(|m| m.id()).collect();
         let waiting = format!(
             "the removal of {} from the old cluster ({why}: etcd removes a running member only once every member has been connected for 5 s)",
@@ -905,19 +895,7 @@ impl Pausing {
                 )))
             }
         };
-        let mut silent = Vec::new();
-        for member in membership.iter().filter(|m| m.id() != self.own.id) {
-            let mut answers = false;
-            for url in member.peer_urls() {
-                if peer.version(url).await.is_ok() {
-                    answers = true;
-                    break;
-                }
-            }
-            if !answers {
-                silent.push(member.id());
-            }
-        }
+        let silent = self.silent(peer, &membership).await;
         if !pause::hands_leadership_over(cluster, Role::Other, leads, silent.is_empty()) {
             return Ok(Some(format!(
                 "{} to answer on its peer URL: this member leads the old cluster and hands the leadership over to the converter by a graceful restart, which must not be the second member down",
@@ -942,6 +920,25 @@ impl Pausing {
         Ok(Some(
             "this member's etcd, restarted to hand the leadership over, to answer".to_string(),
         ))
+    }
+
+    /// The members of `listed` but this one that answer on none of their
+    /// peer URLs.
+    async fn silent(&self, peer: &PeerClient, listed: &[etcd_client::Member]) -> Vec<u64> {
+        let mut silent = Vec::new();
+        for member in listed.iter().filter(|m| m.id() != self.own.id) {
+            let mut answers = false;
+            for url in member.peer_urls() {
+                if peer.version(url).await.is_ok() {
+                    answers = true;
+                    break;
+                }
+            }
+            if !answers {
+                silent.push(member.id());
+            }
+        }
+        silent
     }
 
     /// Whether the converter removed this member: the converter's peer
