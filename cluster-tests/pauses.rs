@@ -487,6 +487,8 @@ fn rolled_back_with_pauses_in(
 /// The converter's line when it asks a member that leaves to stop before
 /// its removal.
 const ASKED_FIRST: &str = "asked one that leaves to stop first";
+/// The line of a member so asked.
+const ASKED_TO_STOP: &str = "the converter asked this member to stop before its removal";
 
 /// Where etcd refused a running member's removal while the cluster
 /// settled (its `--strict-reconfig-check`: every member connected for
@@ -564,6 +566,7 @@ pub(crate) fn without_consent_on_one_member_the_job_waits() {
             writer,
         },
         &format!("{last} consented"),
+        2,
     );
 }
 
@@ -628,14 +631,17 @@ pub(crate) fn a_member_down_when_the_job_is_due_holds_it() {
             writer,
         },
         &format!("{down} came back"),
+        0,
     );
 }
 
 /// The job that was held runs now (the monitor excusing members down,
 /// from the restart that let it go): every member records and serves
 /// 3.3.25/etcd3, said with the time since `after`; writes go on after it,
-/// and the scenario's checks hold.
-fn the_held_job_done(test: &str, started: Instant, held: Held, after: &str) {
+/// and the scenario's checks hold. A member asked to stop before its
+/// removal is `last` (started last, so its connections are the ones etcd
+/// waits 5 s for: it agreed again once its etcd answered).
+fn the_held_job_done(test: &str, started: Instant, held: Held, after: &str, last: usize) {
     let Held {
         cluster,
         before,
@@ -648,6 +654,26 @@ fn the_held_job_done(test: &str, started: Instant, held: Held, after: &str) {
         "{test}: every member records and serves 3.3.25/etcd3 {:.1} s after {after}",
         took.as_secs_f64()
     ));
+    let asked: Vec<usize> = (0..cluster.members.len())
+        .filter(|&i| cluster.container(i).count_in_log(ASKED_TO_STOP) > 0)
+        .collect();
+    assert!(
+        asked.iter().all(|&i| i == last),
+        "{} asked to stop before its removal, not {} (started last); logs:\n{}",
+        asked
+            .iter()
+            .map(|&i| cluster.members[i].name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        cluster.members[last].name,
+        cluster.all_logs()
+    );
+    if !asked.is_empty() {
+        say(&format!(
+            "{test}: {} (started last) was asked to stop before its removal",
+            cluster.members[last].name
+        ));
+    }
     writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
     cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
 }

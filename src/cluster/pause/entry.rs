@@ -225,5 +225,6 @@ pub fn prepare(
         backup: config.backup.clone(),
         termination: supervisor.termination(),
         withdraw_only,
+        agreed_this_run: false,
     })
 }

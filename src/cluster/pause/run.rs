@@ -143,6 +143,11 @@ pub struct Pausing {
     /// The member's target needs no pause (its record is an agreement to
     /// an earlier target's job): withdraw, then end ([`PauseEnd::Withdrawn`]).
     pub withdraw_only: bool,
+    /// Whether this run put its agreement: each run puts it once its etcd
+    /// answers, even where an earlier run's is there, so the agreement's
+    /// revision says how recently this member's etcd started (the
+    /// converter asks the freshest to stop first, [`pause::leaves_first`]).
+    pub(super) agreed_this_run: bool,
 }
 
 /// What a wait is for, said once and then every [`PROGRESS_EVERY`].
@@ -574,7 +579,8 @@ impl Pausing {
             let record = self.fresh_record();
             self.write(record)?;
         }
-        if !seen.agreed.contains(&self.own.id) {
+        let agreed_before = seen.agreed.contains(&self.own.id);
+        if !agreed_before || !self.agreed_this_run {
             let value = serde_json::json!({
                 "name": self.own.name,
                 "target": self.job.target.to_string(),
@@ -587,8 +593,13 @@ impl Pausing {
                     "the old cluster to take this member's agreement ({why})"
                 )));
             }
+            self.agreed_this_run = true;
             log::info(
-                "pause job: this member agreed",
+                if agreed_before {
+                    "pause job: this member agreed again (its etcd started anew)"
+                } else {
+                    "pause job: this member agreed"
+                },
                 &[("job", self.job.id.as_str().into())],
             );
         }
