@@ -152,9 +152,9 @@ impl Go {
 pub struct Seen {
     /// The members that agreed.
     pub agreed: BTreeSet<u64>,
-    /// Each agreement's revision (its key's `mod_revision`): in a rollout
-    /// a member agrees once its etcd is back, so the newest agreement is,
-    /// as a rule, the member restarted last.
+    /// Each agreement's revision (its key's `mod_revision`): each run of a
+    /// member puts it once its etcd answers, so the newest is the member
+    /// whose etcd started last.
     pub agreed_at: BTreeMap<u64, i64>,
     /// The members the converter asked to stop before their removal
     /// ([`leaves_first`]).
@@ -213,7 +213,8 @@ pub fn shrink(converter: u64, membership: &[u64], seen: &Seen) -> Shrink {
 /// (`all_answer`), and only while no member it asked is still in it: the
 /// stop costs the cluster one member, never two, and a quorum stays to
 /// commit the removal. Once every other member said it leaves, the one
-/// that agreed last (as a rule, restarted last: the one etcd waits for);
+/// whose agreement is the newest (each run of a member puts it again once
+/// its etcd answers: the etcd started last, the one etcd waits for);
 /// `None`: the converter waits (for their word, or for etcd).
 pub fn leaves_first(
     converter: u64,
