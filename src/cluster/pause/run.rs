@@ -405,6 +405,18 @@ impl Pausing {
             match go.role(self.own.id) {
                 Role::Other => {
                     leaving = seen.stopping.contains(&self.own.id);
+                    // Before its word that it leaves: the converter picks
+                    // the member to stop first once every word is in.
+                    if let Err(why) = self.agree(c, &seen).await {
+                        reporter.wait(
+                            &self.job.id,
+                            &format!(
+                                "the old cluster to take this member's agreement again ({why})"
+                            ),
+                        );
+                        self.sleep().await;
+                        continue;
+                    }
                     if !leaving {
                         let key = keys::stopping_key(&self.job.id, self.own.id);
                         if let Err(why) = keys::put(c, &key, "{}").await {
@@ -579,29 +591,10 @@ impl Pausing {
             let record = self.fresh_record();
             self.write(record)?;
         }
-        let agreed_before = seen.agreed.contains(&self.own.id);
-        if !agreed_before || !self.agreed_this_run {
-            let value = serde_json::json!({
-                "name": self.own.name,
-                "target": self.job.target.to_string(),
-            })
-            .to_string();
-            if let Err(why) =
-                keys::put(client, &keys::agree_key(&self.job.id, self.own.id), &value).await
-            {
-                return Ok(Some(format!(
-                    "the old cluster to take this member's agreement ({why})"
-                )));
-            }
-            self.agreed_this_run = true;
-            log::info(
-                if agreed_before {
-                    "pause job: this member agreed again (its etcd started anew)"
-                } else {
-                    "pause job: this member agreed"
-                },
-                &[("job", self.job.id.as_str().into())],
-            );
+        if let Err(why) = self.agree(client, seen).await {
+            return Ok(Some(format!(
+                "the old cluster to take this member's agreement ({why})"
+            )));
         }
         let ids: Vec<u64> = self.members.iter().map(|m| m.id).collect();
         let mut missing = pause::not_agreed(&ids, seen);
@@ -671,6 +664,33 @@ impl Pausing {
             Err(why) => return Ok(Some(format!("the old cluster to take the go ({why})"))),
         }
         Ok(None)
+    }
+
+    /// Puts this member's agreement, where it is not there or this run has
+    /// not put it yet: its revision then says how recently this member's
+    /// etcd started ([`pause::leaves_first`]), also after the go (a member
+    /// whose etcd came back just as every agreement was in).
+    async fn agree(&mut self, client: &mut etcd_client::Client, seen: &Seen) -> Result<(), String> {
+        let agreed_before = seen.agreed.contains(&self.own.id);
+        if agreed_before && self.agreed_this_run {
+            return Ok(());
+        }
+        let value = serde_json::json!({
+            "name": self.own.name,
+            "target": self.job.target.to_string(),
+        })
+        .to_string();
+        keys::put(client, &keys::agree_key(&self.job.id, self.own.id), &value).await?;
+        self.agreed_this_run = true;
+        log::info(
+            if agreed_before {
+                "pause job: this member agreed again (its etcd started anew)"
+            } else {
+                "pause job: this member agreed"
+            },
+            &[("job", self.job.id.as_str().into())],
+        );
+        Ok(())
     }
 
     /// Before etcd2 data is converted: removes the cluster mode's own
