@@ -479,7 +479,9 @@ fn rolled_back_with_pauses_in(
             waited.join(", ")
         ));
     }
-    settled_removals_asked_a_member_to_stop_first(test, &cluster);
+    if !below_move_leader(from) {
+        settled_removals_asked_a_member_to_stop_first(test, &cluster);
+    }
     writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
     cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
 }
@@ -495,7 +497,9 @@ const ASKED_TO_STOP: &str = "the converter asked this member to stop before its 
 /// 5 s, which the member restarted last holds), the converter asked a
 /// member that leaves to stop first (etcd removes a member that is down
 /// at once) rather than wait it out. A job whose removals were never
-/// refused has nothing to show.
+/// refused has nothing to show. From 3.3 only: below, a leadership the
+/// converter lost comes back by a restart that waits for every member,
+/// so no member stops first.
 fn settled_removals_asked_a_member_to_stop_first(test: &str, cluster: &Cluster) {
     let refused = |log: &str| {
         log.lines()

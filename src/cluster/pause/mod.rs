@@ -215,14 +215,19 @@ pub fn shrink(converter: u64, membership: &[u64], seen: &Seen) -> Shrink {
 /// commit the removal. Once every other member said it leaves, the one
 /// whose agreement is the newest (each run of a member puts it again once
 /// its etcd answers: the etcd started last, the one etcd waits for);
-/// `None`: the converter waits (for their word, or for etcd).
+/// `None`: the converter waits (for their word, or for etcd). Never
+/// below cluster version 3.3 (`cluster`): there a leadership lost by the
+/// converter (killed, frozen) comes back only by a graceful restart of
+/// the member that leads, which waits for every other member to answer,
+/// and a member stopped first would never answer again.
 pub fn leaves_first(
     converter: u64,
     membership: &[u64],
     seen: &Seen,
     all_answer: bool,
+    cluster: Minor,
 ) -> Option<u64> {
-    if membership.len() < 3 || !all_answer {
+    if cluster < MOVE_LEADER_FLOOR || membership.len() < 3 || !all_answer {
         return None;
     }
     if membership.iter().any(|id| seen.leave_now.contains(id)) {
@@ -548,15 +553,29 @@ mod tests {
             (vec![1, 6, 7], vec![6, 7], vec![], true, Some(7)),
         ];
         for (membership, stopping, asked, all_answer, want) in rows {
+            let seen = seen(&stopping, &asked);
             assert_eq!(
                 leaves_first(
                     membership[0],
                     &membership,
-                    &seen(&stopping, &asked),
-                    all_answer
+                    &seen,
+                    all_answer,
+                    Minor::new(3, 4)
                 ),
                 want,
                 "{membership:?} leaving {stopping:?} asked {asked:?} all answer {all_answer}"
+            );
+            // Below 3.3 a leadership lost comes back only while every
+            // member answers: none stops first.
+            assert_eq!(
+                leaves_first(
+                    membership[0],
+                    &membership,
+                    &seen,
+                    all_answer,
+                    Minor::new(3, 2)
+                ),
+                None
             );
         }
     }

@@ -870,7 +870,13 @@ impl Pausing {
             "the removal of {} from the old cluster ({why}: etcd removes a running member only once every member has been connected for 5 s)",
             self.name_of(refused)
         );
-        let Some(id) = pause::leaves_first(self.own.id, &membership, seen, all_answer) else {
+        let Some(id) = pause::leaves_first(
+            self.own.id,
+            &membership,
+            seen,
+            all_answer,
+            self.old_release.minor_line(),
+        ) else {
             return Ok(Taking::Waiting(waiting));
         };
         if let Err(e) = keys::put(client, &keys::leave_now_key(&self.job.id, id), "{}").await {
