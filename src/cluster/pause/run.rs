@@ -112,6 +112,13 @@ pub enum PauseError {
     Interrupted(Signal),
 }
 
+/// Why this member's add to the converted cluster failed, and whether to
+/// ask again.
+struct AddFailed {
+    why: String,
+    again: bool,
+}
+
 /// One member's part in the job, with what it needs to carry it out.
 pub struct Pausing {
     /// The job.
@@ -1137,45 +1144,56 @@ impl Pausing {
             self.advance(Phase::Joining, |r| r.backup = Some(backup))?;
         }
         let holder = self.holder();
-        let mut lock = loop {
-            if let Some(signal) = self.stop_requested() {
-                return Err(PauseError::Interrupted(signal));
-            }
-            match V3Lock::connect(
-                &endpoints,
-                self.client_tls.as_ref(),
-                holder.clone(),
-                REQUEST_TIMEOUT,
-            )
-            .await
-            {
-                Ok(mut lock) => match lock.try_take().await {
-                    Ok(Taken::Ours) => break lock,
-                    Ok(Taken::HeldBy(other)) => reporter.wait(
-                        &self.job.id,
-                        &format!(
+        let (mut lock, joined) =
+            loop {
+                if let Some(signal) = self.stop_requested() {
+                    return Err(PauseError::Interrupted(signal));
+                }
+                match V3Lock::connect(
+                    &endpoints,
+                    self.client_tls.as_ref(),
+                    holder.clone(),
+                    REQUEST_TIMEOUT,
+                )
+                .await
+                {
+                    Ok(mut lock) => match lock.try_take().await {
+                        Ok(Taken::Ours) => match self.add_self(&converter).await {
+                            Ok(joined) => break (lock, joined),
+                            Err(AddFailed { why, again }) => {
+                                let _ = lock.release().await;
+                                if !again {
+                                    return Err(self
+                                        .io_like("add this member to the converted cluster", why));
+                                }
+                                // The converted cluster did not answer (its
+                                // member restarting, say): asked again. An add
+                                // made whose answer was lost is found then
+                                // (`self_join::change`: added, never started).
+                                reporter.wait(
+                                    &self.job.id,
+                                    &format!(
+                                    "the converted cluster to add this member ({why}); asking again"
+                                ),
+                                );
+                            }
+                        },
+                        Ok(Taken::HeldBy(other)) => reporter.wait(
+                            &self.job.id,
+                            &format!(
                             "the converted cluster's lock, held by {} (one member joins at a time)",
                             other.name
                         ),
-                    ),
+                        ),
+                        Err(e) => reporter
+                            .wait(&self.job.id, &format!("the converted cluster's lock ({e})")),
+                    },
                     Err(e) => {
                         reporter.wait(&self.job.id, &format!("the converted cluster's lock ({e})"))
                     }
-                },
-                Err(e) => {
-                    reporter.wait(&self.job.id, &format!("the converted cluster's lock ({e})"))
                 }
-            }
-            self.sleep().await;
-        };
-        let joined = self.add_self(&converter).await;
-        let joined = match joined {
-            Ok(joined) => joined,
-            Err(why) => {
-                let _ = lock.release().await;
-                return Err(self.io_like("add this member to the converted cluster", why));
-            }
-        };
+                self.sleep().await;
+            };
         let mut joining = etcd.clone_with_args(&[
             format!("--initial-cluster={}", joined.initial_cluster),
             "--initial-cluster-state=existing".to_string(),
@@ -1267,11 +1285,12 @@ impl Pausing {
     async fn add_self(
         &self,
         converter: &Whom,
-    ) -> Result<crate::cluster::self_join::Joined, String> {
-        self.remove_member_dir()?;
-        crate::durable::fsync_dir(&self.data_dir).map_err(|e| e.to_string())?;
-        let peer =
-            PeerClient::new(self.peer_tls.as_ref(), REQUEST_TIMEOUT).map_err(|e| e.to_string())?;
+    ) -> Result<crate::cluster::self_join::Joined, AddFailed> {
+        let fail = |why: String| AddFailed { why, again: false };
+        self.remove_member_dir().map_err(fail)?;
+        crate::durable::fsync_dir(&self.data_dir).map_err(|e| fail(e.to_string()))?;
+        let peer = PeerClient::new(self.peer_tls.as_ref(), REQUEST_TIMEOUT)
+            .map_err(|e| fail(e.to_string()))?;
         let mut others = Vec::new();
         for url in &converter.peer_urls {
             if let Ok(list) = peer.members(url).await {
@@ -1307,7 +1326,19 @@ impl Pausing {
             super::joins_as_learner(self.job.target.version),
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| {
+            use crate::cluster::self_join::SelfJoinError;
+            // Another member's URL or name is the operator's to fix; the
+            // rest is the converted cluster not answering (yet).
+            let again = !matches!(
+                e,
+                SelfJoinError::UrlTaken { .. } | SelfJoinError::NameTaken { .. }
+            );
+            AddFailed {
+                why: e.to_string(),
+                again,
+            }
+        })?;
         log::info(
             "pause job: this member added itself to the converted cluster",
             &[
