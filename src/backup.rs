@@ -622,38 +622,36 @@ pub fn create(
     now: SystemTime,
     stop: StopCheck<'_>,
 ) -> Result<PathBuf, BackupError> {
-    publish(data_dir, policy, pair, now, stop, false)
+    publish(data_dir, policy, pair, now, stop, Source::Kept)
 }
 
-/// A backup of a data dir that is retired: its files are never opened
-/// for writing again (a member that joins another cluster with an empty
-/// `member/`, its old data only ever read after this). The backup takes
-/// each file by a hard link where the backup root shares the data dir's
-/// filesystem, reading it once for its hash, so half a GB costs a read
-/// instead of a write and an fsync (a pause job's joiner does this on its
-/// way into the converted cluster, while the cluster waits for it); a
-/// copy where a link is not offered. Otherwise as [`create`]: complete or
-/// absent after a crash, and the data dir untouched either way (a link
-/// takes nothing away from it).
-pub fn retire(
+/// What becomes of the data dir a backup is taken of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// It lives on (a step runs etcd on it next): the backup copies.
+    Kept,
+    /// It is retired: its files are never opened for writing again (a
+    /// member that joins another cluster with an empty `member/`, its old
+    /// data only ever read after this). The backup takes each file by a
+    /// hard link where the backup root shares the data dir's filesystem,
+    /// reading it once for its hash, so half a GB costs a read instead of
+    /// a write and an fsync (a pause job's joiner does this on its way
+    /// into the converted cluster, while the cluster waits for it); a copy
+    /// where a link is not offered. Complete or absent after a crash all
+    /// the same, and the data dir untouched (a link takes nothing from it).
+    Retired,
+}
+
+/// [`create`] for a data dir whose fate is `source`.
+pub fn publish(
     data_dir: &Path,
     policy: &BackupPolicy,
     pair: VersionPair,
     now: SystemTime,
     stop: StopCheck<'_>,
+    source: Source,
 ) -> Result<PathBuf, BackupError> {
-    publish(data_dir, policy, pair, now, stop, true)
-}
-
-/// [`create`], or with `link` [`retire`].
-fn publish(
-    data_dir: &Path,
-    policy: &BackupPolicy,
-    pair: VersionPair,
-    now: SystemTime,
-    stop: StopCheck<'_>,
-    link: bool,
-) -> Result<PathBuf, BackupError> {
+    let link = source == Source::Retired;
     let size = check_space(data_dir, &policy.root)?;
     DirBuilder::new()
         .recursive(true)
@@ -828,7 +826,7 @@ struct Copier<'a> {
     fence: Fence,
     buffer: Vec<u8>,
     backup: bool,
-    /// Hard links first ([`retire`]).
+    /// Hard links first ([`Source::Retired`]).
     link: bool,
     manifest: Vec<ManifestEntry>,
     /// Methods, bytes and time so far.
@@ -1356,12 +1354,13 @@ pub(super) mod tests {
         let elsewhere = tmp.path().join("elsewhere.txt");
         fs::write(&elsewhere, b"behind a symlink").expect("write");
         std::os::unix::fs::symlink(&elsewhere, data.join("linked.txt")).expect("symlink");
-        let backup = retire(
+        let backup = publish(
             &data,
             &policy(tmp.path().join("data.backup"), 3),
             pair("3.4.23/etcd3"),
             SystemTime::now(),
             &never_stop,
+            Source::Retired,
         )
         .expect("backup");
         let inode = |p: &Path| fs::metadata(p).expect("stat").ino();
@@ -1402,12 +1401,13 @@ pub(super) mod tests {
             "this test needs /dev/shm and the temp dir ({}) on two filesystems",
             tmp.path().display()
         );
-        let backup = retire(
+        let backup = publish(
             &data,
             &policy(other.path().join("data.backup"), 3),
             pair("3.4.23/etcd3"),
             SystemTime::now(),
             &never_stop,
+            Source::Retired,
         )
         .expect("backup");
         assert_eq!(

@@ -2,7 +2,7 @@
 //! the filesystem offers, and the tally of a whole copy (methods, bytes,
 //! time) that a backup or a scratch copy logs when it is done:
 //!
-//! 0. for a backup that retires the data dir's files (`backup::retire`:
+//! 0. for a backup that retires the data dir's files (`backup::Source::Retired`:
 //!    no etcd opens them again), a hard link: the backup takes the file
 //!    itself, and only reads it for its hash;
 //! 1. a reflink (`FICLONE`): the copy shares the source's extents, copy on

@@ -554,29 +554,15 @@ mod tests {
         ];
         for (membership, stopping, asked, all_answer, want) in rows {
             let seen = seen(&stopping, &asked);
+            let at = |cluster| leaves_first(membership[0], &membership, &seen, all_answer, cluster);
             assert_eq!(
-                leaves_first(
-                    membership[0],
-                    &membership,
-                    &seen,
-                    all_answer,
-                    Minor::new(3, 4)
-                ),
+                at(Minor::new(3, 4)),
                 want,
                 "{membership:?} leaving {stopping:?} asked {asked:?} all answer {all_answer}"
             );
             // Below 3.3 a leadership lost comes back only while every
             // member answers: none stops first.
-            assert_eq!(
-                leaves_first(
-                    membership[0],
-                    &membership,
-                    &seen,
-                    all_answer,
-                    Minor::new(3, 2)
-                ),
-                None
-            );
+            assert_eq!(at(Minor::new(3, 2)), None);
         }
     }
 

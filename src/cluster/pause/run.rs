@@ -1123,12 +1123,13 @@ impl Pausing {
             // Retired: the old data is never served again (the member
             // joins with an empty `member/`), so the backup may take its
             // files themselves, while the cluster waits for this member.
-            let path = crate::backup::retire(
+            let path = crate::backup::publish(
                 &self.data_dir,
                 &self.backup,
                 self.recorded,
                 std::time::SystemTime::now(),
                 &|| *self.termination.borrow(),
+                crate::backup::Source::Retired,
             )?;
             log::info(
                 "pause job: this member's old data backed up",
