@@ -10,7 +10,8 @@
 //! `version.txt`, carries no restart mark, and the membership (ids, peer
 //! and client URLs) is unchanged. The same on 2.x releases (2.2.1 → 2.3.7
 //! → 3.0.17 over the v2 lock) when `$ETCD_EXTRA_BIN_DIR` has them; NOT RUN
-//! without it.
+//! without it. And one pause job (3.4.23 → 3.3.25) whose joiner's member
+//! add meets the converter killed: asked again, never the end of its run.
 
 use std::io::Write;
 use std::path::Path;
@@ -715,4 +716,145 @@ fn a_flag_a_release_on_the_way_refuses_is_refused_before_anything_starts() {
             "3.3.25, 3.4.23, 3.5.16",
         ],
     );
+}
+
+/// Where a joiner of the pause job is held: under the converted cluster's
+/// lock, before its member add.
+const JOIN_HOLD_AT: &str = "pause-join-after-lock";
+/// Long enough for the test to read the point's trace line and freeze
+/// the joiner there (what follows may then take as long as it takes).
+const JOIN_HOLD_MS: u64 = 3000;
+
+/// The pause job's joiner whose member add meets the converted cluster
+/// down (its converter SIGKILLed as it began to serve: CI once saw "peer
+/// closed connection") releases the lock and asks again once the
+/// converter is back, instead of ending its run: 3 members 3.4.23 →
+/// 3.3.25 with the operator's consent; the first joiner frozen at its
+/// add, the converter killed, the joiner let go (its add refused), the
+/// converter started again; every member ends on 3.3.25, the joiner's
+/// run never ended.
+#[test]
+fn a_joiner_whose_add_meets_the_converter_down_asks_again() {
+    let bin_dir = crate::harness::bin_dir();
+    let (from, target, bundled) = ("3.4.23", "3.3.25", "3.3.25,3.4.23");
+    let mut cluster = TestCluster::start(
+        "pause-join",
+        &bin_dir.join("etcd-3.4.23"),
+        Version::new(3, 4, 23),
+        3,
+    );
+    let names = cluster.names;
+    let entry = |cluster: &TestCluster, i: usize| {
+        entrypoint(
+            &cluster.nodes[i],
+            names[i],
+            &cluster.data(i),
+            (target, "etcd3"),
+            bundled,
+            &bin_dir,
+        )
+        .arg("--allow-cluster-pause")
+    };
+    let mut members: Vec<Running> = Vec::new();
+    for i in 0..names.len() {
+        cluster.take_down(i, &format!("{from}/etcd3"));
+        let run = entry(&cluster, i)
+            .env(
+                "FAILPOINTS",
+                format!("{JOIN_HOLD_AT}=1*sleep({JOIN_HOLD_MS})"),
+            )
+            .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1");
+        members.push(cluster.spawn_serving(i, &run));
+    }
+    let deadline = Instant::now() + ROLL_DEADLINE;
+    let holding = |line: &str| {
+        crate::harness::migrator::is_ours(line, "failpoint")
+            && crate::harness::migrator::field(line, "name") == Some(JOIN_HOLD_AT)
+    };
+    // The first joiner to take the lock, frozen at its hold; the converter
+    // by its own line.
+    let (joiner, frozen) = loop {
+        let held = (0..names.len()).find(|&i| members[i].stderr().lines().any(holding));
+        if let Some(i) = held {
+            break (i, members[i].freeze());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no joiner took the converted cluster's lock: {}",
+            all_stderr(&members)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let converter = (0..names.len())
+        .find(|&i| {
+            members[i]
+                .stderr()
+                .contains("pause job: go; this member carries the data")
+        })
+        .unwrap_or_else(|| panic!("no converter: {}", all_stderr(&members)));
+    say(&format!(
+        "{} holds the lock before its add; killing the converter {}",
+        names[joiner], names[converter]
+    ));
+    members[converter].signal(nix::sys::signal::Signal::SIGKILL);
+    let killed = Instant::now();
+    while members[converter].try_status().is_none() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the converter outlived SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let history = members[converter].stderr();
+    let again = entry(&cluster, converter);
+    again.wait_for_ports_free(Duration::from_secs(30));
+    drop(frozen);
+    let asked = "to add this member (";
+    while !members[joiner].stderr().contains(asked) {
+        assert!(
+            members[joiner].try_status().is_none() && Instant::now() < deadline,
+            "{} did not ask again after its add failed: {}",
+            names[joiner],
+            members[joiner].stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    say(&format!(
+        "{} asked again; the converter starts again",
+        names[joiner]
+    ));
+    members[converter] = cluster.spawn_serving(converter, &again);
+    let target_version: Version = target.parse().expect("version");
+    let all_recorded = || cluster.all_recorded(&format!("{target}/etcd3"));
+    wait_rolled(
+        &cluster.peers,
+        &cluster.nodes,
+        target_version,
+        &all_recorded,
+        &mut members,
+    );
+    assert!(
+        members[joiner].try_status().is_none(),
+        "{}'s run ended: {}",
+        names[joiner],
+        members[joiner].stderr()
+    );
+    let log = members[joiner].stderr();
+    assert!(
+        log.contains("asking again")
+            && log.contains("pause job: this member added itself to the converted cluster"),
+        "{} asked again and then joined: {log}\n(the converter's first run: {history})",
+        names[joiner]
+    );
+    for mut member in members {
+        member.signal(nix::sys::signal::Signal::SIGTERM);
+        let outcome = member.wait(Duration::from_secs(60));
+        let status = outcome.status;
+        assert!(
+            matches!(status.code(), Some(0) | Some(143))
+                || std::os::unix::process::ExitStatusExt::signal(&status) == Some(15),
+            "an entrypoint told to stop ended with {status}: {}",
+            outcome.explain()
+        );
+    }
 }

@@ -1287,6 +1287,9 @@ impl Pausing {
         &self,
         converter: &Whom,
     ) -> Result<crate::cluster::self_join::Joined, AddFailed> {
+        // Under the converted cluster's lock: e2e/cluster_roll.rs holds a
+        // joiner here while it kills the converter.
+        crate::failpoint!("pause-join-after-lock");
         let fail = |why: String| AddFailed { why, again: false };
         self.remove_member_dir().map_err(fail)?;
         crate::durable::fsync_dir(&self.data_dir).map_err(|e| fail(e.to_string()))?;
