@@ -13,7 +13,7 @@
 //! through etcd itself.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 
 use super::bolt;
 use super::proto::{self, Fields};
@@ -49,9 +49,9 @@ pub fn read_v3_keys(db: &bolt::Db) -> Result<Vec<V3Key>, OnDiskError> {
     db.for_each(&bucket, |revision, record| {
         let (tombstone, (key, value, lease)) = revision_record(db, revision, record)?;
         if tombstone {
-            live.remove(&key);
+            live.remove(key);
         } else {
-            live.insert(key, (value, lease));
+            live.insert(key.to_vec(), (value.to_vec(), lease));
         }
         Ok(())
     })?;
@@ -271,13 +271,13 @@ fn walk_key_bucket(
     };
     let entry = |revision: &[u8], record: &[u8]| -> Result<(i64, bool, u64), OnDiskError> {
         let (tombstone, (key, _, _)) = revision_record(db, revision, record)?;
-        Ok((main_revision(revision), tombstone, digest(&key)))
+        Ok((main_revision(revision), tombstone, digest(key)))
     };
     if finished == 0 {
         // Never compacted: every record counts, so one pass gives both the
         // hash and each key's last state.
         let mut newest = 0;
-        let mut last: HashMap<u64, bool> = HashMap::new();
+        let mut last: HashMap<u64, bool, ByDigest> = HashMap::default();
         let mut hash = crc32c::crc32c(KEY_BUCKET);
         db.for_each(bucket, |revision, record| {
             let (main, tombstone, key) = entry(revision, record)?;
@@ -298,8 +298,8 @@ fn walk_key_bucket(
     // (whether its last write deleted it), and the keys kept at or below
     // it (one revision each, once the compaction finished).
     let mut newest = finished;
-    let mut since: HashMap<u64, bool> = HashMap::new();
-    let mut kept: HashSet<u64> = HashSet::new();
+    let mut since: HashMap<u64, bool, ByDigest> = HashMap::default();
+    let mut kept: HashSet<u64, ByDigest> = HashSet::default();
     let mut twice = None;
     db.for_each(bucket, |revision, record| {
         let (main, tombstone, key) = entry(revision, record)?;
@@ -361,15 +361,42 @@ fn digest(key: &[u8]) -> u64 {
     hasher.finish()
 }
 
+/// Hashes a [`digest`] as itself: it is a SipHash of the key already, and
+/// a second SipHash of it per record was a tenth of the walk (200,000
+/// keys).
+#[derive(Default)]
+struct AsIs(u64);
+
+impl Hasher for AsIs {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the sets hold u64 digests); anything
+        // else folds in, still deterministic.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, digest: u64) {
+        self.0 = digest;
+    }
+}
+
+/// A set or map keyed by [`digest`]s.
+type ByDigest = BuildHasherDefault<AsIs>;
+
 /// One record of bolt's `key` bucket: whether its revision key marks a
-/// tombstone, and its key, value and lease. Anything else is damage,
-/// named by its revision key.
-type KeyValue = (Vec<u8>, Vec<u8>, i64);
-fn revision_record(
+/// tombstone, and its key, value and lease, borrowed from the record.
+/// Anything else is damage, named by its revision key.
+type KeyValue<'a> = (&'a [u8], &'a [u8], i64);
+fn revision_record<'a>(
     db: &bolt::Db,
     revision: &[u8],
-    record: &[u8],
-) -> Result<(bool, KeyValue), OnDiskError> {
+    record: &'a [u8],
+) -> Result<(bool, KeyValue<'a>), OnDiskError> {
     let tombstone = match revision.len() {
         REVISION_LEN => false,
         n if n == REVISION_LEN + 1 && revision[REVISION_LEN] == TOMBSTONE => true,
@@ -385,12 +412,12 @@ fn revision_record(
 }
 
 /// `mvccpb.KeyValue`: key (1), value (5), lease (6).
-fn key_value(record: &[u8]) -> Result<KeyValue, proto::ProtoError> {
-    let (mut key, mut value, mut lease) = (Vec::new(), Vec::new(), 0);
+fn key_value(record: &[u8]) -> Result<KeyValue<'_>, proto::ProtoError> {
+    let (mut key, mut value, mut lease): KeyValue<'_> = (&[], &[], 0);
     for field in Fields::new(record) {
         match field? {
-            (1, proto::Value::Bytes(b)) => key = b.to_vec(),
-            (5, proto::Value::Bytes(b)) => value = b.to_vec(),
+            (1, proto::Value::Bytes(b)) => key = b,
+            (5, proto::Value::Bytes(b)) => value = b,
             (6, proto::Value::Varint(v)) => lease = v as i64,
             _ => {}
         }

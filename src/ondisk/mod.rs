@@ -508,16 +508,17 @@ fn replay(sources: Sources, notes: &mut Vec<String>) -> Result<Replayed, OnDiskE
                 cluster_id,
             } => ids = Some((node_id, cluster_id)),
             wal::Record::Entry(entry) => {
-                if entry.kind == wal::ENTRY_NORMAL && state::is_bare_v2_request(entry.data) {
+                let proposal =
+                    (entry.kind == wal::ENTRY_NORMAL).then(|| state::Proposal::of(entry.data));
+                if proposal == Some(state::Proposal::Bare) {
                     newest_v2_request = Some(entry.index);
                 }
-                if entry.kind == wal::ENTRY_NORMAL
-                    && entry.index > snap_index
-                    && state::v2_request_3_6_refuses(entry.data)
-                {
-                    refused_by_3_6 = Some(entry.index);
+                if let Some(told) = proposal.filter(|_| entry.index > snap_index) {
+                    if state::refused_by_3_6(entry.data, told) {
+                        refused_by_3_6 = Some(entry.index);
+                    }
                 }
-                replay.entry(&entry)
+                replay.entry(&entry, proposal)
             }
             wal::Record::HardState { commit } => replay.commit(commit),
             wal::Record::Snapshot { index } => {

@@ -508,17 +508,23 @@ enum Effect {
     V3(V3Op),
 }
 
-/// Decodes an entry's effects. Undecodable proposals become a problem
-/// note and no effect (etcd would panic on them at apply time).
-fn effects(entry: &Entry<'_>, state: &mut V2State) -> Vec<Effect> {
-    let mut out = Vec::new();
-    let result = match entry.kind {
-        ENTRY_CONF_CHANGE => conf_change_effects(entry.data, &mut out),
-        ENTRY_NORMAL if entry.data.is_empty() => Ok(()),
-        ENTRY_NORMAL => normal_effects(
+/// Decodes an entry's effects into `out` (empty); `proposal`: a normal
+/// entry's, told apart. Undecodable proposals become a problem note and
+/// no effect (etcd would panic on them at apply time).
+fn effects(
+    entry: &Entry<'_>,
+    proposal: Option<Proposal<'_>>,
+    state: &mut V2State,
+    out: &mut Vec<Effect>,
+) {
+    let result = match (entry.kind, proposal) {
+        (ENTRY_CONF_CHANGE, _) => conf_change_effects(entry.data, out),
+        (ENTRY_NORMAL, Some(Proposal::Empty)) => Ok(()),
+        (ENTRY_NORMAL, proposal) => normal_effects(
             entry.data,
+            proposal.unwrap_or_else(|| Proposal::of(entry.data)),
             state.names.is_some() || state.store.is_some(),
-            &mut out,
+            out,
         ),
         // EntryConfChangeV2: etcd never proposes one.
         _ => Ok(()),
@@ -527,7 +533,6 @@ fn effects(entry: &Entry<'_>, state: &mut V2State) -> Vec<Effect> {
         state.problem(format!("WAL entry {}: {what}", entry.index));
         out.clear();
     }
-    out
 }
 
 fn conf_change_effects(data: &[u8], out: &mut Vec<Effect>) -> Result<(), String> {
@@ -557,43 +562,62 @@ fn conf_change_effects(data: &[u8], out: &mut Vec<Effect>) -> Result<(), String>
     Ok(())
 }
 
-/// Whether a normal entry's proposal is a bare v2 `Request` rather than an
-/// `InternalRaftRequest`. etcd tries InternalRaftRequest first and falls
-/// back to a bare v2 Request (2.x, and the v2 proposals of 3.x up to 3.5:
-/// its v2 API writes, its member publish and its v2 cluster-version
-/// updates): a bare Request's field 2 is its method name, which never
-/// parses as a message. etcd 3.7 dropped the fallback and panics on one
-/// ("unmarshal should never fail").
-pub fn is_bare_v2_request(data: &[u8]) -> bool {
-    if data.is_empty() {
-        return false;
-    }
-    // One walk of the top-level fields (this runs for every entry of a
-    // replay): all must decode, and the last v2 field, if any, is a
-    // message too, for the entry to be an InternalRaftRequest.
-    let mut v2 = None;
-    for field in Fields::new(data) {
-        let Ok((number, value)) = field else {
-            return true;
-        };
-        if number == irr::V2 {
-            v2 = value.bytes().or(v2);
+/// A normal entry's proposal, told apart once per entry (a replay asks
+/// three questions of each: bare or not, refused by 3.6, its effects).
+///
+/// Bare v2 `Request` or `InternalRaftRequest`: etcd tries
+/// InternalRaftRequest first and falls back to a bare v2 Request (2.x,
+/// and the v2 proposals of 3.x up to 3.5: its v2 API writes, its member
+/// publish and its v2 cluster-version updates): a bare Request's field 2
+/// is its method name, which never parses as a message. etcd 3.7 dropped
+/// the fallback and panics on one ("unmarshal should never fail").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proposal<'a> {
+    /// No data (raft's empty entry of a new term).
+    Empty,
+    /// A bare v2 `Request`: the whole data.
+    Bare,
+    /// An `InternalRaftRequest`; its last v2 field, if any.
+    Internal { v2: Option<&'a [u8]> },
+}
+
+impl<'a> Proposal<'a> {
+    /// Tells `data` apart (see [`Proposal`]).
+    pub fn of(data: &'a [u8]) -> Self {
+        if data.is_empty() {
+            return Proposal::Empty;
+        }
+        // One walk of the top-level fields: all must decode, and the last
+        // v2 field, if any, is a message too, for the entry to be an
+        // InternalRaftRequest.
+        let mut v2 = None;
+        for field in Fields::new(data) {
+            let Ok((number, value)) = field else {
+                return Proposal::Bare;
+            };
+            if number == irr::V2 {
+                v2 = value.bytes().or(v2);
+            }
+        }
+        if v2.is_none_or(proto::is_message) {
+            Proposal::Internal { v2 }
+        } else {
+            Proposal::Bare
         }
     }
-    let internal = v2.is_none_or(proto::is_message);
-    !internal
 }
 
 /// Whether etcd 3.6 panics replaying this normal entry ("detected
-/// disallowed v2 WAL"): a v2 request, bare or wrapped, other than the two
-/// it converts (a member's attributes publish, a cluster-version update).
-pub fn v2_request_3_6_refuses(data: &[u8]) -> bool {
-    let body = if is_bare_v2_request(data) {
-        Some(data)
-    } else {
-        proto::bytes_field(data, irr::V2).ok().flatten()
+/// disallowed v2 WAL"), told apart as `proposal`: a v2 request, bare or
+/// wrapped, other than the two it converts (a member's attributes
+/// publish, a cluster-version update).
+pub fn refused_by_3_6(data: &[u8], proposal: Proposal<'_>) -> bool {
+    let body = match proposal {
+        Proposal::Empty | Proposal::Internal { v2: None } => return false,
+        Proposal::Bare => data,
+        Proposal::Internal { v2: Some(body) } => body,
     };
-    let Some(request) = body.and_then(|b| V2Request::parse(b).ok()) else {
+    let Ok(request) = V2Request::parse(body) else {
         return false;
     };
     let converted = request.method == "PUT"
@@ -604,8 +628,13 @@ pub fn v2_request_3_6_refuses(data: &[u8]) -> bool {
 
 /// The effects of a normal entry; `names`: every v2 write matters (the
 /// v2 store's names or keys are being kept).
-fn normal_effects(data: &[u8], names: bool, out: &mut Vec<Effect>) -> Result<(), String> {
-    if is_bare_v2_request(data) {
+fn normal_effects(
+    data: &[u8],
+    proposal: Proposal<'_>,
+    names: bool,
+    out: &mut Vec<Effect>,
+) -> Result<(), String> {
+    if proposal == Proposal::Bare {
         let request = V2Request::parse(data).map_err(|e| format!("undecodable v2 request: {e}"))?;
         if matters(&request, names) {
             out.push(Effect::V2(request));
@@ -714,6 +743,13 @@ pub struct Replay {
     v3_from: u64,
     commit: u64,
     pending: BTreeMap<u64, Vec<Effect>>,
+    /// The lowest pending entry whose only effect is a write of keys
+    /// past bolt (nearly every entry of a large log): kept as its index
+    /// alone, since that effect only ever sets `keys_written`, whatever
+    /// the order; dropped with a rewritten tail from it on.
+    pending_write: Option<u64>,
+    /// One entry's effects, reused.
+    scratch: Vec<Effect>,
 }
 
 impl Replay {
@@ -727,11 +763,14 @@ impl Replay {
             v3_from: v3_from.max(v2_from),
             commit: 0,
             pending: BTreeMap::new(),
+            pending_write: None,
+            scratch: Vec::new(),
         }
     }
 
-    /// Takes in one entry.
-    pub fn entry(&mut self, entry: &Entry<'_>) {
+    /// Takes in one entry; `proposal`: a normal entry's, if told apart
+    /// already (else it is here).
+    pub fn entry(&mut self, entry: &Entry<'_>, proposal: Option<Proposal<'_>>) {
         // A rewritten tail: what was pending from here on is gone (rare:
         // the split is only made when there is such a tail).
         if self
@@ -741,14 +780,36 @@ impl Replay {
         {
             let _ = self.pending.split_off(&entry.index);
         }
+        if self.pending_write.is_some_and(|first| first >= entry.index) {
+            self.pending_write = None;
+        }
         if entry.index <= self.v2_from {
             return;
         }
-        let effects = effects(entry, &mut self.v2);
+        let mut effects = std::mem::take(&mut self.scratch);
+        effects.clear();
+        self::effects(entry, proposal, &mut self.v2, &mut effects);
+        let only_a_write = matches!(effects[..], [Effect::V3(V3Op::KeysWritten)]);
         if entry.index <= self.commit {
             self.apply(entry.index, &effects);
+        } else if only_a_write {
+            self.pending_write = Some(
+                self.pending_write
+                    .map_or(entry.index, |i| i.min(entry.index)),
+            );
         } else if !effects.is_empty() {
-            self.pending.insert(entry.index, effects);
+            self.pending
+                .insert(entry.index, std::mem::take(&mut effects));
+        }
+        self.scratch = effects;
+    }
+
+    /// The pending write at or below `upto`, applied (see
+    /// [`Replay::pending_write`]).
+    fn apply_pending_write(&mut self, upto: u64) {
+        if let Some(index) = self.pending_write.filter(|i| *i <= upto) {
+            self.pending_write = None;
+            self.apply(index, &[Effect::V3(V3Op::KeysWritten)]);
         }
     }
 
@@ -766,6 +827,7 @@ impl Replay {
         for (index, effects) in ready {
             self.apply(index, &effects);
         }
+        self.apply_pending_write(self.commit);
     }
 
     /// Applies what is still pending and returns the states.
@@ -773,6 +835,7 @@ impl Replay {
         for (index, effects) in std::mem::take(&mut self.pending) {
             self.apply(index, &effects);
         }
+        self.apply_pending_write(u64::MAX);
         (self.v2, self.v3)
     }
 
@@ -840,10 +903,10 @@ mod tests {
         let bare = v2_request("PUT", "/0/version", "2.3.0");
         let wrapped = field_bytes(irr::V2, &v2_request("PUT", "/0/version", "3.4.0"));
         let mut replay = Replay::new(V2State::default(), 0, None, 0);
-        replay.entry(&entry(1, ENTRY_NORMAL, &bare));
+        replay.entry(&entry(1, ENTRY_NORMAL, &bare), None);
         replay.commit(1);
         assert_eq!(replay.v2.cluster_version.as_deref(), Some("2.3.0"));
-        replay.entry(&entry(2, ENTRY_NORMAL, &wrapped));
+        replay.entry(&entry(2, ENTRY_NORMAL, &wrapped), None);
         let (v2, _) = replay.finish();
         assert_eq!(v2.cluster_version.as_deref(), Some("3.4.0"));
         assert!(v2.version_from_wal);
@@ -858,7 +921,7 @@ mod tests {
             field_bytes(irr::V2, &v2_request("PUT", "/0/version", "3.5.0")),
         ];
         for data in &converted {
-            assert!(!v2_request_3_6_refuses(data));
+            assert!(!refused_by_3_6(data, Proposal::of(data)));
         }
         let refused = [
             v2_request("PUT", "/1/coreos.com/network/config", "{}"),
@@ -867,13 +930,11 @@ mod tests {
             field_bytes(irr::V2, &v2_request("PUT", "/2/enabled", "false")),
         ];
         for data in &refused {
-            assert!(v2_request_3_6_refuses(data));
+            assert!(refused_by_3_6(data, Proposal::of(data)));
         }
         // A v3 request is no v2 request at all.
-        assert!(!v2_request_3_6_refuses(&field_bytes(
-            irr::LEASE_REVOKE,
-            &field_varint(1, 7)
-        )));
+        let v3 = field_bytes(irr::LEASE_REVOKE, &field_varint(1, 7));
+        assert!(!refused_by_3_6(&v3, Proposal::of(&v3)));
     }
 
     #[test]
@@ -901,17 +962,17 @@ mod tests {
         let remove = conf_change(CONF_REMOVE, 10, "");
         let re_add = conf_change(CONF_ADD, 10, r#"{"id":10,"peerURLs":["http://a:2380"]}"#);
         let mut replay = Replay::new(V2State::default(), 0, None, 0);
-        replay.entry(&entry(1, ENTRY_CONF_CHANGE, &add));
-        replay.entry(&entry(2, ENTRY_CONF_CHANGE, &add_b));
-        replay.entry(&entry(3, ENTRY_NORMAL, &publish));
+        replay.entry(&entry(1, ENTRY_CONF_CHANGE, &add), None);
+        replay.entry(&entry(2, ENTRY_CONF_CHANGE, &add_b), None);
+        replay.entry(&entry(3, ENTRY_NORMAL, &publish), None);
         replay.commit(3);
         let a = &replay.v2.members[&10];
         assert_eq!((a.name.as_str(), a.client_urls.len()), ("a", 1));
         assert!(replay.v2.members[&11].is_learner);
         assert_eq!(replay.v2.members[&11].name, "", "never published");
-        replay.entry(&entry(4, ENTRY_CONF_CHANGE, &promote));
-        replay.entry(&entry(5, ENTRY_CONF_CHANGE, &remove));
-        replay.entry(&entry(6, ENTRY_CONF_CHANGE, &re_add));
+        replay.entry(&entry(4, ENTRY_CONF_CHANGE, &promote), None);
+        replay.entry(&entry(5, ENTRY_CONF_CHANGE, &remove), None);
+        replay.entry(&entry(6, ENTRY_CONF_CHANGE, &re_add), None);
         let (v2, _) = replay.finish();
         assert_eq!(v2.members.keys().copied().collect::<Vec<_>>(), [11]);
         assert!(!v2.members[&11].is_learner);
@@ -924,10 +985,10 @@ mod tests {
         let new = v2_request("PUT", "/0/version", "3.1.0");
         let mut replay = Replay::new(V2State::default(), 0, None, 0);
         replay.commit(1);
-        replay.entry(&entry(2, ENTRY_NORMAL, &old));
-        replay.entry(&entry(3, ENTRY_NORMAL, &old));
+        replay.entry(&entry(2, ENTRY_NORMAL, &old), None);
+        replay.entry(&entry(3, ENTRY_NORMAL, &old), None);
         // A new leader rewrote the log from index 2.
-        replay.entry(&entry(2, ENTRY_NORMAL, &new));
+        replay.entry(&entry(2, ENTRY_NORMAL, &new), None);
         // A garbage hard state cannot overflow the commit index.
         replay.commit(u64::MAX);
         let (v2, _) = replay.finish();
@@ -940,16 +1001,58 @@ mod tests {
         let uncommitted = v2_request("PUT", "/0/version", "9.9.0");
         let rewritten = v2_request("PUT", "/0/version", "3.1.0");
         let mut replay = Replay::new(V2State::default(), 0, None, 0);
-        replay.entry(&entry(1, ENTRY_NORMAL, &first));
-        replay.entry(&entry(2, ENTRY_NORMAL, &uncommitted));
+        replay.entry(&entry(1, ENTRY_NORMAL, &first), None);
+        replay.entry(&entry(2, ENTRY_NORMAL, &uncommitted), None);
         replay.commit(1);
         assert_eq!(replay.v2.cluster_version.as_deref(), Some("3.0.0"));
         assert_eq!(replay.pending.keys().copied().collect::<Vec<_>>(), [2]);
         // Entry 2 was never committed: a new leader's entry 2 replaces it.
-        replay.entry(&entry(2, ENTRY_NORMAL, &rewritten));
+        replay.entry(&entry(2, ENTRY_NORMAL, &rewritten), None);
         replay.commit(2);
         assert!(replay.pending.is_empty());
         assert_eq!(replay.v2.cluster_version.as_deref(), Some("3.1.0"));
+    }
+
+    /// A put past bolt, pending as its index alone: dropped with a tail a
+    /// new leader rewrote, counted once a commit covers it or the log
+    /// ends; never below bolt's consistent index.
+    #[test]
+    fn a_pending_write_counts_once_committed_and_not_once_rewritten() {
+        let put = field_bytes(irr::PUT, &field_bytes(1, b"k"));
+        let empty: [u8; 0] = [];
+        let written = |steps: &dyn Fn(&mut Replay)| {
+            let mut replay = Replay::new(V2State::default(), 0, Some(V3State::default()), 1);
+            steps(&mut replay);
+            let (_, v3) = replay.finish();
+            v3.expect("v3").keys_written
+        };
+        // Below bolt's consistent index: bolt has it already.
+        assert!(!written(&|r| {
+            r.entry(&entry(1, ENTRY_NORMAL, &put), None);
+            r.commit(1);
+        }));
+        // Pending, then committed.
+        assert!(written(&|r| {
+            r.entry(&entry(2, ENTRY_NORMAL, &put), None);
+            assert!(!r.v3.as_ref().expect("v3").keys_written, "not yet");
+            r.commit(2);
+            assert!(r.v3.as_ref().expect("v3").keys_written);
+        }));
+        // Pending at the end of the log: a single member commits it.
+        assert!(written(&|r| r.entry(&entry(2, ENTRY_NORMAL, &put), None)));
+        // Rewritten from its index on by a new leader's empty entry.
+        assert!(!written(&|r| {
+            r.entry(&entry(2, ENTRY_NORMAL, &put), None);
+            r.entry(&entry(3, ENTRY_NORMAL, &put), None);
+            r.entry(&entry(2, ENTRY_NORMAL, &empty), None);
+        }));
+        // Rewritten above it: the write below stays.
+        assert!(written(&|r| {
+            r.entry(&entry(2, ENTRY_NORMAL, &put), None);
+            r.entry(&entry(3, ENTRY_NORMAL, &put), None);
+            r.entry(&entry(3, ENTRY_NORMAL, &empty), None);
+            r.commit(3);
+        }));
     }
 
     #[test]
@@ -960,7 +1063,7 @@ mod tests {
             ..V2State::default()
         };
         let mut replay = Replay::new(snapshot, 5, None, 0);
-        replay.entry(&entry(5, ENTRY_NORMAL, &old));
+        replay.entry(&entry(5, ENTRY_NORMAL, &old), None);
         let (v2, _) = replay.finish();
         assert_eq!(v2.cluster_version.as_deref(), Some("3.0.0"));
         assert!(!v2.version_from_wal);
@@ -975,15 +1078,15 @@ mod tests {
         let grant = field_bytes(irr::USER_GRANT_ROLE, &grant);
         let mut replay = Replay::new(V2State::default(), 0, Some(V3State::default()), 0);
         for (i, data) in [&enable, &user, &enable].into_iter().enumerate() {
-            replay.entry(&entry(i as u64 + 1, ENTRY_NORMAL, data));
+            replay.entry(&entry(i as u64 + 1, ENTRY_NORMAL, data), None);
         }
         replay.commit(3);
         assert!(
             !replay.v3.as_ref().unwrap().auth_enabled,
             "refused: no root role"
         );
-        replay.entry(&entry(4, ENTRY_NORMAL, &grant));
-        replay.entry(&entry(5, ENTRY_NORMAL, &enable));
+        replay.entry(&entry(4, ENTRY_NORMAL, &grant), None);
+        replay.entry(&entry(5, ENTRY_NORMAL, &enable), None);
         let (_, v3) = replay.finish();
         assert!(v3.unwrap().auth_enabled);
     }
@@ -999,8 +1102,8 @@ mod tests {
             ..V3State::default()
         };
         let mut replay = Replay::new(V2State::default(), 0, Some(bolt), 10);
-        replay.entry(&entry(9, ENTRY_NORMAL, &revoke)); // already in bolt
-        replay.entry(&entry(11, ENTRY_NORMAL, &grant)); // refused: exists
+        replay.entry(&entry(9, ENTRY_NORMAL, &revoke), None); // already in bolt
+        replay.entry(&entry(11, ENTRY_NORMAL, &grant), None); // refused: exists
         let (_, v3) = replay.finish();
         assert_eq!(v3.unwrap().leases, BTreeMap::from([(5, 100), (7, 3)]));
     }
@@ -1014,7 +1117,7 @@ mod tests {
         state.snapshot_node("/0/_internal", None, false, None);
         let mut replay = Replay::new(state, 0, None, 0);
         let put = v2_request("PUT", "/1/a/_b/c/_d", "v");
-        replay.entry(&entry(1, ENTRY_NORMAL, &put));
+        replay.entry(&entry(1, ENTRY_NORMAL, &put), None);
         let (v2, _) = replay.finish();
         assert_eq!(
             v2.hidden.into_iter().collect::<Vec<_>>(),
@@ -1035,11 +1138,11 @@ mod tests {
         .enumerate()
         {
             for kind in [ENTRY_NORMAL, ENTRY_CONF_CHANGE, 2] {
-                replay.entry(&entry(i as u64 + 1, kind, data));
+                replay.entry(&entry(i as u64 + 1, kind, data), None);
             }
         }
         for index in 10..100 {
-            replay.entry(&entry(index, ENTRY_CONF_CHANGE, b"\xff"));
+            replay.entry(&entry(index, ENTRY_CONF_CHANGE, b"\xff"), None);
         }
         let (v2, _) = replay.finish();
         assert_eq!(v2.problems.len(), MAX_PROBLEMS, "notes are bounded");
