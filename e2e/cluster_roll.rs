@@ -108,6 +108,14 @@ impl TestCluster {
         }
     }
 
+    /// Waits until every member runs `target` and records
+    /// `target/storage` ([`wait_rolled`]).
+    fn wait_all_on(&self, target: &str, storage: &str, members: &mut [Running]) {
+        let all_recorded = || self.all_recorded(&format!("{target}/{storage}"));
+        let release = target.parse().expect("version");
+        wait_rolled(&self.peers, &self.nodes, release, &all_recorded, members);
+    }
+
     /// Whether every member's version.txt records `want`.
     fn all_recorded(&self, want: &str) -> bool {
         (0..self.names.len()).all(|i| {
@@ -270,15 +278,7 @@ fn roll(
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    let target_version: Version = target.parse().expect("version");
-    let all_recorded = || cluster.all_recorded(&format!("{target}/{storage}"));
-    wait_rolled(
-        &cluster.peers,
-        &cluster.nodes,
-        target_version,
-        &all_recorded,
-        &mut members,
-    );
+    cluster.wait_all_on(target, storage, &mut members);
     for (i, name) in names.iter().enumerate() {
         let data = cluster.data(i);
         assert_eq!(
@@ -337,9 +337,14 @@ fn roll(
         logs.contains("upgrade lock taken") && logs.contains("member proven"),
         "the second wave went through the lock:\n{logs}"
     );
-    // A stop request reaches the member's etcd through its entrypoint (or
-    // is etcd's own, where the entrypoint exec'd it): it ends as etcd ends
-    // on SIGTERM, 0 or 128 + 15 or the signal itself.
+    stop_all(members);
+}
+
+/// Tells every member's entrypoint to stop. A stop request reaches the
+/// member's etcd through its entrypoint (or is etcd's own, where the
+/// entrypoint exec'd it): it ends as etcd ends on SIGTERM, 0 or 128 + 15
+/// or the signal itself.
+fn stop_all(members: Vec<Running>) {
     for mut member in members {
         member.signal(nix::sys::signal::Signal::SIGTERM);
         let outcome = member.wait(Duration::from_secs(60));
@@ -613,14 +618,7 @@ fn a_hold_on_the_v2_lock_keeps_the_wave_after_the_crossing_waiting() {
     }
     say("every member waited at 3.1 on the hold in the v2 store; letting it go");
     block_on(lock.release()).expect("the operator lets the v2 lock go");
-    let all_recorded = || cluster.all_recorded(&format!("{target}/etcd3"));
-    wait_rolled(
-        &cluster.peers,
-        &cluster.nodes,
-        target.parse().expect("version"),
-        &all_recorded,
-        &mut members,
-    );
+    cluster.wait_all_on(target, "etcd3", &mut members);
     let after = observe(&cluster.peers, &cluster.nodes, Duration::ZERO);
     let ids = |v: &etcd_migrate::cluster::View| {
         let mut ids: Vec<u64> = v.members.iter().map(|m| m.id).collect();
@@ -824,15 +822,7 @@ fn a_joiner_whose_add_meets_the_converter_down_asks_again() {
         names[joiner]
     ));
     members[converter] = cluster.spawn_serving(converter, &again);
-    let target_version: Version = target.parse().expect("version");
-    let all_recorded = || cluster.all_recorded(&format!("{target}/etcd3"));
-    wait_rolled(
-        &cluster.peers,
-        &cluster.nodes,
-        target_version,
-        &all_recorded,
-        &mut members,
-    );
+    cluster.wait_all_on(target, "etcd3", &mut members);
     assert!(
         members[joiner].try_status().is_none(),
         "{}'s run ended: {}",
@@ -846,15 +836,5 @@ fn a_joiner_whose_add_meets_the_converter_down_asks_again() {
         "{} asked again and then joined: {log}\n(the converter's first run: {history})",
         names[joiner]
     );
-    for mut member in members {
-        member.signal(nix::sys::signal::Signal::SIGTERM);
-        let outcome = member.wait(Duration::from_secs(60));
-        let status = outcome.status;
-        assert!(
-            matches!(status.code(), Some(0) | Some(143))
-                || std::os::unix::process::ExitStatusExt::signal(&status) == Some(15),
-            "an entrypoint told to stop ended with {status}: {}",
-            outcome.explain()
-        );
-    }
+    stop_all(members);
 }
