@@ -4,7 +4,8 @@
 //! free-space check refusing a backup that cannot fit, pruning never
 //! taking the backup just made nor another data dir's, a backup dir inside
 //! the data dir however its path is spelled, and a data dir whose
-//! `member/` (and `member/wal`) are symlinks backed up as their content.
+//! `member/` (and `member/wal`) are symlinks backed up as their content;
+//! a retired data dir backed up by hard links where a copy cannot fit.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -299,6 +300,57 @@ fn a_backup_that_cannot_fit_is_refused_before_anything_changes() {
         "nothing was written to the small filesystem"
     );
     assert!(!tmp.path().join("data.backup").exists());
+    drop(small);
+}
+
+/// A retired data dir (a pause job's joiner's, never opened again) is
+/// backed up by hard links: on a filesystem with less room than a copy
+/// needs, the copy is refused and the links are taken, sharing the data's
+/// inodes, the manifest vouching for them, the data dir keeping every
+/// file.
+#[test]
+fn a_retired_data_dir_is_backed_up_by_links_where_a_copy_cannot_fit() {
+    use etcd_migrate::backup::{self, BackupError, BackupMode, BackupPolicy, Source};
+    use std::os::unix::fs::MetadataExt;
+
+    let tmp = temp_dir("retired-links");
+    let small = Mount::tmpfs(&tmp.path().join("small"), "size=4m");
+    let data = small.path.join("data");
+    std::fs::create_dir_all(data.join("member/snap")).expect("mkdir");
+    std::fs::create_dir_all(data.join("member/wal")).expect("mkdir");
+    let db = data.join("member/snap/db");
+    std::fs::write(&db, vec![7u8; 1 << 20]).expect("write db");
+    std::fs::write(data.join("member/wal/0.wal"), b"wal").expect("write wal");
+    write_version_txt(&data, "3.4.23/etcd3");
+    let policy = BackupPolicy {
+        mode: BackupMode::Always,
+        root: small.path.join("data.backup"),
+        keep: 3,
+    };
+    let pair = "3.4.23/etcd3".parse().expect("pair");
+    let now = SystemTime::now();
+    let copied = backup::publish(&data, &policy, pair, now, &backup::never_stop, Source::Kept);
+    assert!(
+        matches!(copied, Err(BackupError::NoSpace { .. })),
+        "a copy needs more than the 4 MiB filesystem has: {copied:?}"
+    );
+    let linked = backup::publish(
+        &data,
+        &policy,
+        pair,
+        now,
+        &backup::never_stop,
+        Source::Retired,
+    )
+    .expect("the links need no room");
+    let ino = |p: &Path| std::fs::metadata(p).expect("stat").ino();
+    assert_eq!(
+        ino(&linked.join("member/snap/db")),
+        ino(&db),
+        "a link, not a copy"
+    );
+    backup::tool::verify(&linked).expect("the manifest holds");
+    assert_eq!(std::fs::read(&db).expect("read").len(), 1 << 20);
     drop(small);
 }
 

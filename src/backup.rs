@@ -423,6 +423,31 @@ pub fn check_space(data_dir: &Path, root: &Path) -> Result<u64, BackupError> {
     check_before_run(data_dir, Some(root), false, false)
 }
 
+/// [`check_space`] for a backup by hard links ([`Source::Retired`]):
+/// where the backup root is on the data dir's filesystem, the links take
+/// no space, so only the rest is checked (a file a link is refused for,
+/// across two mounts of that filesystem, is copied instead, and a copy
+/// that meets a full disk stops there with its partial copy removed,
+/// `BackupError::Full`). Elsewhere the copy needs the space, as
+/// [`check_space`] says.
+fn check_for_links(data_dir: &Path, root: &Path) -> Result<u64, BackupError> {
+    let resolved = resolve(root)?;
+    let existing = resolved
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    let dev = |p: &Path| fs::metadata(p).map(|m| m.dev()).map_err(io_err("stat", p));
+    if dev(existing)? != dev(data_dir)? {
+        return check_space(data_dir, root);
+    }
+    check_outside(data_dir, root)?;
+    let destination = (
+        root.to_path_buf(),
+        format!("the backup dir {}", root.display()),
+    );
+    Ok(survey(data_dir, &[destination])?.bytes)
+}
+
 /// Refuses a backup root inside the data dir, compared as resolved paths:
 /// a symlink, a relative path or `..` cannot hide it.
 fn check_outside(data_dir: &Path, root: &Path) -> Result<(), BackupError> {
@@ -638,7 +663,8 @@ pub enum Source {
     /// a write and an fsync (a pause job's joiner does this on its way
     /// into the converted cluster, while the cluster waits for it); a copy
     /// where a link is not offered. Complete or absent after a crash all
-    /// the same, and the data dir untouched (a link takes nothing from it).
+    /// the same, and the data dir untouched (a link takes nothing from it,
+    /// nor room: the free-space check is a copy's, `check_for_links`).
     Retired,
 }
 
@@ -652,7 +678,11 @@ pub fn publish(
     source: Source,
 ) -> Result<PathBuf, BackupError> {
     let link = source == Source::Retired;
-    let size = check_space(data_dir, &policy.root)?;
+    let size = if link {
+        check_for_links(data_dir, &policy.root)?
+    } else {
+        check_space(data_dir, &policy.root)?
+    };
     DirBuilder::new()
         .recursive(true)
         .mode(0o700)
