@@ -718,9 +718,11 @@ fn a_flag_a_release_on_the_way_refuses_is_refused_before_anything_starts() {
 
 /// Where a joiner of the pause job is held: under the converted cluster's
 /// lock, before its member add.
+#[cfg(feature = "failpoints")]
 const JOIN_HOLD_AT: &str = "pause-join-after-lock";
 /// Long enough for the test to read the point's trace line and freeze
 /// the joiner there (what follows may then take as long as it takes).
+#[cfg(feature = "failpoints")]
 const JOIN_HOLD_MS: u64 = 3000;
 
 /// The pause job's joiner whose member add meets the converted cluster
@@ -731,6 +733,7 @@ const JOIN_HOLD_MS: u64 = 3000;
 /// add, the converter killed, the joiner let go (its add refused), the
 /// converter started again; every member ends on 3.3.25, the joiner's
 /// run never ended.
+#[cfg(feature = "failpoints")]
 #[test]
 fn a_joiner_whose_add_meets_the_converter_down_asks_again() {
     let bin_dir = crate::harness::bin_dir();
