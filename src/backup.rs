@@ -431,13 +431,8 @@ pub fn check_space(data_dir: &Path, root: &Path) -> Result<u64, BackupError> {
 /// `BackupError::Full`). Elsewhere the copy needs the space, as
 /// [`check_space`] says.
 fn check_for_links(data_dir: &Path, root: &Path) -> Result<u64, BackupError> {
-    let resolved = resolve(root)?;
-    let existing = resolved
-        .ancestors()
-        .find(|p| p.exists())
-        .unwrap_or(Path::new("/"));
     let dev = |p: &Path| fs::metadata(p).map(|m| m.dev()).map_err(io_err("stat", p));
-    if dev(existing)? != dev(data_dir)? {
+    if dev(&nearest_existing(root)?)? != dev(data_dir)? {
         return check_space(data_dir, root);
     }
     check_outside(data_dir, root)?;
@@ -446,6 +441,17 @@ fn check_for_links(data_dir: &Path, root: &Path) -> Result<u64, BackupError> {
         format!("the backup dir {}", root.display()),
     );
     Ok(survey(data_dir, &[destination])?.bytes)
+}
+
+/// The nearest existing dir of `root` (resolved): the filesystem a
+/// backup there will be written on, before the root is created.
+fn nearest_existing(root: &Path) -> Result<PathBuf, BackupError> {
+    let resolved = resolve(root)?;
+    Ok(resolved
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"))
+        .to_path_buf())
 }
 
 /// Refuses a backup root inside the data dir, compared as resolved paths:
@@ -570,13 +576,7 @@ pub fn check_before_run(
     }
     let mut needs: Vec<(PathBuf, &'static str, u64)> = Vec::new();
     if let Some(root) = backup_root {
-        let resolved = resolve(root)?;
-        let probe = resolved
-            .ancestors()
-            .find(|p| p.exists())
-            .unwrap_or(Path::new("/"))
-            .to_path_buf();
-        needs.push((probe, "a backup", needed_for(size)));
+        needs.push((nearest_existing(root)?, "a backup", needed_for(size)));
     }
     if scratch {
         needs.push((

@@ -793,10 +793,9 @@ impl Replay {
         if entry.index <= self.commit {
             self.apply(entry.index, &effects);
         } else if only_a_write {
-            self.pending_write = Some(
-                self.pending_write
-                    .map_or(entry.index, |i| i.min(entry.index)),
-            );
+            // Any earlier pending write is below this one (a rewritten
+            // tail from here on dropped the rest above): the lowest stays.
+            self.pending_write.get_or_insert(entry.index);
         } else if !effects.is_empty() {
             self.pending
                 .insert(entry.index, std::mem::take(&mut effects));
