@@ -5,7 +5,9 @@
 //! taking the backup just made nor another data dir's, a backup dir inside
 //! the data dir however its path is spelled, and a data dir whose
 //! `member/` (and `member/wal`) are symlinks backed up as their content;
-//! a retired data dir backed up by hard links where a copy cannot fit.
+//! a retired data dir backed up by hard links where a copy cannot fit,
+//! and one whose links cross two mounts of its filesystem, copied until
+//! the disk is full and then removed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -352,6 +354,87 @@ fn a_retired_data_dir_is_backed_up_by_links_where_a_copy_cannot_fit() {
     backup::tool::verify(&linked).expect("the manifest holds");
     assert_eq!(std::fs::read(&db).expect("read").len(), 1 << 20);
     drop(small);
+}
+
+/// A retired data dir whose backup dir is a second mount of the data's
+/// filesystem: the two report one device, so no room is asked for, but
+/// `link(2)` across the mounts fails with EXDEV and each file is copied.
+/// A copy that meets the full disk stops there: `BackupError::Full`, the
+/// partial backup removed (the filesystem's room back), the data dir
+/// keeping every file.
+#[test]
+fn a_retired_backup_whose_links_cross_mounts_and_fill_the_disk_stops_clean() {
+    use etcd_migrate::backup::{self, BackupError, BackupMode, BackupPolicy, Source};
+    use std::os::unix::fs::MetadataExt;
+
+    let tmp = temp_dir("retired-full");
+    let small = Mount::tmpfs(&tmp.path().join("small"), "size=4m");
+    let data = small.path.join("data");
+    std::fs::create_dir_all(data.join("member/snap")).expect("mkdir");
+    std::fs::create_dir_all(data.join("member/wal")).expect("mkdir");
+    let db = data.join("member/snap/db");
+    let content: Vec<u8> = (0..(5u32 << 19)).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&db, &content).expect("write db");
+    std::fs::write(data.join("member/wal/0.wal"), b"wal").expect("write wal");
+    write_version_txt(&data, "3.4.23/etcd3");
+    let before = fingerprint(&data);
+    let backups = small.path.join("backups");
+    std::fs::create_dir(&backups).expect("mkdir");
+    let second = Mount::bind(&backups, &tmp.path().join("second"));
+    let dev = |p: &Path| std::fs::metadata(p).expect("stat").dev();
+    assert_eq!(dev(&second.path), dev(&data), "one filesystem, two mounts");
+    let free = || {
+        nix::sys::statvfs::statvfs(&small.path)
+            .expect("statvfs")
+            .blocks_available()
+    };
+    let free_before = free();
+
+    let policy = BackupPolicy {
+        mode: BackupMode::Always,
+        root: second.path.join("data.backup"),
+        keep: 3,
+    };
+    let pair = "3.4.23/etcd3".parse().expect("pair");
+    let result = backup::publish(
+        &data,
+        &policy,
+        pair,
+        SystemTime::now(),
+        &backup::never_stop,
+        Source::Retired,
+    );
+    let err = result.expect_err("a 2.5 MiB copy beside 2.5 MiB on 4 MiB cannot fit");
+    assert!(matches!(err, BackupError::Full { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("the partial copy was removed") && message.contains("--backup-dir"),
+        "{message}"
+    );
+    let left: Vec<PathBuf> = walkdir(&second.path);
+    assert!(left.is_empty(), "no partial backup is left: {left:?}");
+    assert_eq!(free(), free_before, "the partial copy's room is back");
+    before.assert_unchanged(&fingerprint(&data), "a backup that could not fit");
+    assert_eq!(std::fs::read(&db).expect("read"), content);
+    drop(second);
+    drop(small);
+}
+
+/// Every file under `dir`, however deep.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)
+        .expect("list")
+        .map(|e| e.expect("entry"))
+    {
+        let path = entry.path();
+        if entry.file_type().expect("type").is_dir() {
+            files.extend(walkdir(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }
 
 /// A backup whose name sorts after ours (taken before the clock was set

@@ -1,5 +1,6 @@
 //! This module owns the filesystems a test mounts for itself (a small
-//! tmpfs to fill, a read-only bind of a data dir): mounting them as root,
+//! tmpfs to fill, a bind of a dir, read-only or a second mount of its
+//! filesystem): mounting them as root,
 //! and unmounting them when the guard drops, lazily if a process of a
 //! failed test still holds them.
 
@@ -19,6 +20,17 @@ impl Mount {
     pub fn tmpfs(path: &Path, options: &str) -> Mount {
         mkdir(path);
         run_mount(&["-t", "tmpfs", "-o", options, "tmpfs"], path);
+        Mount {
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// `source` bound at `path` (created if missing): the same filesystem
+    /// at a second mount point, where `link(2)` from the first fails with
+    /// EXDEV although both report one device.
+    pub fn bind(source: &Path, path: &Path) -> Mount {
+        mkdir(path);
+        run_mount(&["--bind", &source.display().to_string()], path);
         Mount {
             path: path.to_path_buf(),
         }
