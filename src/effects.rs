@@ -100,6 +100,14 @@ pub enum HealthError {
     /// next attempt may succeed.
     #[error("{0}")]
     NotYet(String),
+    /// The health key is written (and removed), but `/version` does not
+    /// report what the step expects yet (etcd raises the cluster version a
+    /// moment after it takes writes). What is left is to ask `/version`
+    /// again ([`EtcdApi::versions`]), never to write again: each write
+    /// would move the revision on and, on a step's etcd that snapshots
+    /// after every entry, write a snapshot.
+    #[error("{0}")]
+    Written(String),
     /// Never, on this data as it is: etcd answered, and its answer shows a
     /// condition no retry clears (an alarm raised in the data). Carries what
     /// etcd said and what the operator must do.
@@ -121,11 +129,21 @@ pub trait EtcdApi {
     type Error: std::error::Error + Into<String>;
 
     /// Checks the data's alarms (where the API has them) and writes the
-    /// health key once; then `/version` must report what `expected` says.
+    /// health key once; then `/version` must report what `expected` says
+    /// (`HealthError::Written` if the write is done but it does not yet).
     fn write(
         &self,
         endpoint: &str,
         storage: Storage,
+        expected: Expected,
+    ) -> impl Future<Output = Result<(), HealthError>>;
+
+    /// `/version` reports what `expected` says: the release, the cluster
+    /// version at its minor (3.6+: the storage version too). Asked after
+    /// a write that returned `HealthError::Written`.
+    fn versions(
+        &self,
+        endpoint: &str,
         expected: Expected,
     ) -> impl Future<Output = Result<(), HealthError>>;
 

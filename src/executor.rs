@@ -548,6 +548,10 @@ mod tests {
         LosesAKey,
         /// Healthy, and its data's v2 store holds a key (flannel's).
         HoldsV2Keys,
+        /// Takes the health write, but `/version` reports the step's
+        /// versions only at the n-th ask after it (etcd raising its
+        /// cluster version late).
+        VersionsLag(u32),
     }
 
     /// What every fake etcd serves (one key fewer for `LosesAKey`).
@@ -612,6 +616,7 @@ mod tests {
         behaviours: Behaviours,
         journal: Rc<RefCell<Journal>>,
         attempts: RefCell<u32>,
+        version_asks: RefCell<u32>,
     }
 
     /// Upgrades use no offline tool.
@@ -761,7 +766,32 @@ mod tests {
                         remedy: "compact, defrag, disarm".to_string(),
                     }),
                     Behaviour::LosesAKey | Behaviour::HoldsV2Keys => Ok(()),
+                    Behaviour::VersionsLag(_) => {
+                        Err(HealthError::Written("cluster version 3.4".to_string()))
+                    }
                     _ => Err(HealthError::NotYet("connection refused".to_string())),
+                }
+            }
+        }
+
+        fn versions(
+            &self,
+            _endpoint: &str,
+            expected: Expected,
+        ) -> impl Future<Output = Result<(), HealthError>> {
+            let behaviour = behaviour_of(&self.behaviours, expected.release);
+            *self.version_asks.borrow_mut() += 1;
+            let asks = *self.version_asks.borrow();
+            self.journal
+                .borrow_mut()
+                .events
+                .push(format!("versions {}", expected.release));
+            async move {
+                match behaviour {
+                    Behaviour::VersionsLag(n) if asks < n => {
+                        Err(HealthError::NotYet("cluster version 3.4".to_string()))
+                    }
+                    _ => Ok(()),
                 }
             }
         }
@@ -949,6 +979,7 @@ mod tests {
             behaviours,
             journal: Rc::clone(&journal),
             attempts: RefCell::new(0),
+            version_asks: RefCell::new(0),
         };
         let mut progress = FakeProgress {
             journal: Rc::clone(&journal),
@@ -983,6 +1014,36 @@ mod tests {
                 "launch 3.3.25",
                 "stop 3.3.25",
                 "launch 3.4.23",
+                "stop 3.4.23",
+                "record 3.4.23/etcd3",
+                "launch 3.5.16",
+                "stop 3.5.16",
+                "record 3.5.16/etcd3"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_step_whose_versions_lag_writes_once_and_asks_only_versions_again() {
+        // etcd may raise its cluster version seconds after it took the
+        // health write (its version monitor missed the term's first
+        // commit and waits for its 4 s timer): the wait asks `/version`
+        // alone, and the step is recorded once it reports the release.
+        let outcome = walk(
+            &[Behaviour::VersionsLag(3), Behaviour::Healthy],
+            None,
+            false,
+        );
+        assert!(outcome.result.is_ok(), "{:?}", outcome.result);
+        assert_eq!(
+            outcome.events,
+            [
+                "launch 3.3.25",
+                "stop 3.3.25",
+                "launch 3.4.23",
+                "versions 3.4.23",
+                "versions 3.4.23",
+                "versions 3.4.23",
                 "stop 3.4.23",
                 "record 3.4.23/etcd3",
                 "launch 3.5.16",

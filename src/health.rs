@@ -389,7 +389,6 @@ impl EtcdHealth {
             )));
         }
         let revoked = revoked.map_err(|err| not_yet("lease revoke", &err))?;
-        versions?;
         if let (Some(put_at), Some(revoked_at)) = (put_at, header_revision(revoked.header())) {
             if still_there(&mut client, &key, revoked_at - 1, put_at).await {
                 // The key lived until just before the revoke's answer and
@@ -398,7 +397,16 @@ impl EtcdHealth {
                 self.ours.borrow_mut().revisions.insert(revoked_at);
             }
         }
-        Ok(())
+        versions.map_err(only_versions_left)
+    }
+}
+
+/// A `/version` not there yet, after the health key was written and
+/// removed: only `/version` is asked again.
+fn only_versions_left(err: HealthError) -> HealthError {
+    match err {
+        HealthError::NotYet(why) => HealthError::Written(why),
+        other => other,
     }
 }
 
@@ -512,11 +520,22 @@ impl EtcdApi for EtcdHealth {
                         let text = err.to_string();
                         auth_refusal(&text).unwrap_or(HealthError::NotYet(text))
                     })?;
-                    self.check_versions(&endpoint, expected).await
+                    self.check_versions(&endpoint, expected)
+                        .await
+                        .map_err(only_versions_left)
                 }
                 Storage::Etcd3 => self.write_v3(&endpoint, expected).await,
             }
         }
+    }
+
+    fn versions(
+        &self,
+        endpoint: &str,
+        expected: Expected,
+    ) -> impl Future<Output = Result<(), HealthError>> {
+        let endpoint = endpoint.to_string();
+        async move { self.check_versions(&endpoint, expected).await }
     }
 
     async fn enable_downgrade(&self, endpoint: &str, target: Minor) -> Result<(), ApiError> {

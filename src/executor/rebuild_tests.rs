@@ -153,6 +153,10 @@ impl EtcdApi for Fakes {
             })
     }
 
+    async fn versions(&self, _endpoint: &str, _expected: Expected) -> Result<(), HealthError> {
+        Ok(())
+    }
+
     async fn fingerprint(
         &self,
         endpoint: &str,

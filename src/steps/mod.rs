@@ -281,8 +281,10 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
     }
 
     /// Writes the health key until a write succeeds, etcd exits, a stop
-    /// signal comes or the health deadline passes. On a failure, etcd is
-    /// stopped (unless it exited).
+    /// signal comes or the health deadline passes; once one is written,
+    /// only `/version` is asked until it reports what the step expects
+    /// (one write per step, however long etcd takes to raise its cluster
+    /// version). On a failure, etcd is stopped (unless it exited).
     async fn await_write(
         &self,
         etcd: &mut L::Etcd,
@@ -301,15 +303,33 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
             self.settings.health_timeout.as_secs(),
         );
         let mut attempts = 0u64;
+        let mut written = false;
         let ended = loop {
             attempts += 1;
-            let attempt = self
-                .race(
+            let attempt = if written {
+                self.race(etcd, deadline, self.api.versions(endpoint, expected))
+                    .await
+            } else {
+                self.race(
                     etcd,
                     deadline,
                     self.api.write(endpoint, run.storage, expected),
                 )
-                .await;
+                .await
+            };
+            if let Race::Done(Err(HealthError::Written(why))) = &attempt {
+                if !written {
+                    log::info(
+                        "health key written; waiting for etcd's versions",
+                        &[
+                            ("version", value.as_str().into()),
+                            ("pid", pid.into()),
+                            ("why", why.as_str().into()),
+                        ],
+                    );
+                }
+                written = true;
+            }
             let ended = match attempt {
                 Race::Done(Ok(())) => return Ok(()),
                 Race::Done(Err(HealthError::Refused { reason, remedy })) => {
@@ -321,7 +341,7 @@ impl<L: Launcher, A: EtcdApi, T: Tools, D: Disk> Context<'_, L, A, T, D> {
                         remedy,
                     }));
                 }
-                Race::Done(Err(HealthError::NotYet(err))) => {
+                Race::Done(Err(HealthError::NotYet(err) | HealthError::Written(err))) => {
                     last_error = err;
                     progress.tick(&[
                         ("version", value.as_str().into()),
