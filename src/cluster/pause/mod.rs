@@ -63,6 +63,7 @@ pub mod keys;
 pub mod run;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -405,9 +406,157 @@ impl Record {
     }
 }
 
+/// What a joiner sees while its new etcd does not answer on its client
+/// URL yet: the signs of a publish etcd lost to its own snapshot.
+///
+/// A member's etcd serves clients only once its publish (its name and
+/// client URLs, proposed through raft as it starts) comes back applied. A
+/// joiner that started on an empty data dir receives the leader's
+/// snapshot; where the others commit the publish without it (a third
+/// voter, a learner) and the leader takes that snapshot after, the
+/// publish is inside the snapshot, the joiner never applies it as an
+/// entry, and its etcd waits out its request timeout (5 s plus two
+/// election timeouts, 7 s by default) before it publishes again. Seen in
+/// half the 3.3 pause jobs of the benchmark (etcd logs `publish error:
+/// etcdserver: request timed out`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinerSigns {
+    /// Since the joiner's etcd started on the empty data dir.
+    pub since_start: Duration,
+    /// The age of the newest raft snapshot in its data dir (`member/snap/
+    /// *.snap`, written once the leader's snapshot is received), if any.
+    pub snapshot_age: Option<Duration>,
+    /// The converted cluster lists the joiner with its name: the publish
+    /// is applied there.
+    pub published: bool,
+    /// Voters in the converted cluster, the joiner included if it is one.
+    pub voters: usize,
+    /// Whether the joiner is one of them.
+    pub joiner_votes: bool,
+    /// The other voters that answer on their client URLs.
+    pub others_answering: usize,
+}
+
+/// How long after the leader's snapshot landed a joiner's etcd may take
+/// to apply it before its silence counts as a lost publish (263 MB: 0.85 s).
+pub const SNAPSHOT_APPLY_GRACE: Duration = Duration::from_millis(1500);
+
+/// The earliest request timeout etcd has (5 s plus two election timeouts):
+/// past this, a lost publish is being asked again anyway.
+pub const PUBLISH_RETRY_FLOOR: Duration = Duration::from_secs(5);
+
+/// The least a restart of the joiner's etcd takes to be worth it.
+const RESTART_WORTH: Duration = Duration::from_millis(1500);
+
+/// Restart the joiner's etcd (once): its publish is in the cluster, the
+/// leader's snapshot in its data dir long enough to be applied, and it
+/// still does not answer; a restart on that data publishes again at
+/// once, where waiting costs the rest of etcd's request timeout. Only
+/// while that wait is still long, and only where the restart costs the
+/// converted cluster no quorum: the voters that answer without the
+/// joiner are a majority of all voters.
+pub fn publish_lost(signs: &JoinerSigns) -> bool {
+    let quorum = signs.voters / 2 + 1;
+    let without_joiner_ok = !signs.joiner_votes || signs.others_answering >= quorum;
+    signs.published
+        && signs
+            .snapshot_age
+            .is_some_and(|age| age >= SNAPSHOT_APPLY_GRACE)
+        && signs.since_start + RESTART_WORTH < PUBLISH_RETRY_FLOOR
+        && without_joiner_ok
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn signs() -> JoinerSigns {
+        // The benchmark's second joiner at 3.3 (no learners): a third
+        // voter, the two others up, its publish applied by them, the
+        // leader's snapshot saved 1.6 s ago, 2.0 s after its start.
+        JoinerSigns {
+            since_start: Duration::from_millis(2000),
+            snapshot_age: Some(Duration::from_millis(1600)),
+            published: true,
+            voters: 3,
+            joiner_votes: true,
+            others_answering: 2,
+        }
+    }
+
+    #[test]
+    fn a_joiner_whose_publish_came_inside_the_snapshot_restarts_its_etcd_only_where_safe() {
+        assert!(publish_lost(&signs()), "the lost publish");
+        let cases: [(&str, JoinerSigns); 6] = [
+            (
+                "its publish not applied yet: it may still come",
+                JoinerSigns {
+                    published: false,
+                    ..signs()
+                },
+            ),
+            (
+                "no snapshot yet: the data is still coming",
+                JoinerSigns {
+                    snapshot_age: None,
+                    ..signs()
+                },
+            ),
+            (
+                "the snapshot just landed: etcd may still apply it",
+                JoinerSigns {
+                    snapshot_age: Some(Duration::from_millis(900)),
+                    ..signs()
+                },
+            ),
+            (
+                "etcd asks again soon anyway",
+                JoinerSigns {
+                    since_start: Duration::from_millis(3600),
+                    ..signs()
+                },
+            ),
+            // The first joiner beside the converter: two voters, the
+            // restart would cost the quorum.
+            (
+                "a second voter of two",
+                JoinerSigns {
+                    voters: 2,
+                    others_answering: 1,
+                    ..signs()
+                },
+            ),
+            (
+                "a third voter while one other is down",
+                JoinerSigns {
+                    others_answering: 1,
+                    ..signs()
+                },
+            ),
+        ];
+        for (why, case) in cases {
+            assert!(!publish_lost(&case), "{why}: {case:?}");
+        }
+        // A learner costs no quorum, whoever answers.
+        assert!(publish_lost(&JoinerSigns {
+            joiner_votes: false,
+            voters: 1,
+            others_answering: 1,
+            ..signs()
+        }));
+        // Five voters, the joiner the fifth: three others answering are
+        // the quorum of five.
+        assert!(publish_lost(&JoinerSigns {
+            voters: 5,
+            others_answering: 3,
+            ..signs()
+        }));
+        assert!(!publish_lost(&JoinerSigns {
+            voters: 5,
+            others_answering: 2,
+            ..signs()
+        }));
+    }
 
     #[test]
     fn below_3_3_only_the_leader_writes_the_go() {

@@ -39,6 +39,10 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(15);
 /// What one request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a member's etcd may take to answer a status request when a
+/// joiner asks whether it would answer without it.
+const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// How the member's part ended.
 #[derive(Debug)]
 pub enum PauseEnd {
@@ -1099,7 +1103,7 @@ impl Pausing {
             // Joined before a restart: the data is the converted cluster's.
             etcd.start(target).await?;
             return self
-                .finish_join(etcd, &endpoints, None, None)
+                .finish_join(etcd, &endpoints, None, None, None)
                 .await
                 .map(Next::Exit);
         }
@@ -1111,7 +1115,7 @@ impl Pausing {
                 // first.
                 resumed.start(target).await?;
                 let outcome = self
-                    .finish_join(&mut resumed, &endpoints, None, learner)
+                    .finish_join(&mut resumed, &endpoints, None, learner, None)
                     .await;
                 if outcome.is_err() {
                     let _ = resumed.stop().await;
@@ -1202,7 +1206,13 @@ impl Pausing {
         joining.start(target).await?;
         let learner = joined.learner.then_some(joined.id);
         let outcome = self
-            .finish_join(&mut joining, &endpoints, Some(&mut lock), learner)
+            .finish_join(
+                &mut joining,
+                &endpoints,
+                Some(&mut lock),
+                learner,
+                Some(joined.id),
+            )
             .await;
         if outcome.is_err() {
             let _ = joining.stop().await;
@@ -1419,6 +1429,7 @@ impl Pausing {
         endpoints: &[String],
         lock: Option<&mut V3Lock>,
         learner: Option<u64>,
+        fresh: Option<u64>,
     ) -> Result<u8, PauseError> {
         let target = self.job.target.version;
         let started = Instant::now();
@@ -1426,8 +1437,27 @@ impl Pausing {
             self.promote(etcd, endpoints, id).await?;
         }
         let mut last;
+        let mut restarted = false;
         loop {
             self.still_running(etcd, target).await?;
+            if let Some(id) = fresh.filter(|_| !restarted) {
+                // While its etcd does not answer, a proof's connection to
+                // it would wait out its timeout: the signs are read
+                // instead, for the few seconds a restart is worth it.
+                if started.elapsed() < pause::PUBLISH_RETRY_FLOOR
+                    && !self.answers(&self.own.client_urls).await
+                {
+                    restarted = self
+                        .restart_if_publish_lost(etcd, endpoints, id, started)
+                        .await?;
+                    if !restarted {
+                        // A connection that waited for an etcd about to
+                        // serve completes as it does: a short pause.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                }
+            }
             match self.same_hash(endpoints, target).await {
                 Ok(revision) => {
                     log::info(
@@ -1522,6 +1552,86 @@ impl Pausing {
     /// `HashKV` of our etcd and the converter's at the converter's
     /// revision, once ours has it; the revision when equal
     /// ([`same_keyspace`]).
+    /// A joiner's etcd started on an empty data dir at `started` that
+    /// does not answer (the caller asked): restarted once if its publish came to it
+    /// inside etcd's snapshot ([`pause::publish_lost`]). `Ok(true)`: it
+    /// was restarted.
+    async fn restart_if_publish_lost(
+        &self,
+        etcd: &mut SupervisedEtcd,
+        endpoints: &[String],
+        id: u64,
+        started: Instant,
+    ) -> Result<bool, PauseError> {
+        let since_start = started.elapsed();
+        if since_start < pause::SNAPSHOT_APPLY_GRACE || since_start >= pause::PUBLISH_RETRY_FLOOR {
+            return Ok(false);
+        }
+        let Some(signs) = self.joiner_signs(endpoints, id, since_start).await else {
+            return Ok(false);
+        };
+        if !pause::publish_lost(&signs) {
+            return Ok(false);
+        }
+        log::info(
+            "pause job: this member's etcd got its own publish inside etcd's snapshot and waits out its request timeout; restarting it, to publish again on the data it received",
+            &[
+                ("id", format!("{id:x}").into()),
+                ("since_start_ms", log::ms(since_start)),
+                (
+                    "snapshot_age_ms",
+                    log::ms(signs.snapshot_age.unwrap_or_default()),
+                ),
+                ("voters", signs.voters.into()),
+                ("others_answering", signs.others_answering.into()),
+            ],
+        );
+        etcd.stop().await?;
+        etcd.start(self.job.target.version).await?;
+        Ok(true)
+    }
+
+    /// Whether an etcd on `urls` answers a status request.
+    async fn answers(&self, urls: &[String]) -> bool {
+        match connect_v3(urls, self.client_tls.as_ref(), ANSWER_TIMEOUT).await {
+            Ok(mut client) => tokio::time::timeout(ANSWER_TIMEOUT, client.status())
+                .await
+                .is_ok_and(|answer| answer.is_ok()),
+            Err(_) => false,
+        }
+    }
+
+    /// What the converted cluster (on `endpoints`) and this member's data
+    /// dir say about joiner `id`; `None` if the cluster does not answer or
+    /// does not list it.
+    async fn joiner_signs(
+        &self,
+        endpoints: &[String],
+        id: u64,
+        since_start: Duration,
+    ) -> Option<pause::JoinerSigns> {
+        let mut client = connect_v3(endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT)
+            .await
+            .ok()?;
+        let members = client.member_list().await.ok()?.members().to_vec();
+        let joiner = members.iter().find(|m| m.id() == id)?;
+        let voters: Vec<_> = members.iter().filter(|m| !m.is_learner()).collect();
+        let mut others_answering = 0;
+        for other in voters.iter().filter(|m| m.id() != id) {
+            if self.answers(other.client_urls()).await {
+                others_answering += 1;
+            }
+        }
+        Some(pause::JoinerSigns {
+            since_start,
+            snapshot_age: newest_snapshot_age(&self.data_dir),
+            published: !joiner.name().is_empty(),
+            voters: voters.len(),
+            joiner_votes: !joiner.is_learner(),
+            others_answering,
+        })
+    }
+
     async fn same_hash(&self, endpoints: &[String], release: Version) -> Result<i64, String> {
         let mut theirs = connect_v3(endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT)
             .await
@@ -1818,4 +1928,17 @@ async fn keyspace_digest(
         .map(|b| format!("{b:02x}"))
         .collect();
     Ok((count, hex))
+}
+
+/// The age of the newest raft snapshot (`member/snap/*.snap`) in
+/// `data_dir`: a joiner that started on an empty data dir has one once
+/// the leader's snapshot was received and saved.
+fn newest_snapshot_age(data_dir: &Path) -> Option<Duration> {
+    std::fs::read_dir(data_dir.join("member/snap"))
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".snap"))
+        .filter_map(|entry| entry.metadata().ok()?.modified().ok())
+        .max()
+        .map(|newest| newest.elapsed().unwrap_or_default())
 }
