@@ -42,8 +42,9 @@
 //!    lock, backs up its old data, removes it, adds itself (as a learner
 //!    where the target has them, [`joins_as_learner`], promoted once etcd
 //!    says it caught up), starts the target on an empty data dir (etcd's
-//!    snapshot transfer brings the data), is proven by `HashKV` equal to
-//!    the converter's at one
+//!    snapshot transfer brings the data; a joiner whose own publish came
+//!    inside that snapshot restarts its etcd once, [`publish_lost`]), is
+//!    proven by `HashKV` equal to the converter's at one
 //!    revision, records the target and puts `joined/<id>`. When every
 //!    member joined, the converter removes the job's keys.
 //!
