@@ -288,17 +288,20 @@ pub fn has_v3_records(data_dir: &Path) -> Result<bool, OnDiskError> {
 /// none or it cannot be read (the size only tunes how a step's etcd
 /// runs).
 pub fn newest_snap_bytes(data_dir: &Path) -> u64 {
+    newest_snap(data_dir).map_or(0, |meta| meta.len())
+}
+
+/// The metadata of the newest raft snapshot (`member/snap/*.snap`) in
+/// `data_dir`, if it has one.
+pub fn newest_snap(data_dir: &Path) -> Option<std::fs::Metadata> {
     let dir = data_dir.join("member").join("snap");
-    let Ok(names) = file_names(&dir) else {
-        return 0;
-    };
+    let names = file_names(&dir).ok()?;
     // `<16 hex term>-<16 hex index>.snap`: the greatest name is the newest.
     names
         .iter()
         .filter(|name| name.ends_with(".snap"))
         .max()
         .and_then(|name| std::fs::metadata(dir.join(name)).ok())
-        .map_or(0, |meta| meta.len())
 }
 
 /// The names of the entries of `dir` (lossy UTF-8); none for a missing

@@ -1549,9 +1549,6 @@ impl Pausing {
         }
     }
 
-    /// `HashKV` of our etcd and the converter's at the converter's
-    /// revision, once ours has it; the revision when equal
-    /// ([`same_keyspace`]).
     /// A joiner's etcd started on an empty data dir at `started` that
     /// does not answer (the caller asked): restarted once if its publish came to it
     /// inside etcd's snapshot ([`pause::publish_lost`]). `Ok(true)`: it
@@ -1564,7 +1561,8 @@ impl Pausing {
         started: Instant,
     ) -> Result<bool, PauseError> {
         let since_start = started.elapsed();
-        if since_start < pause::SNAPSHOT_APPLY_GRACE || since_start >= pause::PUBLISH_RETRY_FLOOR {
+        if since_start < pause::SNAPSHOT_APPLY_GRACE {
+            // Nothing to read yet: spare the cluster the calls.
             return Ok(false);
         }
         let Some(signs) = self.joiner_signs(endpoints, id, since_start).await else {
@@ -1624,7 +1622,9 @@ impl Pausing {
         }
         Some(pause::JoinerSigns {
             since_start,
-            snapshot_age: newest_snapshot_age(&self.data_dir),
+            snapshot_age: crate::ondisk::newest_snap(&self.data_dir)
+                .and_then(|meta| meta.modified().ok())
+                .map(|written| written.elapsed().unwrap_or_default()),
             published: !joiner.name().is_empty(),
             voters: voters.len(),
             joiner_votes: !joiner.is_learner(),
@@ -1632,6 +1632,9 @@ impl Pausing {
         })
     }
 
+    /// `HashKV` of our etcd and the converter's at the converter's
+    /// revision, once ours has it; the revision when equal
+    /// ([`same_keyspace`]).
     async fn same_hash(&self, endpoints: &[String], release: Version) -> Result<i64, String> {
         let mut theirs = connect_v3(endpoints, self.client_tls.as_ref(), REQUEST_TIMEOUT)
             .await
@@ -1928,17 +1931,4 @@ async fn keyspace_digest(
         .map(|b| format!("{b:02x}"))
         .collect();
     Ok((count, hex))
-}
-
-/// The age of the newest raft snapshot (`member/snap/*.snap`) in
-/// `data_dir`: a joiner that started on an empty data dir has one once
-/// the leader's snapshot was received and saved.
-fn newest_snapshot_age(data_dir: &Path) -> Option<Duration> {
-    std::fs::read_dir(data_dir.join("member/snap"))
-        .ok()?
-        .filter_map(Result::ok)
-        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".snap"))
-        .filter_map(|entry| entry.metadata().ok()?.modified().ok())
-        .max()
-        .map(|newest| newest.elapsed().unwrap_or_default())
 }
