@@ -291,6 +291,83 @@ fn etcd2_to_etcd3(
     cluster.finish_pause_scenario(test, started, &before, vec![v2_log], writer, monitor);
 }
 
+/// The line of the converter once the converted data serves.
+const CONVERTED_SERVES: &str = "the converted data serves as a cluster of this member alone";
+
+/// 3 members of 3.3.25 on etcd3 data (kubeadm style) back to etcd2
+/// storage (Kubernetes 1.6 → 1.5's way back): before the go, the old
+/// cluster's keyspace is checked to fit the v2 store; the converter
+/// copies every v3 key into a fresh v2 store (a leased key keeps what is
+/// left of its lease as its TTL); the others join it and are each proven
+/// by their v2 store equal to the converter's at one index, with a v2
+/// client writing all through the joins (the events between the two
+/// reads replayed). A v3 write once the data is etcd2 lands beside the
+/// data, so the v3 writer stops before the rollout.
+pub(crate) fn three_members_etcd3_to_etcd2_with_one_pause() {
+    let test = "pause-etcd3-etcd2";
+    let (from, target) = ("3.3.25", "3.3.25");
+    let Some(ready) = ready(test, &[from]) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&ready.image, test, Style::Kubeadm, 3, from);
+    let before = cluster.baseline();
+    let monitor = cluster.start_monitor();
+    let writer = cluster.start_writer();
+    let leased = cluster.seed_v3_keys("/cluster-test/leased/", 20, Some(TTL_S));
+    let plain = cluster.seed_v3_keys("/cluster-test/plain/", 200, None);
+    writer.wait_acks(0, ACKS, ACK_DEADLINE, "v3 writes before the rollout");
+    let v3_log = writer.finish();
+    monitor.excuse_down(true);
+    cluster.roll_out(
+        &vec![consenting(target, "etcd2"); 3],
+        Rollout::Apart(ROLLOUT_GAP),
+    );
+    let containers: Vec<&Container> = (0..3).map(|i| cluster.container(i)).collect();
+    let Some(converter) = first_to_log(&containers, CONVERTED_SERVES, JOB_DEADLINE) else {
+        panic!(
+            "no member logged {CONVERTED_SERVES:?} within {JOB_DEADLINE:?}; logs:\n{}",
+            cluster.all_logs()
+        );
+    };
+    // From here the data is the v2 store: a v2 client writes through the
+    // joins (to whichever member answers), so the joiners' proofs replay
+    // the events between their reads.
+    cluster.switch_data("etcd2", Api::V2);
+    let writer = cluster.start_writer_after(&v3_log);
+    let took = cluster.wait_job_done(target, "etcd2", JOB_DEADLINE);
+    monitor.excuse_down(false);
+    say(&format!(
+        "{test}: every member records and serves {target}/etcd2 {:.1} s after the last restart ({} converted)",
+        took.as_secs_f64(),
+        cluster.members[converter].name
+    ));
+    let replayed: Vec<String> = (0..3)
+        .filter(|&i| i != converter)
+        .map(|i| {
+            let logs = cluster.container(i).logs();
+            let line = logs
+                .lines()
+                .find(|l| l.contains("its v2 store equal to the converter's at one index"))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{} joined without its v2 proof line; logs:\n{}",
+                        cluster.members[i].name,
+                        cluster.all_logs()
+                    )
+                });
+            format!("{}: {}", cluster.members[i].name, line.trim())
+        })
+        .collect();
+    say(&format!(
+        "{test}: the joiners' proofs:\n  {}",
+        replayed.join("\n  ")
+    ));
+    cluster.assert_rolled_back_to_etcd2(&[&leased, &plain]);
+    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "v2 writes after the job");
+    cluster.finish_pause_scenario(test, started, &before, vec![v3_log], writer, monitor);
+}
+
 /// 3 members of 3.4.23 (kubeadm style), a v3 client writing throughout;
 /// the operator rolls out TARGET_VERSION=3.3.25 with the consent, 3 s
 /// apart. Every member ends recording 3.3.25/etcd3 with new ids, every
@@ -363,7 +440,7 @@ const HANDS_OVER: &str =
 pub(crate) fn below_3_3_the_leadership_moved_off_the_converter_comes_back() {
     let test = "pause-3-2-leader-moved";
     let (from, to) = ("3.2.32", "3.1.20");
-    let Some(run) = rolled_out_in(test, Style::GceHa, (from, to)) else {
+    let Some(run) = rolled_out_in(test, Style::GceHa, (from, to), "etcd3") else {
         return;
     };
     let cluster = &run.cluster;
@@ -702,11 +779,11 @@ fn held_without_consent(image: &str, test: &str, watch: Duration) -> Held {
     held(
         image,
         test,
-        Style::Kubeadm,
-        "3.4.23",
+        (Style::Kubeadm, "3.4.23", "etcd3"),
         &[consent.clone(), consent, without],
         watch,
         ALLOW_CLUSTER_PAUSE,
+        &|_| {},
     )
 }
 
@@ -718,17 +795,18 @@ fn held_without_consent(image: &str, test: &str, watch: Duration) -> Held {
 fn held(
     image: &str,
     test: &str,
-    style: Style,
-    from: &str,
+    (style, from, storage): (Style, &str, &'static str),
     targets: &[Target],
     watch: Duration,
     says: &str,
+    prepare: &dyn Fn(&Cluster),
 ) -> Held {
-    let mut cluster = Cluster::start(image, test, style, 3, from);
+    let mut cluster = Cluster::start_with(image, test, style, 3, from, storage);
     let before = cluster.baseline();
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
     writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
+    prepare(&cluster);
     cluster.roll_out(targets, Rollout::Serving);
     let all: Vec<usize> = (0..cluster.members.len()).collect();
     let watched = serving_for(
@@ -750,7 +828,7 @@ fn held(
     for i in 0..cluster.members.len() {
         assert_eq!(
             cluster.version_txt(i),
-            format!("{from}/etcd3"),
+            format!("{from}/{storage}"),
             "{} records its release while the job waits",
             cluster.members[i].name
         );
@@ -793,13 +871,183 @@ pub(crate) fn a_job_to_3_0_waits_saying_why() {
     } = held(
         &ready.image,
         test,
-        Style::GceHa,
-        "3.1.20",
+        (Style::GceHa, "3.1.20", "etcd3"),
         &vec![consenting("3.0.17", "etcd3"); 3],
         WAITS_FOR,
         BELOW_THE_JOB,
+        &|_| {},
     );
     cluster.finish_scenario(test, started, &before, writer, monitor);
+}
+
+/// What a member says where a key of the cluster cannot be held by the
+/// v2 store.
+const BINARY_VALUE: &str = "is binary (not UTF-8), which the v2 store cannot hold";
+/// The key the operator must fix.
+const BINARY_KEY: &str = "/cluster-test/binary";
+
+/// One v3 put (or delete, `value` none) through whichever member answers.
+fn v3_put(cluster: &Cluster, key: &str, value: Option<&[u8]>) {
+    let started = Instant::now();
+    for ip in cluster.ips().iter().cycle() {
+        let done = crate::harness::writer::runtime().block_on(async {
+            let mut c = crate::harness::writer::connect(&cluster.client, ip).await?;
+            match value {
+                Some(v) => c.put(key, v, None).await.map(|_| ()),
+                None => c.delete(key, None).await.map(|_| ()),
+            }
+            .map_err(|e| e.to_string())
+        });
+        match done {
+            Ok(()) => return,
+            Err(e) => assert!(
+                started.elapsed() < ACK_DEADLINE,
+                "{key}: no member took the write within {ACK_DEADLINE:?}: {e}"
+            ),
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// 3 members of 3.3.25 (kubeadm style) rolled out to etcd2 storage with
+/// the consent, while one key holds a binary value (a protobuf object of
+/// Kubernetes, say) that the v2 store cannot hold: before anything stops,
+/// the job is held, every member serving 3.3.25 and saying which key and
+/// why, writes acknowledged throughout. The operator removes the key (the
+/// v3 writer stops first: its writes would land beside etcd2 data), and
+/// the job runs: every member records and serves 3.3.25/etcd2 with every
+/// write acknowledged before it.
+pub(crate) fn a_key_the_v2_store_cannot_hold_holds_the_job_until_it_goes() {
+    let test = "pause-etcd2-misfit";
+    let Some(ready) = ready(test, &["3.3.25"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let Held {
+        mut cluster,
+        before,
+        monitor,
+        writer,
+    } = held(
+        &ready.image,
+        test,
+        (Style::Kubeadm, "3.3.25", "etcd3"),
+        &vec![consenting("3.3.25", "etcd2"); 3],
+        WAITS_FOR,
+        BINARY_VALUE,
+        &|cluster| v3_put(cluster, BINARY_KEY, Some(&[0x0a, 0xff, 0xfe, 0x00])),
+    );
+    for i in 0..cluster.members.len() {
+        wait_line(&cluster, i, &[BINARY_VALUE, BINARY_KEY], SAYS_WHY_DEADLINE);
+    }
+    let v3_log = writer.finish();
+    monitor.excuse_down(true);
+    v3_put(&cluster, BINARY_KEY, None);
+    let took = cluster.wait_job_done("3.3.25", "etcd2", JOB_DEADLINE);
+    monitor.excuse_down(false);
+    say(&format!(
+        "{test}: with the key removed, every member records and serves 3.3.25/etcd2 {:.1} s later",
+        took.as_secs_f64()
+    ));
+    cluster.switch_data("etcd2", Api::V2);
+    let writer = cluster.start_writer_after(&v3_log);
+    writer.wait_acks(0, ACKS, ACK_DEADLINE, "v2 writes after the job");
+    cluster.finish_pause_scenario(test, started, &before, vec![v3_log], writer, monitor);
+}
+
+/// What a member says where a v2 key would land on a v3 key.
+const CLASH: &str = "v2 keys would be written over v3 keys of the same name";
+/// The key held twice.
+const CLASH_KEY: &str = "/cluster-test/clash";
+
+/// One v2 put (or delete, `value` none) through whichever member answers.
+fn v2_put(cluster: &Cluster, key: &str, value: Option<&str>) {
+    let http = crate::harness::writer::v2_http(&cluster.client);
+    let started = Instant::now();
+    for ip in cluster.ips().iter().cycle() {
+        let url = crate::harness::writer::v2_url(ip, key);
+        let done = crate::harness::writer::runtime().block_on(async {
+            let request = match value {
+                Some(v) => http.put(&url).form(&[("value", v)]),
+                None => http.delete(&url),
+            };
+            let response = request.send().await.map_err(|e| e.to_string())?;
+            match response.status() {
+                status if status.is_success() => Ok(()),
+                status => Err(format!("{url}: {status}")),
+            }
+        });
+        match done {
+            Ok(()) => return,
+            Err(e) => assert!(
+                started.elapsed() < ACK_DEADLINE,
+                "{key}: no member took the v2 write within {ACK_DEADLINE:?}: {e}"
+            ),
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// 3 members of 3.3.25 on etcd2 data (GCE style) rolled out to etcd3
+/// with the consent, while one name is both a v2 key and a v3 key (the
+/// storage migration would write one value over the other): the job is
+/// held before anything stops, every member serving 3.3.25 and naming the
+/// key, where the member's start used to refuse (exit 2, one member down
+/// at a time in a rollout). The operator deletes the v2 key; the job runs
+/// and the v3 key keeps its value.
+pub(crate) fn a_v2_key_on_a_v3_key_holds_the_job_until_it_goes() {
+    let test = "pause-etcd3-clash";
+    let Some(ready) = ready(test, &["3.3.25"]) else {
+        return;
+    };
+    let started = Instant::now();
+    let Held {
+        mut cluster,
+        before,
+        monitor,
+        writer,
+    } = held(
+        &ready.image,
+        test,
+        (Style::GceHa, "3.3.25", "etcd2"),
+        &vec![consenting("3.3.25", "etcd3"); 3],
+        WAITS_FOR,
+        CLASH,
+        &|cluster| {
+            v3_put(cluster, CLASH_KEY, Some(b"from v3"));
+            v2_put(cluster, CLASH_KEY, Some("from v2"));
+        },
+    );
+    for i in 0..cluster.members.len() {
+        wait_line(&cluster, i, &[CLASH, CLASH_KEY], SAYS_WHY_DEADLINE);
+    }
+    // A v2 write once the data is etcd3 lands in its v2 store, which
+    // nothing reads: the v2 writer stops before the job can run.
+    let v2_log = writer.finish();
+    monitor.excuse_down(true);
+    v2_put(&cluster, CLASH_KEY, None);
+    let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
+    monitor.excuse_down(false);
+    say(&format!(
+        "{test}: with the v2 key removed, every member records and serves 3.3.25/etcd3 {:.1} s later",
+        took.as_secs_f64()
+    ));
+    cluster.switch_data("etcd3", Api::V3);
+    let kept = crate::harness::writer::runtime().block_on(async {
+        let mut c =
+            crate::harness::writer::connect(&cluster.client, &cluster.members[0].ip).await?;
+        let got = c.get(CLASH_KEY, None).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(got.kvs().first().map(|kv| kv.value().to_vec()))
+    });
+    assert_eq!(
+        kept,
+        Ok(Some(b"from v3".to_vec())),
+        "the v3 key {CLASH_KEY} after the job; logs:\n{}",
+        cluster.all_logs()
+    );
+    let writer = cluster.start_writer_after(&v2_log);
+    writer.wait_acks(0, ACKS, ACK_DEADLINE, "v3 writes after the job");
+    cluster.finish_pause_scenario(test, started, &before, vec![v2_log], writer, monitor);
 }
 
 /// The job held by a missing consent, as above; then the operator raises
@@ -922,7 +1170,7 @@ const PROMOTED: Point = Point {
 const PROVEN: Point = Point {
     what: "a joined member was proven",
     tag: "proven",
-    line: "this member serves the converted data (its keyspace equal to the converter's at one revision)",
+    line: "pause job: this member serves the converted data (its ",
     old_may_serve: false,
 };
 /// Every point, in the job's order (for the progress a kill reports).
@@ -941,7 +1189,10 @@ const REMOVED: &str = "pause job: removed a member from the old cluster";
 /// phase's line once, each run its own scenario (`make cluster-test
 /// TESTS=members_killed_at_each_phase_converge` runs the five).
 pub(crate) mod members_killed_at_each_phase_converge {
-    use super::{killed_at, ADDED, CONVERTED, GO, LEAVES, LEFT, PROMOTED, PROVEN, SERVING, TAKEN};
+    use super::{
+        killed_at, killed_at_to, Style, ADDED, CONVERTED, GO, LEAVES, LEFT, PROMOTED, PROVEN,
+        SERVING, TAKEN,
+    };
 
     /// 3.4.23 back to 3.3.25: the joiners are voters.
     const VOTERS: (&str, &str) = ("3.4.23", "3.3.25");
@@ -974,6 +1225,21 @@ pub(crate) mod members_killed_at_each_phase_converge {
     /// version.txt records the target.
     pub(crate) fn converter_serving_then_member_proven() {
         killed_at("pause-kill-serving-proven", VOTERS, &[SERVING, PROVEN]);
+    }
+
+    /// 3.3.25/etcd3 back to etcd2 storage: a member killed right after
+    /// it added itself to the converted cluster (a voter: two of two,
+    /// one down), then a joined member right after its proof (its v2
+    /// store equal to the converter's at one index), before its
+    /// version.txt records etcd2: started again, it proves itself anew.
+    pub(crate) fn to_etcd2_member_added_then_member_proven() {
+        killed_at_to(
+            "pause-kill-etcd2-added-proven",
+            Style::Kubeadm,
+            ("3.3.25", "3.3.25"),
+            "etcd2",
+            &[ADDED, PROVEN],
+        );
     }
 
     /// 3.5.16 back to 3.4.23 (3.5 has no downgrade: a snapshot rollback,
@@ -1039,29 +1305,42 @@ struct Rolled {
     cluster: Cluster,
     before: crate::harness::cluster::Baseline,
     monitor: crate::harness::monitor::Monitor,
-    writer: Writer,
+    /// The v3 writer, writing through the job; none where the target is
+    /// etcd2 storage (its v3 writes would land beside the data: it stopped
+    /// before the rollout, its log in `earlier`).
+    writer: Option<Writer>,
+    /// The logs of writers stopped before the rollout.
+    earlier: Vec<crate::harness::writer::WriterLog>,
+    /// The target's storage.
+    storage: &'static str,
     /// When the operator's last restart was made.
     rolled: Instant,
 }
 
 impl Rolled {
-    /// Writes go on after the job, and every invariant of a pause
-    /// scenario holds.
+    /// Writes go on after the job (over v2 once the data is etcd2), and
+    /// every invariant of a pause scenario holds.
     fn finish(self, test: &str) {
-        self.writer.wait_acks(
-            self.writer.acks(),
-            ACKS,
-            ACK_DEADLINE,
-            "writes after the job",
-        );
-        self.cluster.finish_pause_scenario(
-            test,
-            self.started,
-            &self.before,
-            Vec::new(),
-            self.writer,
-            self.monitor,
-        );
+        let Rolled {
+            mut cluster,
+            writer,
+            earlier,
+            storage,
+            started,
+            before,
+            monitor,
+            ..
+        } = self;
+        let writer = match (writer, earlier.last()) {
+            (Some(writer), _) => writer,
+            (None, Some(last)) => {
+                cluster.switch_data(storage, Api::V2);
+                cluster.start_writer_after(last)
+            }
+            (None, None) => unreachable!("a scenario without a writer"),
+        };
+        writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
+        cluster.finish_pause_scenario(test, started, &before, earlier, writer, monitor);
     }
 }
 
@@ -1070,11 +1349,16 @@ impl Rolled {
 /// out TARGET_VERSION=`to` with the consent, 3 s apart, waiting for
 /// nobody. None when the image cannot run the scenario.
 fn rolled_out(test: &str, pair: (&str, &str)) -> Option<Rolled> {
-    rolled_out_in(test, Style::Kubeadm, pair)
+    rolled_out_in(test, Style::Kubeadm, pair, "etcd3")
 }
 
-/// [`rolled_out`] with the members in `style`.
-fn rolled_out_in(test: &str, style: Style, (from, to): (&str, &str)) -> Option<Rolled> {
+/// [`rolled_out`] with the members in `style`, to `storage`.
+fn rolled_out_in(
+    test: &str,
+    style: Style,
+    (from, to): (&str, &str),
+    storage: &'static str,
+) -> Option<Rolled> {
     let ready = ready(test, &[from, to])?;
     let started = Instant::now();
     let mut cluster = Cluster::start(&ready.image, test, style, 3, from);
@@ -1082,9 +1366,14 @@ fn rolled_out_in(test: &str, style: Style, (from, to): (&str, &str)) -> Option<R
     let monitor = cluster.start_monitor();
     let writer = cluster.start_writer();
     writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes before the rollout");
+    let (writer, earlier) = if storage == "etcd2" {
+        (None, vec![writer.finish()])
+    } else {
+        (Some(writer), Vec::new())
+    };
     monitor.excuse_down(true);
     cluster.roll_out(
-        &vec![consenting(to, "etcd3"); 3],
+        &vec![consenting(to, storage); 3],
         Rollout::Apart(ROLLOUT_GAP),
     );
     Some(Rolled {
@@ -1094,6 +1383,8 @@ fn rolled_out_in(test: &str, style: Style, (from, to): (&str, &str)) -> Option<R
         before,
         monitor,
         writer,
+        earlier,
+        storage,
         rolled: Instant::now(),
     })
 }
@@ -1187,22 +1478,25 @@ fn killed_at(test: &str, pair: (&str, &str), points: &[Point]) {
 
 /// [`killed_at`] with the members in `style`.
 fn killed_at_in(test: &str, style: Style, (from, to): (&str, &str), points: &[Point]) {
-    let Some(Rolled {
-        _ready,
-        started,
-        cluster,
-        before,
-        monitor,
-        writer,
-        rolled,
-    }) = rolled_out_in(test, style, (from, to))
-    else {
+    killed_at_to(test, style, (from, to), "etcd3", points);
+}
+
+/// [`killed_at_in`] to `storage`.
+fn killed_at_to(
+    test: &str,
+    style: Style,
+    (from, to): (&str, &str),
+    storage: &'static str,
+    points: &[Point],
+) {
+    let Some(run) = rolled_out_in(test, style, (from, to), storage) else {
         return;
     };
+    let (cluster, rolled) = (&run.cluster, run.rolled);
     // (victim, what, how often it had started its old data by the kill)
     let mut killed = Vec::new();
     for point in points {
-        let victim = wait_for_point(&cluster, point, POINT_DEADLINE);
+        let victim = wait_for_point(cluster, point, POINT_DEADLINE);
         let name = cluster.members[victim].name.clone();
         if let State::Exited(code) = cluster.container(victim).state() {
             panic!(
@@ -1221,7 +1515,7 @@ fn killed_at_in(test: &str, style: Style, (from, to): (&str, &str), points: &[Po
             "{test}: {name} ({role}) SIGKILLed {:.1} s after the rollout, at {:?}; the job by then: {}; {name}'s last line: {}",
             rolled.elapsed().as_secs_f64(),
             point.what,
-            progress(&cluster),
+            progress(cluster),
             last_line(&cluster.container(victim).logs())
         ));
         killed.push((
@@ -1232,10 +1526,10 @@ fn killed_at_in(test: &str, style: Style, (from, to): (&str, &str), points: &[Po
         // The kubelet starts a static pod's container again, as it was.
         cluster.container(victim).start();
     }
-    let after_kills = cluster.wait_job_done(to, "etcd3", JOB_DEADLINE);
-    monitor.excuse_down(false);
+    let after_kills = cluster.wait_job_done(to, storage, JOB_DEADLINE);
+    run.monitor.excuse_down(false);
     say(&format!(
-        "{test}: every member records and serves {to}/etcd3 {:.1} s after the last restart of the rollout ({:.1} s after the last kill)",
+        "{test}: every member records and serves {to}/{storage} {:.1} s after the last restart of the rollout ({:.1} s after the last kill)",
         rolled.elapsed().as_secs_f64(),
         after_kills.as_secs_f64()
     ));
@@ -1264,8 +1558,7 @@ fn killed_at_in(test: &str, style: Style, (from, to): (&str, &str), points: &[Po
             );
         }
     }
-    writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "writes after the job");
-    cluster.finish_pause_scenario(test, started, &before, Vec::new(), writer, monitor);
+    run.finish(test);
 }
 
 /// The first member whose log shows `point`'s line, within `deadline`

@@ -1021,6 +1021,7 @@ fn convert_taken(
     (runtime, supervisor): (&tokio::runtime::Runtime, &Supervisor),
 ) -> Result<(), Error> {
     let started = Instant::now();
+    let pausing_old = pausing.old_release;
     let listed = ondisk::read_with(&config.data_dir, &ondisk::Want::default())
         .map(|d| d.members.len())
         .unwrap_or(0);
@@ -1071,7 +1072,29 @@ fn convert_taken(
     // The backup was taken above (by this run or an earlier one): the data
     // as the old cluster left it.
     plan.backup = None;
-    preconditions::check_before_steps(config, &plan)?;
+    // A key written between the check before the go and the take that
+    // the target cannot hold stops the converter here or in its step,
+    // the data untouched: a restart meets it again, so the converter
+    // says the way out (it is the old cluster alone now).
+    let stuck = |e: Error| {
+        if matches!(
+            e,
+            Error::Precondition(PreconditionError::KeysUnfit { .. })
+                | Error::Execute(ExecuteError::Step { .. })
+        ) {
+            log::error(
+                "pause job: the converter cannot convert the data it took; its data and backup are as the old cluster left them, and this member is that cluster alone now (the others left it and wait for the converted one); a restart of this container converts again; if the cause is in the data (a key the target cannot hold, named above), start the old release by hand on the data dir with this member's flags, remove or fix the key through it, stop it, and start this container again: the job carries on from its record",
+                &[
+                    ("old_release", pausing_old.to_string().into()),
+                    ("data_dir", config.data_dir.display().to_string().into()),
+                ],
+            );
+        }
+        e
+    };
+    preconditions::check_before_steps(config, &plan)
+        .map_err(Error::Precondition)
+        .map_err(stuck)?;
     let member = config.member.clone();
     log_plan(config, &plan, &member, bundle);
     let on_disk = survey.take_on_disk();
@@ -1086,7 +1109,8 @@ fn convert_taken(
         (offline, None),
         survey,
         (runtime, supervisor),
-    )?;
+    )
+    .map_err(stuck)?;
     log::info(
         "pause job: the taken data converted",
         &[

@@ -500,6 +500,16 @@ fn check_keys_fit(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), 
     if plan.current.storage == to {
         return Ok(());
     }
+    if plan.pause.is_some() {
+        // A cluster's member must not refuse at its restart (a rollout
+        // would take the members down one by one): the job reads the
+        // live keyspace before its go and holds it, the old data
+        // serving, while a key does not fit (`cluster::pause::fit`);
+        // the converter's own run (a plan of one member, after it
+        // removed the cluster mode's v2 records) checks its taken data
+        // here again.
+        return Ok(());
+    }
     let v3 = match &on_disk.v3_keys {
         Some(Ok(keys)) => keys,
         Some(Err(why)) => {
@@ -520,19 +530,10 @@ fn check_keys_fit(config: &Config, plan: &Plan, on_disk: &OnDisk) -> Result<(), 
             lease: k.lease,
         })
         .collect();
-    // A pause job's converter removes the cluster mode's own v2 records
-    // (`/etcd-migrate/`, a 2.x roll's) before it converts the data.
-    let ours = |path: &str| {
-        plan.pause.is_some()
-            && path
-                .strip_prefix(crate::cluster::RECORDS_DIR)
-                .is_some_and(|rest| rest.starts_with('/'))
-    };
     let v2: Vec<Entry> = on_disk
         .v2_names
         .iter()
         .flat_map(|names| names.keys())
-        .filter(|path| !ours(path))
         .map(|path| Entry {
             key: path.as_bytes().to_vec(),
             value: Vec::new(),

@@ -230,6 +230,136 @@ impl Cluster {
         );
     }
 
+    /// Puts `n` v3 keys under `prefix` (`<prefix>0000` = `seeded-0`, …),
+    /// all on one lease of `ttl` seconds if given, through whichever
+    /// member answers; every put acknowledged.
+    pub fn seed_v3_keys(&self, prefix: &str, n: usize, ttl: Option<u64>) -> SeededKeys {
+        let ips = self.ips();
+        let pki = self.client.clone();
+        let values: BTreeMap<String, String> = (0..n)
+            .map(|k| (format!("{prefix}{k:04}"), format!("seeded-{k}")))
+            .collect();
+        let started = Instant::now();
+        for ip in ips.iter().cycle() {
+            let done = runtime().block_on(async {
+                let mut c = connect(&pki, ip).await?;
+                let mut options = None;
+                if let Some(ttl) = ttl {
+                    let lease = c
+                        .lease_grant(ttl as i64, None)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .id();
+                    options = Some(etcd_client::PutOptions::new().with_lease(lease));
+                }
+                for (key, value) in &values {
+                    c.put(key.as_str(), value.as_str(), options.clone())
+                        .await
+                        .map_err(|e| format!("put {key}: {e}"))?;
+                }
+                Ok::<(), String>(())
+            });
+            if let Err(e) = done {
+                assert!(
+                    started.elapsed() < SEED_DEADLINE,
+                    "seeding {prefix}: no member took every put within {SEED_DEADLINE:?}: {e}"
+                );
+            } else {
+                break;
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        SeededKeys {
+            prefix: prefix.to_string(),
+            ttl,
+            values,
+        }
+    }
+
+    /// Panics (with every member's log) unless every one of `seeded` (v3
+    /// keys) is found in the v2 store of every member after an etcd3 →
+    /// etcd2 job: its value, and for a leased key a TTL in (0, ttl], for
+    /// a plain key none; no other key under its prefix.
+    pub fn assert_rolled_back_to_etcd2(&self, seeded: &[&SeededKeys]) {
+        let http = writer::v2_http(&self.client);
+        let mut problems = Vec::new();
+        for m in &self.members {
+            for s in seeded {
+                let url = format!(
+                    "{}?recursive=true&sorted=true",
+                    writer::v2_url(&m.ip, s.prefix.trim_end_matches('/'))
+                );
+                let read = runtime().block_on(async {
+                    let response = http.get(&url).send().await.map_err(|e| e.to_string())?;
+                    let body = response.text().await.map_err(|e| e.to_string())?;
+                    serde_json::from_str::<serde_json::Value>(&body)
+                        .map_err(|e| format!("{body:?}: {e}"))
+                });
+                let json = match read {
+                    Ok(json) => json,
+                    Err(e) => {
+                        problems.push(format!("{}: read {url}: {e}", m.name));
+                        continue;
+                    }
+                };
+                let mut found: BTreeMap<String, (String, Option<i64>)> = BTreeMap::new();
+                for n in json["node"]["nodes"].as_array().into_iter().flatten() {
+                    found.insert(
+                        n["key"].as_str().unwrap_or_default().to_string(),
+                        (
+                            n["value"].as_str().unwrap_or_default().to_string(),
+                            n["ttl"].as_i64(),
+                        ),
+                    );
+                }
+                let values: BTreeMap<&String, &String> =
+                    found.iter().map(|(k, (v, _))| (k, v)).collect();
+                let wanted: BTreeMap<&String, &String> = s.values.iter().collect();
+                if values != wanted {
+                    problems.push(format!(
+                        "{}: {} v2 keys under {} where {} v3 keys were seeded",
+                        m.name,
+                        found.len(),
+                        s.prefix,
+                        s.values.len()
+                    ));
+                }
+                for (key, (_, ttl)) in &found {
+                    match (s.ttl, ttl) {
+                        (None, None) => {}
+                        (Some(want), Some(got)) if *got > 0 && *got <= want as i64 => {}
+                        (want, got) => problems.push(format!(
+                            "{}: {key} has TTL {got:?}, seeded on a lease of {want:?} s",
+                            m.name
+                        )),
+                    }
+                }
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "seeded v3 keys not rolled back to etcd2:\n  {}\nlogs:\n{}",
+            problems.join("\n  "),
+            self.all_logs()
+        );
+        eprintln!(
+            "cluster {}: seeded v3 keys found in the v2 store of every member: {}",
+            self.run,
+            seeded
+                .iter()
+                .map(|s| match s.ttl {
+                    Some(ttl) => format!(
+                        "{} under {} with TTLs (lease of {ttl} s)",
+                        s.values.len(),
+                        s.prefix
+                    ),
+                    None => format!("{} under {} without", s.values.len(), s.prefix),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+
     /// Waits until every member's version.txt records
     /// `<release>/<storage>`, and every member answers `/health` and runs
     /// `release`: a job done. How long it took.

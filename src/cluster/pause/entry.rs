@@ -210,7 +210,12 @@ pub fn prepare(
             ],
         );
     }
+    // etcd2 data is served (and a joiner proven) through the v2 API,
+    // which 3.4 and 3.5 serve only with --enable-v2.
+    let target_serves_v2 = !job.target.version.needs_enable_v2_flag()
+        || settings::value(&args, &env, "enable-v2").is_some_and(|v| v == "true");
     Ok(Pausing {
+        target_serves_v2,
         job,
         data_dir: config.data_dir.clone(),
         recorded,
@@ -226,5 +231,6 @@ pub fn prepare(
         termination: supervisor.termination(),
         withdraw_only,
         agreed_this_run: false,
+        misfit: None,
     })
 }

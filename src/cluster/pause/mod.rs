@@ -60,8 +60,10 @@
 //! The decisions here are pure and table-tested; `run` carries them out.
 
 pub mod entry;
+pub mod fit;
 pub mod keys;
 pub mod run;
+pub mod v2proof;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -17,7 +17,9 @@ use crate::cluster::client::connect_v3;
 use crate::cluster::join::Peer;
 use crate::cluster::lock::{Holder, Taken, UpgradeLock, V3Lock};
 use crate::cluster::member::SupervisedEtcd;
-use crate::cluster::pause::{self, keys, Go, Job, Phase, Record, Role, Seen, Shrink, Whom};
+use crate::cluster::pause::{
+    self, fit, keys, v2proof, Go, Job, Phase, Record, Role, Seen, Shrink, Whom,
+};
 use crate::cluster::peer::{PeerClient, TlsFiles};
 use crate::cluster::roll::MemberEtcd;
 use crate::datadir;
@@ -42,6 +44,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a member's etcd may take to answer a status request when a
 /// joiner asks whether it would answer without it.
 const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
+/// How often a job to etcd2 storage that found a key the v2 store cannot
+/// hold reads the keyspace again (a whole read: not every round).
+const MISFIT_RECHECK: Duration = Duration::from_secs(5);
 
 /// How the member's part ended.
 #[derive(Debug)]
@@ -145,6 +150,10 @@ pub struct Pausing {
     pub client_tls: Option<TlsFiles>,
     /// The member's record, as the data dir holds it.
     pub record: Option<Record>,
+    /// Whether the member's etcd flags have its target serve the v2 API
+    /// (3.4 and 3.5: `--enable-v2=true`), which a job to etcd2 storage
+    /// needs.
+    pub target_serves_v2: bool,
     /// How long our own etcd may take to serve.
     pub prove_deadline: Duration,
     /// Where backups go, and how many are kept.
@@ -159,6 +168,9 @@ pub struct Pausing {
     /// revision says how recently this member's etcd started (the
     /// converter asks the freshest to stop first, [`pause::leaves_first`]).
     pub(super) agreed_this_run: bool,
+    /// When this run last read the keyspace to check it fits the v2
+    /// store (a job to etcd2), and what did not fit.
+    pub(super) misfit: Option<(Instant, Option<String>)>,
 }
 
 /// What a wait is for, said once and then every [`PROGRESS_EVERY`].
@@ -574,14 +586,6 @@ impl Pausing {
         peer: &PeerClient,
         seen: &Seen,
     ) -> Result<Option<String>, PauseError> {
-        if self.job.target.storage == crate::version::Storage::Etcd2 {
-            // The joined members are proven by HashKV, which an etcd2
-            // store does not have: not done until they have a proof.
-            return Ok(Some(format!(
-                "nothing: a cluster is not taken back to etcd2 storage by this release (a joined member's proof, etcd's HashKV, does not cover the v2 store); keep TARGET_STORAGE at {} (this member serves {} meanwhile), or take one member there alone and add the others back to it (docs/cluster-pause.md, \"By hand\")",
-                self.recorded.storage, self.old_release
-            )));
-        }
         if self.job.target.version.minor_line() < pause::JOB_FLOOR {
             // The converted cluster takes the joins and the job's keys
             // through the v3 API, as the old one does.
@@ -659,6 +663,48 @@ impl Pausing {
                 self.name_of(leader)
             )));
         }
+        if self.job.target.storage == Storage::Etcd2 && !self.target_serves_v2 {
+            return Ok(Some(format!(
+                "--enable-v2=true in this member's etcd flags (or ETCD_ENABLE_V2=true): etcd {} serves etcd2 data, and proves a joined member, through the v2 API, which it serves only when asked; or keep TARGET_STORAGE at {} (this member serves {} meanwhile)",
+                self.job.target.version, self.recorded.storage, self.old_release
+            )));
+        }
+        if self.job.target.storage != self.recorded.storage {
+            // Held here, before anything stops, rather than refused at a
+            // member's restart or by the converter's step once the
+            // cluster has paused (`fit`). A whole read of the keyspace:
+            // once per MISFIT_RECHECK while it fails.
+            let recent = self
+                .misfit
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < MISFIT_RECHECK)
+                .map(|(_, why)| why.clone());
+            let why = match recent {
+                Some(why) => why,
+                None => {
+                    let found = match self.job.target.storage {
+                        Storage::Etcd2 => fit::v2_misfit(client).await,
+                        Storage::Etcd3 => self.v3_clash(client).await,
+                    };
+                    let why = match found {
+                        Ok(None) => None,
+                        Ok(Some(why)) => Some(format!(
+                            "the keyspace to fit {} storage: {why}; or keep TARGET_STORAGE at {} (this member serves {} meanwhile)",
+                            self.job.target.storage, self.recorded.storage, self.old_release
+                        )),
+                        Err(why) => Some(format!(
+                            "the old cluster to answer a read of its keyspace, to check it fits {} storage ({why})",
+                            self.job.target.storage
+                        )),
+                    };
+                    self.misfit = Some((Instant::now(), why.clone()));
+                    why
+                }
+            };
+            if let Some(why) = why {
+                return Ok(Some(why));
+            }
+        }
         let go = Go::new(
             pause::converter_at_go(self.own.id, leader, &ids, cluster),
             &ids,
@@ -675,6 +721,19 @@ impl Pausing {
             Err(why) => return Ok(Some(format!("the old cluster to take the go ({why})"))),
         }
         Ok(None)
+    }
+
+    /// [`fit::v3_clash`] through this member's own etcd (the old
+    /// cluster's v2 store is the same on every member).
+    async fn v3_clash(&self, client: &mut etcd_client::Client) -> Result<Option<String>, String> {
+        let http = crate::cluster::peer::http_client(self.client_tls.as_ref(), REQUEST_TIMEOUT)
+            .map_err(|e| e.to_string())?;
+        let endpoint = self
+            .own
+            .client_urls
+            .first()
+            .ok_or("this member has no client URL")?;
+        fit::v3_clash(client, &http, endpoint).await
     }
 
     /// Puts this member's agreement, where it is not there or this run has
@@ -711,10 +770,13 @@ impl Pausing {
     /// and the storage migration would write each over its v3 twin (it
     /// refuses to lose either value). The converter is the old cluster's
     /// only member here; a delete of what is gone already is done.
-    async fn forget_v2_records(&self) -> Result<(), String> {
-        if self.recorded.storage != Storage::Etcd2 {
-            return Ok(());
-        }
+    ///
+    /// Again once every member joined a converted cluster on etcd2
+    /// storage: an etcd3 → etcd2 conversion copies every v3 key, the
+    /// cluster mode's records with them (the job's own keys among them,
+    /// which a restarted converter reads, so they stay in v3 until the
+    /// take); the v2 copies go with the job.
+    async fn forget_v2_records(&self, when: &'static str) -> Result<(), String> {
         let http = crate::cluster::peer::http_client(self.client_tls.as_ref(), REQUEST_TIMEOUT)
             .map_err(|e| e.to_string())?;
         let mut last = String::from("no client URL");
@@ -730,8 +792,8 @@ impl Pausing {
                 {
                     if response.status().is_success() {
                         log::info(
-                            "pause job: removed the cluster mode's records from the old cluster's v2 store before the conversion",
-                            &[("job", self.job.id.as_str().into())],
+                            "pause job: removed the cluster mode's records from the v2 store",
+                            &[("job", self.job.id.as_str().into()), ("when", when.into())],
                         );
                     }
                     return Ok(());
@@ -839,7 +901,13 @@ impl Pausing {
                 Ok(Taking::Waiting("the next removal".to_string()))
             }
             Shrink::Alone => {
-                if let Err(why) = self.forget_v2_records().await {
+                let forgotten = if self.recorded.storage == Storage::Etcd2 {
+                    self.forget_v2_records("the old cluster's, before the conversion")
+                        .await
+                } else {
+                    Ok(())
+                };
+                if let Err(why) = forgotten {
                     return Ok(Taking::Waiting(format!(
                         "the removal of the cluster mode's v2 records from the old cluster ({why})"
                     )));
@@ -1459,6 +1527,33 @@ impl Pausing {
                 }
             }
             match self.same_hash(endpoints, target).await {
+                Ok(revision) if self.job.target.storage == Storage::Etcd2 => {
+                    // The data is the v2 store: HashKV covered only the
+                    // job's own v3 keys.
+                    match v2proof::same_v2_store(
+                        self.client_tls.as_ref(),
+                        &self.own.client_urls,
+                        endpoints,
+                        REQUEST_TIMEOUT,
+                    )
+                    .await
+                    {
+                        Ok(proven) => {
+                            log::info(
+                                "pause job: this member serves the converted data (its v2 store equal to the converter's at one index, the events between the two reads replayed)",
+                                &[
+                                    ("index", proven.index.into()),
+                                    ("nodes", proven.nodes.into()),
+                                    ("replayed", proven.replayed.into()),
+                                    ("revision", revision.into()),
+                                    ("ms", log::ms(started.elapsed())),
+                                ],
+                            );
+                            break;
+                        }
+                        Err(why) => last = why,
+                    }
+                }
                 Ok(revision) => {
                     log::info(
                         "pause job: this member serves the converted data (its keyspace equal to the converter's at one revision)",
@@ -1720,6 +1815,19 @@ impl Pausing {
                 .filter(|id| !seen.joined.contains(id))
                 .collect();
             if missing.is_empty() {
+                if self.job.target.storage == Storage::Etcd2 {
+                    if let Err(why) = self
+                        .forget_v2_records("the converted copies, every member joined")
+                        .await
+                    {
+                        reporter.wait(
+                            &self.job.id,
+                            &format!("the cluster mode's records in the converted v2 store to go ({why})"),
+                        );
+                        self.sleep().await;
+                        continue;
+                    }
+                }
                 if let Err(why) = keys::remove_all(&mut client, &self.job.id).await {
                     reporter.wait(&self.job.id, &format!("the job's keys to go ({why})"));
                     self.sleep().await;
