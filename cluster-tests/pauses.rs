@@ -885,41 +885,76 @@ pub(crate) fn a_job_to_3_0_waits_saying_why() {
 const BINARY_VALUE: &str = "is binary (not UTF-8), which the v2 store cannot hold";
 /// The key the operator must fix.
 const BINARY_KEY: &str = "/cluster-test/binary";
+/// What a member says where a v2 key would land on a v3 key.
+const CLASH: &str = "v2 keys would be written over v3 keys of the same name";
+/// The key held twice.
+const CLASH_KEY: &str = "/cluster-test/clash";
 
-/// One v3 put (or delete, `value` none) through whichever member answers.
-fn v3_put(cluster: &Cluster, key: &str, value: Option<&[u8]>) {
+/// Runs `write` against each member in turn until one takes it.
+fn through_any(cluster: &Cluster, what: &str, write: &dyn Fn(&str) -> Result<(), String>) {
     let started = Instant::now();
     for ip in cluster.ips().iter().cycle() {
-        let done = crate::harness::writer::runtime().block_on(async {
-            let mut c = crate::harness::writer::connect(&cluster.client, ip).await?;
-            match value {
-                Some(v) => c.put(key, v, None).await.map(|_| ()),
-                None => c.delete(key, None).await.map(|_| ()),
-            }
-            .map_err(|e| e.to_string())
-        });
-        match done {
+        match write(ip) {
             Ok(()) => return,
             Err(e) => assert!(
                 started.elapsed() < ACK_DEADLINE,
-                "{key}: no member took the write within {ACK_DEADLINE:?}: {e}"
+                "{what}: no member took it within {ACK_DEADLINE:?}: {e}"
             ),
         }
         thread::sleep(Duration::from_millis(200));
     }
 }
 
-/// 3 members of 3.3.25 (kubeadm style) rolled out to etcd2 storage with
-/// the consent, while one key holds a binary value (a protobuf object of
-/// Kubernetes, say) that the v2 store cannot hold: before anything stops,
-/// the job is held, every member serving 3.3.25 and saying which key and
-/// why, writes acknowledged throughout. The operator removes the key (the
-/// v3 writer stops first: its writes would land beside etcd2 data), and
-/// the job runs: every member records and serves 3.3.25/etcd2 with every
-/// write acknowledged before it.
-pub(crate) fn a_key_the_v2_store_cannot_hold_holds_the_job_until_it_goes() {
-    let test = "pause-etcd2-misfit";
-    let Some(ready) = ready(test, &["3.3.25"]) else {
+/// One v3 put (or delete, `value` none) through whichever member answers.
+fn v3_put(cluster: &Cluster, key: &str, value: Option<&[u8]>) {
+    through_any(cluster, &format!("v3 write of {key}"), &|ip| {
+        crate::harness::writer::runtime().block_on(async {
+            let mut c = crate::harness::writer::connect(&cluster.client, ip).await?;
+            match value {
+                Some(v) => c.put(key, v, None).await.map(|_| ()),
+                None => c.delete(key, None).await.map(|_| ()),
+            }
+            .map_err(|e| e.to_string())
+        })
+    });
+}
+
+/// One v2 put (or delete, `value` none) through whichever member answers.
+fn v2_put(cluster: &Cluster, key: &str, value: Option<&str>) {
+    let http = crate::harness::writer::v2_http(&cluster.client);
+    through_any(cluster, &format!("v2 write of {key}"), &|ip| {
+        let url = crate::harness::writer::v2_url(ip, key);
+        crate::harness::writer::runtime().block_on(async {
+            let request = match value {
+                Some(v) => http.put(&url).form(&[("value", v)]),
+                None => http.delete(&url),
+            };
+            let response = request.send().await.map_err(|e| e.to_string())?;
+            match response.status() {
+                status if status.is_success() => Ok(()),
+                status => Err(format!("{url}: {status}")),
+            }
+        })
+    });
+}
+
+/// A storage change held before its go by a key its target cannot take:
+/// 3 members of `from` on `storage` data in `style`, rolled out to
+/// `from`/`target` with the consent after `plant` wrote the key. Every
+/// member serves and says why (`says`, naming `key`); the writer stops
+/// (its API's writes would land beside the converted data), `fix`
+/// removes the key, and the job runs to the end with every write
+/// acknowledged before it. Returns the cluster, switched to the target's
+/// API, for what the scenario checks after.
+fn held_by_a_key(
+    test: &str,
+    (style, from, storage, target): (Style, &str, &'static str, &'static str),
+    (says, key): (&str, &str),
+    plant: &dyn Fn(&Cluster),
+    fix: &dyn Fn(&Cluster),
+    after: &dyn Fn(&Cluster),
+) {
+    let Some(ready) = ready(test, &[from]) else {
         return;
     };
     let started = Instant::now();
@@ -931,61 +966,47 @@ pub(crate) fn a_key_the_v2_store_cannot_hold_holds_the_job_until_it_goes() {
     } = held(
         &ready.image,
         test,
-        (Style::Kubeadm, "3.3.25", "etcd3"),
-        &vec![consenting("3.3.25", "etcd2"); 3],
+        (style, from, storage),
+        &vec![consenting(from, target); 3],
         WAITS_FOR,
-        BINARY_VALUE,
-        &|cluster| v3_put(cluster, BINARY_KEY, Some(&[0x0a, 0xff, 0xfe, 0x00])),
+        says,
+        plant,
     );
     for i in 0..cluster.members.len() {
-        wait_line(&cluster, i, &[BINARY_VALUE, BINARY_KEY], SAYS_WHY_DEADLINE);
+        wait_line(&cluster, i, &[says, key], SAYS_WHY_DEADLINE);
     }
-    let v3_log = writer.finish();
+    let log = writer.finish();
     monitor.excuse_down(true);
-    v3_put(&cluster, BINARY_KEY, None);
-    let took = cluster.wait_job_done("3.3.25", "etcd2", JOB_DEADLINE);
+    fix(&cluster);
+    let took = cluster.wait_job_done(from, target, JOB_DEADLINE);
     monitor.excuse_down(false);
     say(&format!(
-        "{test}: with the key removed, every member records and serves 3.3.25/etcd2 {:.1} s later",
+        "{test}: with {key} fixed, every member records and serves {from}/{target} {:.1} s later",
         took.as_secs_f64()
     ));
-    cluster.switch_data("etcd2", Api::V2);
-    let writer = cluster.start_writer_after(&v3_log);
-    writer.wait_acks(0, ACKS, ACK_DEADLINE, "v2 writes after the job");
-    cluster.finish_pause_scenario(test, started, &before, vec![v3_log], writer, monitor);
+    cluster.switch_data(target, if target == "etcd2" { Api::V2 } else { Api::V3 });
+    after(&cluster);
+    let writer = cluster.start_writer_after(&log);
+    writer.wait_acks(0, ACKS, ACK_DEADLINE, "writes after the job");
+    cluster.finish_pause_scenario(test, started, &before, vec![log], writer, monitor);
 }
 
-/// What a member says where a v2 key would land on a v3 key.
-const CLASH: &str = "v2 keys would be written over v3 keys of the same name";
-/// The key held twice.
-const CLASH_KEY: &str = "/cluster-test/clash";
-
-/// One v2 put (or delete, `value` none) through whichever member answers.
-fn v2_put(cluster: &Cluster, key: &str, value: Option<&str>) {
-    let http = crate::harness::writer::v2_http(&cluster.client);
-    let started = Instant::now();
-    for ip in cluster.ips().iter().cycle() {
-        let url = crate::harness::writer::v2_url(ip, key);
-        let done = crate::harness::writer::runtime().block_on(async {
-            let request = match value {
-                Some(v) => http.put(&url).form(&[("value", v)]),
-                None => http.delete(&url),
-            };
-            let response = request.send().await.map_err(|e| e.to_string())?;
-            match response.status() {
-                status if status.is_success() => Ok(()),
-                status => Err(format!("{url}: {status}")),
-            }
-        });
-        match done {
-            Ok(()) => return,
-            Err(e) => assert!(
-                started.elapsed() < ACK_DEADLINE,
-                "{key}: no member took the v2 write within {ACK_DEADLINE:?}: {e}"
-            ),
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
+/// 3 members of 3.3.25 (kubeadm style) rolled out to etcd2 storage with
+/// the consent, while one key holds a binary value (a protobuf object of
+/// Kubernetes, say) that the v2 store cannot hold: before anything stops,
+/// the job is held, every member serving 3.3.25 and saying which key and
+/// why, writes acknowledged throughout. The operator removes the key, and
+/// the job runs: every member records and serves 3.3.25/etcd2 with every
+/// write acknowledged before it.
+pub(crate) fn a_key_the_v2_store_cannot_hold_holds_the_job_until_it_goes() {
+    held_by_a_key(
+        "pause-etcd2-misfit",
+        (Style::Kubeadm, "3.3.25", "etcd3", "etcd2"),
+        (BINARY_VALUE, BINARY_KEY),
+        &|cluster| v3_put(cluster, BINARY_KEY, Some(&[0x0a, 0xff, 0xfe, 0x00])),
+        &|cluster| v3_put(cluster, BINARY_KEY, None),
+        &|_| {},
+    );
 }
 
 /// 3 members of 3.3.25 on etcd2 data (GCE style) rolled out to etcd3
@@ -996,58 +1017,31 @@ fn v2_put(cluster: &Cluster, key: &str, value: Option<&str>) {
 /// at a time in a rollout). The operator deletes the v2 key; the job runs
 /// and the v3 key keeps its value.
 pub(crate) fn a_v2_key_on_a_v3_key_holds_the_job_until_it_goes() {
-    let test = "pause-etcd3-clash";
-    let Some(ready) = ready(test, &["3.3.25"]) else {
-        return;
-    };
-    let started = Instant::now();
-    let Held {
-        mut cluster,
-        before,
-        monitor,
-        writer,
-    } = held(
-        &ready.image,
-        test,
-        (Style::GceHa, "3.3.25", "etcd2"),
-        &vec![consenting("3.3.25", "etcd3"); 3],
-        WAITS_FOR,
-        CLASH,
+    held_by_a_key(
+        "pause-etcd3-clash",
+        (Style::GceHa, "3.3.25", "etcd2", "etcd3"),
+        (CLASH, CLASH_KEY),
         &|cluster| {
             v3_put(cluster, CLASH_KEY, Some(b"from v3"));
             v2_put(cluster, CLASH_KEY, Some("from v2"));
         },
+        &|cluster| v2_put(cluster, CLASH_KEY, None),
+        &|cluster| {
+            let kept = crate::harness::writer::runtime().block_on(async {
+                let mut c =
+                    crate::harness::writer::connect(&cluster.client, &cluster.members[0].ip)
+                        .await?;
+                let got = c.get(CLASH_KEY, None).await.map_err(|e| e.to_string())?;
+                Ok::<_, String>(got.kvs().first().map(|kv| kv.value().to_vec()))
+            });
+            assert_eq!(
+                kept,
+                Ok(Some(b"from v3".to_vec())),
+                "the v3 key {CLASH_KEY} after the job; logs:\n{}",
+                cluster.all_logs()
+            );
+        },
     );
-    for i in 0..cluster.members.len() {
-        wait_line(&cluster, i, &[CLASH, CLASH_KEY], SAYS_WHY_DEADLINE);
-    }
-    // A v2 write once the data is etcd3 lands in its v2 store, which
-    // nothing reads: the v2 writer stops before the job can run.
-    let v2_log = writer.finish();
-    monitor.excuse_down(true);
-    v2_put(&cluster, CLASH_KEY, None);
-    let took = cluster.wait_job_done("3.3.25", "etcd3", JOB_DEADLINE);
-    monitor.excuse_down(false);
-    say(&format!(
-        "{test}: with the v2 key removed, every member records and serves 3.3.25/etcd3 {:.1} s later",
-        took.as_secs_f64()
-    ));
-    cluster.switch_data("etcd3", Api::V3);
-    let kept = crate::harness::writer::runtime().block_on(async {
-        let mut c =
-            crate::harness::writer::connect(&cluster.client, &cluster.members[0].ip).await?;
-        let got = c.get(CLASH_KEY, None).await.map_err(|e| e.to_string())?;
-        Ok::<_, String>(got.kvs().first().map(|kv| kv.value().to_vec()))
-    });
-    assert_eq!(
-        kept,
-        Ok(Some(b"from v3".to_vec())),
-        "the v3 key {CLASH_KEY} after the job; logs:\n{}",
-        cluster.all_logs()
-    );
-    let writer = cluster.start_writer_after(&v2_log);
-    writer.wait_acks(0, ACKS, ACK_DEADLINE, "v3 writes after the job");
-    cluster.finish_pause_scenario(test, started, &before, vec![v2_log], writer, monitor);
 }
 
 /// The job held by a missing consent, as above; then the operator raises

@@ -1155,13 +1155,7 @@ impl Cluster {
                 "{}?recursive=true&quorum=true&sorted=true",
                 writer::v2_url(&m.ip, dir)
             );
-            let read = runtime().block_on(async {
-                let response = http.get(&url).send().await.map_err(|e| e.to_string())?;
-                let body = response.text().await.map_err(|e| e.to_string())?;
-                serde_json::from_str::<serde_json::Value>(&body)
-                    .map_err(|e| format!("{body:?}: {e}"))
-            });
-            let json = match read {
+            let json = match writer::get_json(&http, &url) {
                 Ok(json) => json,
                 Err(e) => {
                     problems.push(format!("{}: read {url}: {e}", m.name));

@@ -79,6 +79,15 @@ pub fn v2_url(ip: &str, key: &str) -> String {
     format!("https://{ip}:2379/v2/keys{key}")
 }
 
+/// The JSON answer of a GET of `url` (a v2 read).
+pub fn get_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Value, String> {
+    runtime().block_on(async {
+        let response = http.get(url).send().await.map_err(|e| e.to_string())?;
+        let body = response.text().await.map_err(|e| e.to_string())?;
+        serde_json::from_str::<serde_json::Value>(&body).map_err(|e| format!("{body:?}: {e}"))
+    })
+}
+
 /// A current-thread runtime for the test's own async calls.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

@@ -210,10 +210,7 @@ pub fn prepare(
             ],
         );
     }
-    // etcd2 data is served (and a joiner proven) through the v2 API,
-    // which 3.4 and 3.5 serve only with --enable-v2.
-    let target_serves_v2 = !job.target.version.needs_enable_v2_flag()
-        || settings::value(&args, &env, "enable-v2").is_some_and(|v| v == "true");
+    let target_serves_v2 = serves_v2(job.target.version, &args, &env);
     Ok(Pausing {
         target_serves_v2,
         job,
@@ -233,4 +230,47 @@ pub fn prepare(
         agreed_this_run: false,
         misfit: None,
     })
+}
+
+/// Whether `release`, run with the member's etcd flags `args` (and
+/// environment), serves the v2 API: etcd2 data is served (and a joiner
+/// proven) through it, and 3.4 and 3.5 serve it only with `--enable-v2`.
+fn serves_v2(
+    release: crate::version::Version,
+    args: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> bool {
+    release.has_v2_api()
+        && (!release.needs_enable_v2_flag()
+            || settings::value(args, env, "enable-v2").is_some_and(|v| v == "true"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::serves_v2;
+
+    #[test]
+    fn a_target_serves_v2_where_its_release_does_or_the_flags_ask() {
+        let flag = vec!["--enable-v2=true".to_string()];
+        let off = vec!["--enable-v2=false".to_string()];
+        let none: Vec<String> = Vec::new();
+        let no_env = |_: &str| None;
+        let env_on = |name: &str| (name == "ETCD_ENABLE_V2").then(|| "true".to_string());
+        let cases: Vec<(&str, &[String], bool, bool)> = vec![
+            ("3.3.25", &none, false, true),
+            ("3.4.23", &none, false, false),
+            ("3.4.23", &flag, false, true),
+            ("3.5.16", &off, false, false),
+            ("3.5.16", &none, true, true),
+            ("3.6.14", &flag, false, false),
+        ];
+        for (release, args, env, want) in cases {
+            let got = if env {
+                serves_v2(release.parse().expect("version"), args, &env_on)
+            } else {
+                serves_v2(release.parse().expect("version"), args, &no_env)
+            };
+            assert_eq!(got, want, "{release} {args:?} env {env}");
+        }
+    }
 }

@@ -600,6 +600,14 @@ impl Pausing {
                 self.recorded, self.job.target, self.recorded, self.old_release
             )));
         }
+        // Before this member agrees: without it, it could not be proven
+        // once joined.
+        if self.job.target.storage == Storage::Etcd2 && !self.target_serves_v2 {
+            return Ok(Some(format!(
+                "--enable-v2=true in this member's etcd flags (or ETCD_ENABLE_V2=true): etcd {} serves etcd2 data, and proves a joined member, through the v2 API, which it serves only when asked; or keep TARGET_STORAGE at {} (this member serves {} meanwhile)",
+                self.job.target.version, self.recorded.storage, self.old_release
+            )));
+        }
         if self.record.is_none() {
             // Durably ours before the cluster hears of it: a restart finds
             // the job even if the agreement was the last thing written.
@@ -661,12 +669,6 @@ impl Pausing {
             return Ok(Some(format!(
                 "{} to write the go: at cluster version {cluster} (no MoveLeader) the leader carries the data",
                 self.name_of(leader)
-            )));
-        }
-        if self.job.target.storage == Storage::Etcd2 && !self.target_serves_v2 {
-            return Ok(Some(format!(
-                "--enable-v2=true in this member's etcd flags (or ETCD_ENABLE_V2=true): etcd {} serves etcd2 data, and proves a joined member, through the v2 API, which it serves only when asked; or keep TARGET_STORAGE at {} (this member serves {} meanwhile)",
-                self.job.target.version, self.recorded.storage, self.old_release
             )));
         }
         if self.job.target.storage != self.recorded.storage {

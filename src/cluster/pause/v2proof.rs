@@ -375,6 +375,19 @@ mod tests {
         }
     }
 
+    /// `base` at `index`, less `gone`, with `set`.
+    fn changed(base: &Store, index: u64, gone: &[&str], set: &[(&str, Node)]) -> Store {
+        let mut out = base.clone();
+        out.index = index;
+        for key in gone {
+            out.nodes.remove(*key);
+        }
+        for (key, node) in set {
+            out.nodes.insert(key.to_string(), node.clone());
+        }
+        out
+    }
+
     #[test]
     fn replay_applies_writes_and_removals_as_the_v2_store_does() {
         let before = store(
@@ -393,30 +406,16 @@ mod tests {
             (
                 "a set replaces a leaf's value and TTL",
                 vec![event(11, "set", "/a/x", leaf("9", true))],
-                store(
-                    11,
-                    &[
-                        ("/a", dir(false)),
-                        ("/a/x", leaf("9", true)),
-                        ("/a/y", leaf("2", true)),
-                        ("/b", dir(true)),
-                        ("/b/z", leaf("3", false)),
-                        ("/ab", leaf("keep", false)),
-                    ],
-                ),
+                changed(&before, 11, &[], &[("/a/x", leaf("9", true))]),
             ),
             (
                 "a create under new directories makes them permanent",
                 vec![event(12, "create", "/c/d/e", leaf("n", false))],
-                store(
+                changed(
+                    &before,
                     12,
+                    &[],
                     &[
-                        ("/a", dir(false)),
-                        ("/a/x", leaf("1", false)),
-                        ("/a/y", leaf("2", true)),
-                        ("/b", dir(true)),
-                        ("/b/z", leaf("3", false)),
-                        ("/ab", leaf("keep", false)),
                         ("/c", dir(false)),
                         ("/c/d", dir(false)),
                         ("/c/d/e", leaf("n", false)),
@@ -426,29 +425,12 @@ mod tests {
             (
                 "a directory's update keeps its children",
                 vec![event(13, "update", "/b", dir(false))],
-                store(
-                    13,
-                    &[
-                        ("/a", dir(false)),
-                        ("/a/x", leaf("1", false)),
-                        ("/a/y", leaf("2", true)),
-                        ("/b", dir(false)),
-                        ("/b/z", leaf("3", false)),
-                        ("/ab", leaf("keep", false)),
-                    ],
-                ),
+                changed(&before, 13, &[], &[("/b", dir(false))]),
             ),
             (
                 "a directory's expiry takes its children, not a sibling sharing its prefix",
                 vec![event(14, "expire", "/a", dir(false))],
-                store(
-                    14,
-                    &[
-                        ("/b", dir(true)),
-                        ("/b/z", leaf("3", false)),
-                        ("/ab", leaf("keep", false)),
-                    ],
-                ),
+                changed(&before, 14, &["/a", "/a/x", "/a/y"], &[]),
             ),
             (
                 "deletes and compare-and-deletes remove leaves; a CAS sets",
@@ -457,14 +439,11 @@ mod tests {
                     event(16, "compareAndDelete", "/a/y", leaf("", false)),
                     event(17, "compareAndSwap", "/b/z", leaf("4", false)),
                 ],
-                store(
+                changed(
+                    &before,
                     17,
-                    &[
-                        ("/a", dir(false)),
-                        ("/b", dir(true)),
-                        ("/b/z", leaf("4", false)),
-                        ("/ab", leaf("keep", false)),
-                    ],
+                    &["/a/x", "/a/y"],
+                    &[("/b/z", leaf("4", false))],
                 ),
             ),
             (
@@ -474,17 +453,7 @@ mod tests {
                     event(19, "set", "/a/_h/k", leaf("x", false)),
                     event(20, "delete", "/b/_z", leaf("", false)),
                 ],
-                store(
-                    20,
-                    &[
-                        ("/a", dir(false)),
-                        ("/a/x", leaf("1", false)),
-                        ("/a/y", leaf("2", true)),
-                        ("/b", dir(true)),
-                        ("/b/z", leaf("3", false)),
-                        ("/ab", leaf("keep", false)),
-                    ],
-                ),
+                changed(&before, 20, &[], &[]),
             ),
         ];
         for (why, events, want) in cases {
