@@ -14,6 +14,8 @@ cargo fmt --check
 # Both builds: the release one (no failpoints) and the test one.
 cargo clippy --locked --all-targets -- -D warnings
 cargo clippy --locked --all-targets --features failpoints -- -D warnings
+# The API docs: no broken or private intra-doc link.
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps
 # Unit tests, then the end-to-end tests on real etcd (e2e/), with the named
 # failpoints compiled in (src/failpoint.rs): the crash tests die at each.
 cargo test --locked --all-targets --features failpoints

@@ -109,7 +109,7 @@ pub enum BackupError {
     LeadsToCopy {
         /// The link (or mounted dir) in the data dir.
         path: PathBuf,
-        /// "a symlink to <target>", or "a directory" (a bind mount).
+        /// "a symlink to `<target>`", or "a directory" (a bind mount).
         how: String,
         /// The backup dir or scratch dir it contains.
         destination: String,
@@ -120,7 +120,7 @@ pub enum BackupError {
     Loop {
         /// The link (or dir) in the data dir.
         path: PathBuf,
-        /// "a symlink to <target>", or "a mount of a directory above it".
+        /// "a symlink to `<target>`", or "a mount of a directory above it".
         how: String,
     },
     /// A symlink in the data dir that cannot be followed.

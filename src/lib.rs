@@ -102,7 +102,7 @@ pub enum Error {
         /// The data dir.
         data_dir: String,
         /// Where the releases were looked for, when that is the problem
-        /// (see [`looked_in`]); empty otherwise.
+        /// (see `looked_in`); empty otherwise.
         looked_in: String,
         /// Why.
         #[source]
@@ -123,7 +123,7 @@ pub enum Error {
     FreshTarget {
         /// The data dir.
         data_dir: String,
-        /// Where the releases were looked for (see [`looked_in`]).
+        /// Where the releases were looked for (see `looked_in`).
         looked_in: String,
         /// Why.
         #[source]

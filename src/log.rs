@@ -5,7 +5,7 @@
 //! release that printed it (`[etcd-3.4.23]`).
 //!
 //! Every line is a `tracing` event of this crate, rendered by one layer
-//! ([`Lines`]) in exactly the two documented shapes; the fields of the
+//! (`Lines`) in exactly the two documented shapes; the fields of the
 //! spans an event is in (a step's `step`, see [`step_span`]) come first.
 //! tracing-subscriber's own `fmt` layer was not used: its text and JSON
 //! shapes (`"fields":{…}`, `"level":"INFO"`, no `[etcd-migrate]` prefix)

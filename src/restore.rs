@@ -8,7 +8,7 @@
 //!    the integrity hash `etcdctl snapshot save` appends holds (a file cut
 //!    short fails it), the file is a bolt db etcd could open, and the
 //!    release that wrote it is not newer than the target. Our own backups
-//!    (`etcd-migrate backup` dirs) are taken too ([`check_backup`]): the
+//!    (`etcd-migrate backup` dirs) are taken too (`check_backup`): the
 //!    sha256 given is then the one of the backup's `MANIFEST.sha256`,
 //!    every file is verified against the manifest, and the backup's db is
 //!    restored (`--skip-hash-check`: a db copied from a stopped data dir

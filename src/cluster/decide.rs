@@ -93,7 +93,7 @@ pub struct View {
     /// The target each member's entrypoint announced when it last rolled
     /// (`/etcd-migrate/target/<id>`), by member id: a member whose
     /// announcement is not ours has not been restarted by the operator's
-    /// rollout of our target yet ([`rollout_gate`]).
+    /// rollout of our target yet (`rollout_gate`).
     pub announced: BTreeMap<u64, Version>,
 }
 

@@ -230,7 +230,7 @@ fn prepare(
 /// exits, and the manifest's etcd starts it. Anything more than one hop, a
 /// restart mark (the cluster mode ran on this data), or a cluster that does
 /// not allow the hop yet is the `--no-exec` refusal, which names the way.
-/// The hop is etcd's, from the recorded release ([`hop_bundle`]).
+/// The hop is etcd's, from the recorded release (`hop_bundle`).
 pub fn hand_over(
     config: &Config,
     plan: &Plan,

@@ -48,7 +48,7 @@ const LOOK_EVERY: Duration = Duration::from_millis(200);
 
 /// How long a member looks at the others, announcing that it forces,
 /// before it may force: longer than a round of looks takes (a lost
-/// member's address answers nothing for [`ASK_TIMEOUT`] plus [`RAW_TIMEOUT`]),
+/// member's address answers nothing for `ASK_TIMEOUT` plus `RAW_TIMEOUT`),
 /// so that another member announcing at the same time is seen, and it
 /// sees us.
 pub const HOLD: Duration = Duration::from_secs(6);
@@ -234,7 +234,7 @@ pub fn quorum_left(members: usize, others_answering: usize) -> bool {
 /// member forces (see the module doc): announces on `listen_peer` (the
 /// member's own `--listen-peer-urls`) and looks at the other members every
 /// second for at least [`HOLD`], until [`judge`] says go for the last
-/// round, refuses, or [`UNDECIDED_FOR`] passes.
+/// round, refuses, or `UNDECIDED_FOR` passes.
 pub async fn check(
     members: &[Member],
     own_id: u64,
@@ -357,7 +357,7 @@ fn first_line(addr: SocketAddr) -> Seen {
 }
 
 /// Our announcement that this member forces: its peer addresses answer
-/// every connection with [`ANNOUNCED`] and its id, until dropped (before
+/// every connection with `ANNOUNCED` and its id, until dropped (before
 /// the forcing etcd takes the port).
 pub struct Announcement {
     stop: Arc<AtomicBool>,

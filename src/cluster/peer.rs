@@ -63,7 +63,7 @@ pub enum PeerError {
         /// What failed (connect, TLS, timeout).
         reason: String,
         /// The TLS handshake failed: the member listens, but one side does
-        /// not accept the other's certificate ([`tls_failure`]).
+        /// not accept the other's certificate (`tls_failure`).
         tls_refused: bool,
     },
     /// An answer that is not a success.

@@ -521,7 +521,7 @@ impl LearnerError {
 /// The exec'd member that added itself as a learner (`joined`): its etcd
 /// (`release`, with the membership's `--initial-cluster` in its arguments)
 /// runs as our child until etcd promotes it to a voter, asked every
-/// [`PROMOTE_EVERY`] through the other members within `deadline`; then
+/// `PROMOTE_EVERY` through the other members within `deadline`; then
 /// `record` writes `version.txt` (the release has run on the data as a
 /// member), and the etcd serves until it exits or a stop request comes.
 pub async fn promote_then_serve(

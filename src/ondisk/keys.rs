@@ -98,7 +98,7 @@ pub fn offline_hash(db: &bolt::Db) -> Result<Result<OfflineHash, String>, OnDisk
     }
 }
 
-/// Where [`offline_hash`] starts, read before any etcd runs on the data
+/// Where `offline_hash` starts, read before any etcd runs on the data
 /// (a few pages): the database as its meta page was then, the key
 /// bucket, the compactions and the newest revision key. [`HashStart::hash`]
 /// walks the bucket later, while the first step's etcd starts, and then

@@ -64,7 +64,7 @@ pub struct V2Leaf {
     pub key: String,
     pub value: String,
     /// The earliest expiry on its path as a read lists it (Unix
-    /// nanoseconds): its own, or a dir's above it (see [`V2Store::leaves`]).
+    /// nanoseconds): its own, or a dir's above it (see `V2Store::leaves`).
     pub expires: Option<i64>,
 }
 

@@ -1927,7 +1927,7 @@ pub fn record_path(dir: &Path) -> PathBuf {
 /// (`theirs`), both serving `release`: the converter's revision, once
 /// ours has it, where both hash alike there: etcd's `HashKV`, or on a
 /// release without it (3.2 and older) a digest of every key at that
-/// revision ([`keyspace_digest`]). Otherwise what differs, or how far
+/// revision (`keyspace_digest`). Otherwise what differs, or how far
 /// behind ours is.
 pub async fn same_keyspace(
     theirs: &mut etcd_client::Client,
