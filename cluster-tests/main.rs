@@ -134,6 +134,7 @@ fn main() {
         pauses::a_job_to_3_0_waits_saying_why,
         pauses::a_key_the_v2_store_cannot_hold_holds_the_job_until_it_goes,
         pauses::a_v2_key_on_a_v3_key_holds_the_job_until_it_goes,
+        pauses::a_3_4_job_to_etcd2_waits_for_the_v2_api_then_goes,
         pauses::a_target_raised_before_the_go_cancels_the_job,
         pauses::five_members_gce_style_etcd2_to_etcd3_with_one_pause,
         pauses::the_converter_cut_off_after_it_took_the_data,

@@ -364,6 +364,26 @@ pub(crate) fn three_members_etcd3_to_etcd2_with_one_pause() {
         replayed.join("\n  ")
     ));
     cluster.assert_rolled_back_to_etcd2(&[&leased, &plain]);
+    // The conversion copied the cluster mode's v3 records into the v2
+    // store too; the converter removes them once every member joined.
+    let http = crate::harness::writer::v2_http(&cluster.client);
+    let records = Instant::now();
+    for m in &cluster.members {
+        let url = crate::harness::writer::v2_url(&m.ip, "/etcd-migrate");
+        loop {
+            let status = crate::harness::writer::runtime()
+                .block_on(async { http.get(&url).send().await.map(|r| r.status().as_u16()) });
+            if matches!(status, Ok(404)) {
+                break;
+            }
+            assert!(
+                records.elapsed() < ACK_DEADLINE,
+                "{url}: {status:?}, not 404, {ACK_DEADLINE:?} after the job; logs:\n{}",
+                cluster.all_logs()
+            );
+            thread::sleep(Duration::from_millis(500));
+        }
+    }
     writer.wait_acks(writer.acks(), ACKS, ACK_DEADLINE, "v2 writes after the job");
     cluster.finish_pause_scenario(test, started, &before, vec![v3_log], writer, monitor);
 }
@@ -951,7 +971,7 @@ fn held_by_a_key(
     (style, from, storage, target): (Style, &str, &'static str, &'static str),
     (says, key): (&str, &str),
     plant: &dyn Fn(&Cluster),
-    fix: &dyn Fn(&Cluster),
+    fix: &dyn Fn(&mut Cluster),
     after: &dyn Fn(&Cluster),
 ) {
     let Some(ready) = ready(test, &[from]) else {
@@ -977,7 +997,7 @@ fn held_by_a_key(
     }
     let log = writer.finish();
     monitor.excuse_down(true);
-    fix(&cluster);
+    fix(&mut cluster);
     let took = cluster.wait_job_done(from, target, JOB_DEADLINE);
     monitor.excuse_down(false);
     say(&format!(
@@ -1004,7 +1024,7 @@ pub(crate) fn a_key_the_v2_store_cannot_hold_holds_the_job_until_it_goes() {
         (Style::Kubeadm, "3.3.25", "etcd3", "etcd2"),
         (BINARY_VALUE, BINARY_KEY),
         &|cluster| v3_put(cluster, BINARY_KEY, Some(&[0x0a, 0xff, 0xfe, 0x00])),
-        &|cluster| v3_put(cluster, BINARY_KEY, None),
+        &|cluster: &mut Cluster| v3_put(cluster, BINARY_KEY, None),
         &|_| {},
     );
 }
@@ -1025,7 +1045,7 @@ pub(crate) fn a_v2_key_on_a_v3_key_holds_the_job_until_it_goes() {
             v3_put(cluster, CLASH_KEY, Some(b"from v3"));
             v2_put(cluster, CLASH_KEY, Some("from v2"));
         },
-        &|cluster| v2_put(cluster, CLASH_KEY, None),
+        &|cluster: &mut Cluster| v2_put(cluster, CLASH_KEY, None),
         &|cluster| {
             let kept = crate::harness::writer::runtime().block_on(async {
                 let mut c =
@@ -1041,6 +1061,31 @@ pub(crate) fn a_v2_key_on_a_v3_key_holds_the_job_until_it_goes() {
                 cluster.all_logs()
             );
         },
+    );
+}
+
+/// What a member says where its etcd flags leave the v2 API off.
+const ENABLE_V2: &str = "--enable-v2=true in this member's etcd flags";
+
+/// 3 members of 3.4.23 (kubeadm style) rolled out to 3.4.23/etcd2 with
+/// the consent but without `--enable-v2` (3.4 serves the v2 API only
+/// with it, and etcd2 data and the joiners' proof go through it): no
+/// member agrees, every one serves 3.4.23 and says what its flags lack.
+/// Rolled out again with `ETCD_ENABLE_V2=true`, the job runs: the
+/// joiners, learners on 3.4, are promoted and proven by their v2 stores.
+pub(crate) fn a_3_4_job_to_etcd2_waits_for_the_v2_api_then_goes() {
+    held_by_a_key(
+        "pause-3-4-etcd2-enable-v2",
+        (Style::Kubeadm, "3.4.23", "etcd3", "etcd2"),
+        (ENABLE_V2, "ETCD_ENABLE_V2=true"),
+        &|_| {},
+        &|cluster: &mut Cluster| {
+            cluster.roll_out(
+                &vec![consenting("3.4.23", "etcd2").with_env("ETCD_ENABLE_V2", "true"); 3],
+                Rollout::Apart(ROLLOUT_GAP),
+            )
+        },
+        &|_| {},
     );
 }
 

@@ -36,6 +36,8 @@
 //!   real 3-member cluster with peer TLS.
 //! - `pause_proof`: the pause job's proof of a joined member (`HashKV`,
 //!   and below 3.3 a digest of every key) failing on a differing value.
+//! - `pause_v2_proof`: on etcd2 storage, the v2 event history between two
+//!   reads replayed onto the first gives the second; one value apart fails.
 //! - `self_join`: a member replacing its stale entry within the second of
 //!   that entry's add (etcd's removed-id refusal) joins under a new id.
 //! - `cluster_roll`: the cluster mode end to end on loopback: three members
@@ -60,6 +62,7 @@ mod logging;
 mod no_step;
 mod ondisk;
 mod pause_proof;
+mod pause_v2_proof;
 mod pid1;
 mod refusals;
 mod restores;
