@@ -170,9 +170,12 @@ impl Ours {
     /// (A write whose answer was lost is not in here, so it only ever
     /// makes this false.)
     pub fn made_every_revision(&self, after: i64, upto: i64) -> bool {
-        upto >= after
-            && i64::try_from(self.revisions.range(after + 1..=upto).count()).ok()
-                == Some(upto - after)
+        // None at all is every one; and a range ending before it starts
+        // is one `range` refuses (it panics).
+        upto == after
+            || (upto > after
+                && i64::try_from(self.revisions.range(after + 1..=upto).count()).ok()
+                    == Some(upto - after))
     }
 }
 
@@ -1414,6 +1417,10 @@ mod tests {
             !ours.made_every_revision(12, 11),
             "a head behind the anchor"
         );
+        // A head at the anchor itself once revisions of ours exist (a hash
+        // answered before a write of ours): this once panicked in `range`.
+        assert!(ours.made_every_revision(15, 15), "nothing since");
+        assert!(ours.made_every_revision(12, 12));
     }
 
     #[test]
