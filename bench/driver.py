@@ -527,13 +527,31 @@ class Scale:
         steps = {ln["step"]: ln["ms"] for ln in lines if ln["msg"] == "step done"}
         copies = [ln for ln in lines if ln["msg"] == "copy done"]
         progress = sum(1 for ln in lines if str(ln["msg"]).endswith(" progress"))
+        # etcd's own start in each step, by its own clock: its first line
+        # to 'ready to serve client requests' (WAL replay, index rebuild,
+        # election), the same work as in the floor's start.
+        etcd_own = {}
+        for ln in lines:
+            # (A baseline read by a start is not a step: the floor's steps
+            # have no start of it either.)
+            if ln["msg"] == "etcd healthy and stopped" and "/" in str(ln.get("step", "")):
+                first, ready = etcd_anchors(self.b.last_relayed.get(ln["version"], []))
+                if first is None or ready is None:
+                    die(f"etcd {ln['version']}'s output in {tag} lacks its first or ready line")
+                etcd_own[ln["step"]] = ready - first
+        # The 4 s tail: etcd missed raising its cluster version at its first
+        # commit (a race in its version monitor) and did so a timer later.
+        cv_waits = sum(1 for ln in lines if ln["msg"] == "health key written; waiting for etcd's versions")
         return dict(wall_s=wall / 1000, rss_mib=self.b.last_hwm_kb / 1024,
                     base_s=base[0] / 1000 if base else 0.0, offline=offline,
                     steps_s={k: v / 1000 for k, v in steps.items()},
-                    copies=copies, progress_lines=progress)
+                    copies=copies, progress_lines=progress, etcd_own_s=etcd_own,
+                    cv_waits=cv_waits)
 
     def floor(self, work, version):
-        return self.b.run_floor(work, version, "fresh")["total_ms"] / 1000
+        """(total, etcd's own first line -> ready) of one floor start, s."""
+        r = self.b.run_floor(work, version, "fresh")
+        return r["total_ms"] / 1000, r["phases"]["→ready to serve"] / 1000
 
     def size(self, keys, value_bytes, runs):
         root = os.path.join(self.a.root, f"scale-{keys}x{value_bytes}")
@@ -547,7 +565,9 @@ class Scale:
         db_mib = os.path.getsize(os.path.join(seed, "member", "snap", "db")) / 2**20
         work = os.path.join(root, "work")
         m = {k: [] for k in ("walk", "base", "s1", "s2", "rss", "hop", "hop_rss", "hop_base",
-                             "hop_s1", "f_base", "f_s1", "f_s2", "progress", "offline")}
+                             "hop_s1", "f_base", "f_s1", "f_s2", "progress", "offline",
+                             "walk_etcd", "walk_etcd1", "walk_etcd2", "f_s1_etcd", "f_s2_etcd",
+                             "cv_waits")}
         variants = ["walk", "hop", "f_base", "f_s1", "f_s2"]
         for i in range(runs):
             order = variants[i % len(variants):] + variants[:i % len(variants)]
@@ -562,6 +582,10 @@ class Scale:
                     m["s2"].append(r["steps_s"].get("2/2", 0.0))
                     m["progress"].append(r["progress_lines"])
                     m["offline"].append(r["offline"])
+                    m["walk_etcd"].append(sum(r["etcd_own_s"].values()))
+                    m["walk_etcd1"].append(r["etcd_own_s"].get("1/2", 0.0))
+                    m["walk_etcd2"].append(r["etcd_own_s"].get("2/2", 0.0))
+                    m["cv_waits"].append(r["cv_waits"])
                 elif v == "hop":
                     r = self.ours(work, MID, f"{keys}-hop{i}")
                     m["hop"].append(r["wall_s"])
@@ -569,17 +593,31 @@ class Scale:
                     m["hop_base"].append(r["base_s"])
                     m["hop_s1"].append(r["steps_s"].get("1/1", 0.0))
                 elif v == "f_base":
-                    m["f_base"].append(self.floor(work, FROM))
+                    m["f_base"].append(self.floor(work, FROM)[0])
                 elif v == "f_s1":
-                    m["f_s1"].append(self.floor(work, MID))
+                    total, own = self.floor(work, MID)
+                    m["f_s1"].append(total)
+                    m["f_s1_etcd"].append(own)
                 else:
-                    m["f_s2"].append(self.floor(work, TARGET))
+                    total, own = self.floor(work, TARGET)
+                    m["f_s2"].append(total)
+                    m["f_s2_etcd"].append(own)
             log(f"{human_keys(keys)} x {value_bytes} B: round {i + 1}/{runs} done")
         load_after = os.getloadavg()
         if not self.a.keep_sizes:
             shutil.rmtree(root, ignore_errors=True)
         md = {k: med(v) for k, v in m.items()}
         floor_walk = md["f_base"] + md["f_s1"] + md["f_s2"]
+        # Without etcd's own start (the same work on both sides, and most
+        # of the noise: its WAL replay and election vary by ±15 % a run):
+        # what is left of each is the process around it. Ours: the read,
+        # the health write, the proof, the stops, the records; the floor's:
+        # its spawn, its put, its stop.
+        ours_rest = [w - e for w, e in zip(m["walk"], m["walk_etcd"])]
+        floor_rest = [a - ae + b - be for a, ae, b, be in
+                      zip(m["f_s1"], m["f_s1_etcd"], m["f_s2"], m["f_s2_etcd"])]
+        floor_etcd = [ae + be for ae, be in zip(m["f_s1_etcd"], m["f_s2_etcd"])]
+        steps_floor = md["f_s1"] + md["f_s2"]
         for phase, ours, floor in zip(self.PHASES,
                                       (md["base"], md["s1"], md["s2"], md["walk"], md["hop"]),
                                       (md["f_base"], md["f_s1"], md["f_s2"], floor_walk, md["f_s1"])):
@@ -591,7 +629,13 @@ class Scale:
             f_base=md["f_base"], f_s1=md["f_s1"], f_s2=md["f_s2"],
             hop=md["hop"], hop_base=md["hop_base"], hop_s1=md["hop_s1"],
             rss=max(m["rss"] + m["hop_rss"]), progress=md["progress"],
-            offline=all(m["offline"]), steps_floor=md["f_s1"] + md["f_s2"],
+            offline=all(m["offline"]), steps_floor=steps_floor,
+            ours_rest=med(ours_rest), floor_rest=med(floor_rest),
+            etcd_ours=med(m["walk_etcd"]), etcd_floor=med(floor_etcd),
+            etcd_by_step=dict(ours=[md["walk_etcd1"], md["walk_etcd2"]],
+                              floor=[md["f_s1_etcd"], md["f_s2_etcd"]]),
+            walk_steps_without_etcd_noise=(steps_floor + med(ours_rest) - med(floor_rest)) / steps_floor,
+            cv_waits=sum(m["cv_waits"]),
             # Paired: each round's ratio of ours to the floor runs of the
             # same round (minutes apart at most, on copies of the same
             # data), then their median; a slow drift of the machine moves
@@ -608,6 +652,9 @@ class Scale:
             f"one hop {s['hop']:.1f} s vs one start {s['f_s1']:.1f} s ({s['hop'] / s['f_s1']:.2f}x); "
             f"paired (median of per-round ratios): walk / its steps' starts {s['walk_steps_paired']:.2f}x, "
             f"one hop / one start {s['hop_paired']:.2f}x; "
+            f"without etcd's own start: ours {s['ours_rest'] * 1000:.0f} ms vs the floor's {s['floor_rest'] * 1000:.0f} ms "
+            f"({s['walk_steps_without_etcd_noise']:.2f}x); etcd's own start {s['etcd_ours']:.2f} s under ours, "
+            f"{s['etcd_floor']:.2f} s in the floor; "
             f"peak RSS {s['rss']:.1f} MiB")
 
     def write(self):
@@ -641,6 +688,23 @@ class Scale:
               f"| {s['rss']:.1f} |")
         p("")
         p("paired: the median of each round's own ratio (ours over the floor runs of the same round).")
+        p("")
+        p("Without etcd's own start (its first line → `ready to serve client requests` by its own clock, in each "
+          "step: WAL replay, index rebuild, election; the same work on both sides and most of the noise). "
+          "What is left is each side's own time around etcd; the estimate adds ours' surplus to the floor's "
+          "median. The last two columns show whether etcd starts slower beside ours (our threads share its CPUs).")
+        p("")
+        p("| data | ours around etcd, ms | floor around etcd, ms | walk / its steps' starts, without etcd's noise "
+          "| etcd's own starts under ours / in the floor, s (step 1; step 2) | cluster-version waits (etcd's 4 s timer) |")
+        p("|---|---|---|---|---|---|")
+        for s in self.summary:
+            if "ours_rest" not in s:
+                continue
+            p(f"| {human_keys(s['keys'])} × {s['value_bytes']} B | {s['ours_rest'] * 1000:.0f} | {s['floor_rest'] * 1000:.0f} "
+              f"| {s['walk_steps_without_etcd_noise']:.2f} | {s['etcd_ours']:.2f} / {s['etcd_floor']:.2f} "
+              f"({s['etcd_by_step']['ours'][0]:.2f} / {s['etcd_by_step']['floor'][0]:.2f}; "
+              f"{s['etcd_by_step']['ours'][1]:.2f} / {s['etcd_by_step']['floor'][1]:.2f}) "
+              f"| {s['cv_waits']} of {s['runs']} walks |")
         one_kib = [s for s in self.summary if s["value_bytes"] == 1024]
         for a_, b_ in zip(one_kib, one_kib[1:]):
             data = b_["keys"] / a_["keys"]
