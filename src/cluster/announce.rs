@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::keyspace::{V2Answer, V2_NOT_FOUND};
 use crate::log::error_chain;
 use crate::version::{Version, VersionPair};
 
@@ -91,24 +92,6 @@ pub async fn read_v3(client: &mut etcd_client::Client) -> Result<BTreeMap<u64, V
         .filter_map(|kv| parse(&String::from_utf8_lossy(kv.key()), kv.value()))
         .collect())
 }
-
-#[derive(Deserialize)]
-struct V2Answer {
-    node: Option<V2Node>,
-    #[serde(rename = "errorCode")]
-    error_code: Option<u32>,
-}
-
-#[derive(Deserialize)]
-struct V2Node {
-    key: Option<String>,
-    value: Option<String>,
-    #[serde(default)]
-    nodes: Vec<V2Node>,
-}
-
-/// The v2 error code for "key not found".
-const V2_NOT_FOUND: u32 = 100;
 
 /// Writes `announcement` as member `id`'s into the v2 store, through the
 /// first of `endpoints` that answers.

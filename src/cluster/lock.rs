@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::client::{connect_v3, ClientError};
 use crate::cluster::peer::{self, PeerError, TlsFiles};
+use crate::keyspace::{V2Answer, V2_NOT_FOUND};
 use crate::log::error_chain;
 
 /// The lock's key. Outside Kubernetes' `/registry` prefix; present only
@@ -341,22 +342,6 @@ pub struct V2Lock {
     me: Holder,
     value: String,
 }
-
-#[derive(Deserialize)]
-struct V2Answer {
-    node: Option<V2Node>,
-    #[serde(rename = "errorCode")]
-    error_code: Option<u32>,
-}
-
-#[derive(Deserialize)]
-struct V2Node {
-    value: Option<String>,
-}
-
-/// The v2 error code for "key not found" (a failed compare is 101, an
-/// existing key 105).
-const V2_NOT_FOUND: u32 = 100;
 
 impl V2Lock {
     /// A lock client over the cluster's client URLs.

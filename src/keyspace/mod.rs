@@ -23,7 +23,7 @@ mod v2;
 mod v3;
 
 pub use v2::{delete_v2_tree, is_hidden_v2, read_v2, write_all_v2, write_v2};
-pub(crate) use v2::{form_encode, v2_url};
+pub(crate) use v2::{form_encode, v2_url, V2Answer, V2Node, V2_NOT_FOUND};
 pub use v3::{traced_read, v3_client, KvHash, ReadLimits, RequestedRange, TracedRead};
 
 /// What a keyspace call could not do, naming the endpoint (and the key,
@@ -101,6 +101,9 @@ pub enum KeyspaceError {
         #[source]
         source: serde_json::Error,
     },
+    /// A v2 answer that should name a node names none.
+    #[error("v2 GET {url}: the answer holds no node")]
+    V2NoNode { url: String },
     /// etcd2 data, but the release serves no v2 API.
     #[error("{endpoint} serves no v2 API (404 on /v2/keys/), but the data is etcd2 storage")]
     NoV2Api { endpoint: String },

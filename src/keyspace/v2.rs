@@ -15,11 +15,23 @@ const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'~');
 
-/// A v2 keys API answer.
-#[derive(Debug, Deserialize)]
+/// A v2 keys API answer, whoever asks (a keyspace read, the cluster
+/// mode's lock and announcements, a joiner's v2 proof): the node of a GET,
+/// a write or an event of the history, the event's action, or etcd's
+/// error code.
+#[derive(Debug, Default, Deserialize)]
 pub(crate) struct V2Answer {
-    pub node: V2Node,
+    #[serde(default)]
+    pub action: String,
+    #[serde(default)]
+    pub node: Option<V2Node>,
+    #[serde(default, rename = "errorCode")]
+    pub error_code: Option<u32>,
 }
+
+/// The v2 error code for "key not found" (a failed compare is 101, an
+/// existing key 105).
+pub(crate) const V2_NOT_FOUND: u32 = 100;
 
 /// One node of the v2 store as the keys API shows it.
 #[derive(Debug, Default, Deserialize)]
@@ -34,6 +46,8 @@ pub(crate) struct V2Node {
     pub ttl: Option<i64>,
     #[serde(default)]
     pub expiration: Option<String>,
+    #[serde(default, rename = "modifiedIndex")]
+    pub modified_index: u64,
     #[serde(default)]
     pub nodes: Vec<V2Node>,
 }
@@ -54,10 +68,14 @@ fn request_failed(method: &'static str, url: &str, source: reqwest::Error) -> Ke
     }
 }
 
-fn parse(url: &str, body: &str) -> Result<V2Answer, KeyspaceError> {
-    serde_json::from_str(body).map_err(|source| KeyspaceError::V2Json {
+/// The node of a successful answer.
+fn parse(url: &str, body: &str) -> Result<V2Node, KeyspaceError> {
+    let answer: V2Answer = serde_json::from_str(body).map_err(|source| KeyspaceError::V2Json {
         url: url.to_string(),
         source,
+    })?;
+    answer.node.ok_or_else(|| KeyspaceError::V2NoNode {
+        url: url.to_string(),
     })
 }
 
@@ -89,9 +107,9 @@ pub async fn read_v2(
             body: body.trim().to_string(),
         });
     }
-    let answer = parse(&url, &body)?;
+    let root = parse(&url, &body)?;
     let mut entries = Vec::new();
-    collect_v2(&answer.node, None, &mut entries);
+    collect_v2(&root, None, &mut entries);
     for path in hidden {
         if let Some(node) = read_v2_node(endpoint, path).await? {
             collect_v2(&node, None, &mut entries);
@@ -119,7 +137,7 @@ async fn read_v2_node(endpoint: &str, path: &str) -> Result<Option<V2Node>, Keys
             body: body.trim().to_string(),
         });
     }
-    Ok(Some(parse(&url, &body)?.node))
+    Ok(Some(parse(&url, &body)?))
 }
 
 /// One v2 GET: the status and the body.
@@ -297,9 +315,9 @@ pub async fn delete_v2_tree(endpoint: &str, hidden: &[String]) -> Result<usize, 
         .text()
         .await
         .map_err(|err| request_failed("GET", &url, err))?;
-    let answer = parse(&url, &body)?;
+    let root = parse(&url, &body)?;
     let mut deleted = 0;
-    for node in &answer.node.nodes {
+    for node in &root.nodes {
         let Some(key) = &node.key else {
             continue;
         };
@@ -319,4 +337,47 @@ pub async fn delete_v2_tree(endpoint: &str, hidden: &[String]) -> Result<usize, 
         }
     }
     Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_answer_type_reads_every_kind_of_v2_answer() {
+        // A miss: the error code, no node (the lock's and the
+        // announcements' "not there yet").
+        let miss: V2Answer = serde_json::from_str(
+            r#"{"errorCode":100,"message":"Key not found","cause":"/etcd-migrate/lock","index":7}"#,
+        )
+        .unwrap();
+        assert_eq!(miss.error_code, Some(V2_NOT_FOUND));
+        assert!(miss.node.is_none());
+        // A write: the action and the node, the node before it ignored.
+        let set: V2Answer = serde_json::from_str(
+            r#"{"action":"compareAndSwap","node":{"key":"/l","value":"b","ttl":30,"expiration":"2026-11-29T00:00:30Z","modifiedIndex":9,"createdIndex":8},"prevNode":{"key":"/l","value":"a","modifiedIndex":8,"createdIndex":8}}"#,
+        )
+        .unwrap();
+        assert_eq!(set.error_code, None);
+        assert_eq!(set.action, "compareAndSwap");
+        let node = set.node.unwrap();
+        assert_eq!(
+            (node.key.as_deref(), node.value.as_deref(), node.ttl),
+            (Some("/l"), Some("b"), Some(30))
+        );
+        assert_eq!(node.modified_index, 9);
+        // A listing: directories and their children.
+        let root = parse(
+            "test",
+            r#"{"action":"get","node":{"dir":true,"nodes":[{"key":"/d","dir":true,"nodes":[{"key":"/d/k","value":"v","modifiedIndex":3}]}]}}"#,
+        )
+        .unwrap();
+        assert!(root.dir);
+        assert_eq!(root.nodes[0].nodes[0].value.as_deref(), Some("v"));
+        // A 2xx answer without a node is an error, not an empty store.
+        assert!(matches!(
+            parse("test", r#"{"action":"get"}"#),
+            Err(KeyspaceError::V2NoNode { .. })
+        ));
+    }
 }

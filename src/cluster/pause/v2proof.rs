@@ -27,10 +27,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use crate::cluster::peer::TlsFiles;
-use crate::keyspace::is_hidden_v2;
+use crate::keyspace::{is_hidden_v2, V2Answer, V2Node};
 use crate::log::error_chain;
 
 /// How long a history request may wait: etcd answers one that has an
@@ -75,57 +73,41 @@ pub struct Event {
     pub node: Node,
 }
 
-/// The JSON of a v2 node, as a GET or an event shows it.
-#[derive(Debug, Default, Deserialize)]
-struct Json {
-    #[serde(default)]
-    key: Option<String>,
-    #[serde(default)]
-    value: Option<String>,
-    #[serde(default)]
-    dir: bool,
-    #[serde(default)]
-    ttl: Option<i64>,
-    #[serde(default)]
-    expiration: Option<String>,
-    #[serde(default, rename = "modifiedIndex")]
-    modified_index: u64,
-    #[serde(default)]
-    nodes: Vec<Json>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Answer {
-    #[serde(default)]
-    action: String,
-    node: Json,
-}
-
-impl Json {
-    fn node(&self) -> Node {
-        // A node in its last second is listed with its expiration and no
-        // TTL (0 is left out of the JSON): it expires all the same.
-        let expires = self.ttl.is_some() || self.expiration.is_some();
-        if self.dir {
-            Node::Dir { expires }
-        } else {
-            Node::Leaf {
-                value: self.value.clone().unwrap_or_default(),
-                expires,
-            }
+/// A node as the proof compares it. A node in its last second is listed
+/// with its expiration and no TTL (0 is left out of the JSON): it expires
+/// all the same.
+fn node_of(json: &V2Node) -> Node {
+    let expires = json.ttl.is_some() || json.expiration.is_some();
+    if json.dir {
+        Node::Dir { expires }
+    } else {
+        Node::Leaf {
+            value: json.value.clone().unwrap_or_default(),
+            expires,
         }
     }
+}
 
-    fn collect(&self, out: &mut BTreeMap<String, Node>) {
-        for child in &self.nodes {
-            let Some(key) = &child.key else { continue };
-            if is_hidden_v2(key.as_bytes()) {
-                continue;
-            }
-            out.insert(key.clone(), child.node());
-            child.collect(out);
+/// Every listed node under `json` by its path, hidden ones left out.
+fn collect(json: &V2Node, out: &mut BTreeMap<String, Node>) {
+    for child in &json.nodes {
+        let Some(key) = &child.key else { continue };
+        if is_hidden_v2(key.as_bytes()) {
+            continue;
         }
+        out.insert(key.clone(), node_of(child));
+        collect(child, out);
     }
+}
+
+/// The node an answer holds, or why it is no answer of the keys API.
+fn answer_of(url: &str, body: &str, what: &str) -> Result<(String, V2Node), String> {
+    let answer: V2Answer =
+        serde_json::from_str(body).map_err(|e| format!("{url}: not a v2 {what}: {e}"))?;
+    let node = answer
+        .node
+        .ok_or_else(|| format!("{url}: not a v2 {what}: no node in {}", body.trim()))?;
+    Ok((answer.action, node))
 }
 
 /// Applies `events` (in index order, each past `store.index`) to
@@ -231,10 +213,9 @@ pub async fn read_store(http: &reqwest::Client, endpoint: &str) -> Result<Store,
         return Err(format!("{url}: {status}: {}", body.trim()));
     }
     let index = index.ok_or_else(|| format!("{url}: no X-Etcd-Index in the answer"))?;
-    let answer: Answer =
-        serde_json::from_str(&body).map_err(|e| format!("{url}: not a v2 answer: {e}"))?;
+    let (_, root) = answer_of(&url, &body, "answer")?;
     let mut nodes = BTreeMap::new();
-    answer.node.collect(&mut nodes);
+    collect(&root, &mut nodes);
     Ok(Store { index, nodes })
 }
 
@@ -276,9 +257,8 @@ pub async fn events_between(
             // to `next` (more than 1,000 events since).
             return Err(format!("{url}: {status}: {}", body.trim()));
         }
-        let answer: Answer =
-            serde_json::from_str(&body).map_err(|e| format!("{url}: not a v2 event: {e}"))?;
-        let index = answer.node.modified_index;
+        let (action, node) = answer_of(&url, &body, "event")?;
+        let index = node.modified_index;
         if index < next {
             return Err(format!(
                 "{url}: an event at index {index}, before the one asked for"
@@ -289,9 +269,9 @@ pub async fn events_between(
         }
         events.push(Event {
             index,
-            action: answer.action,
-            key: answer.node.key.clone().unwrap_or_default(),
-            node: answer.node.node(),
+            action,
+            key: node.key.clone().unwrap_or_default(),
+            node: node_of(&node),
         });
         next = index + 1;
     }
@@ -531,9 +511,10 @@ mod tests {
                 {"key":"/a/_h","value":"h","modifiedIndex":6},
                 {"key":"/a/t","value":"2","expiration":"2026-11-29T00:00:00Z","modifiedIndex":7}]},
             {"key":"/e","dir":true,"ttl":30,"expiration":"2026-11-29T00:00:00Z","modifiedIndex":8}]}}"#;
-        let answer: Answer = serde_json::from_str(body).expect("parse");
+        let (action, root) = answer_of("test", body, "answer").expect("parse");
+        assert_eq!(action, "get");
         let mut nodes = BTreeMap::new();
-        answer.node.collect(&mut nodes);
+        collect(&root, &mut nodes);
         let want: BTreeMap<String, Node> = [
             ("/a", dir(false)),
             ("/a/t", leaf("2", true)),
@@ -544,5 +525,16 @@ mod tests {
         .map(|(k, n)| (k.to_string(), n))
         .collect();
         assert_eq!(nodes, want);
+        // An event's index is its node's.
+        let (_, event) = answer_of(
+            "test",
+            r#"{"action":"set","node":{"key":"/k","value":"v","modifiedIndex":9}}"#,
+            "event",
+        )
+        .expect("an event");
+        assert_eq!(event.modified_index, 9);
+        // A 2xx body with no node is no listing (not an empty store).
+        let empty = answer_of("test", r#"{"action":"get"}"#, "answer");
+        assert!(empty.is_err(), "{empty:?}");
     }
 }
