@@ -61,6 +61,7 @@ mod kubernetes_data;
 mod logging;
 mod no_step;
 mod ondisk;
+mod pause_fit;
 mod pause_proof;
 mod pause_v2_proof;
 mod pid1;

@@ -8,43 +8,28 @@
 //! members down one by one) or in the converter's step (after the
 //! cluster paused). The converter's own run checks its taken data again.
 
+use std::ops::ControlFlow;
+
+use crate::cluster::client::{scan_v3, Scan};
 use crate::cluster::RECORDS_DIR;
 use crate::keyspace::{is_hidden_v2, Entry};
-use crate::log::error_chain;
 
 /// Calls `visit` with every v3 key of `client`'s cluster (and its value,
-/// unless `keys_only`), in pages; the first thing it says does not fit.
+/// unless `keys_only`); the first thing it says does not fit.
 async fn first_v3_misfit(
     client: &mut etcd_client::Client,
     keys_only: bool,
     mut visit: impl FnMut(&[u8], &[u8]) -> Option<String>,
 ) -> Result<Option<String>, String> {
-    const PAGE: i64 = 1000;
-    let mut start = vec![0u8];
-    loop {
-        let mut options = etcd_client::GetOptions::new()
-            .with_range(vec![0u8])
-            .with_limit(PAGE);
-        if keys_only {
-            options = options.with_keys_only();
-        }
-        let page = client
-            .get(start.clone(), Some(options))
-            .await
-            .map_err(|e| error_chain(&e))?;
-        for kv in page.kvs() {
-            if let Some(why) = visit(kv.key(), kv.value()) {
-                return Ok(Some(why));
-            }
-        }
-        match page.kvs().last() {
-            Some(last) if page.more() => {
-                start = last.key().to_vec();
-                start.push(0);
-            }
-            _ => return Ok(None),
-        }
-    }
+    let scan = Scan {
+        keys_only,
+        ..Scan::default()
+    };
+    scan_v3(client, scan, |kv| match visit(kv.key(), kv.value()) {
+        Some(why) => ControlFlow::Break(why),
+        None => ControlFlow::Continue(()),
+    })
+    .await
 }
 
 fn key_entry(key: &[u8]) -> Entry {

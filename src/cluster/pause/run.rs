@@ -1997,43 +1997,30 @@ async fn keyspace_digest(
     revision: i64,
 ) -> Result<(u64, String), String> {
     use sha2::{Digest, Sha256};
-    const PAGE: i64 = 1000;
     let mut digest = Sha256::new();
     let mut count = 0u64;
-    let mut start = vec![0u8];
-    loop {
-        let options = etcd_client::GetOptions::new()
-            .with_range(vec![0u8])
-            .with_revision(revision)
-            .with_limit(PAGE)
-            .with_serializable();
-        let page = client
-            .get(start.clone(), Some(options))
-            .await
-            .map_err(|e| error_chain(&e))?;
-        for kv in page.kvs() {
-            for field in [kv.key(), kv.value()] {
-                digest.update((field.len() as u64).to_be_bytes());
-                digest.update(field);
-            }
-            for number in [
-                kv.create_revision(),
-                kv.mod_revision(),
-                kv.version(),
-                kv.lease(),
-            ] {
-                digest.update(number.to_be_bytes());
-            }
-            count += 1;
+    let scan = crate::cluster::client::Scan {
+        revision: Some(revision),
+        serializable: true,
+        keys_only: false,
+    };
+    crate::cluster::client::scan_v3(client, scan, |kv| {
+        for field in [kv.key(), kv.value()] {
+            digest.update((field.len() as u64).to_be_bytes());
+            digest.update(field);
         }
-        match page.kvs().last() {
-            Some(last) if page.more() => {
-                start = last.key().to_vec();
-                start.push(0);
-            }
-            _ => break,
+        for number in [
+            kv.create_revision(),
+            kv.mod_revision(),
+            kv.version(),
+            kv.lease(),
+        ] {
+            digest.update(number.to_be_bytes());
         }
-    }
+        count += 1;
+        std::ops::ControlFlow::<()>::Continue(())
+    })
+    .await?;
     let hex: String = digest
         .finalize()
         .iter()
