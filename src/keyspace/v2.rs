@@ -271,7 +271,7 @@ pub async fn write_v2(
 /// one round trip and one fsync each.
 const V2_WRITES_IN_FLIGHT: usize = 64;
 
-/// Writes v2 keys, each with its TTL, [`V2_WRITES_IN_FLIGHT`] at a time;
+/// Writes v2 keys, each with its TTL, `V2_WRITES_IN_FLIGHT` at a time;
 /// the first failure ends it. The order they land in is etcd's: every
 /// caller writes leaves of distinct paths, none the parent of another
 /// (`steps::to_etcd2::check_v2_compatible` and `check_v2_side_fits` refuse
