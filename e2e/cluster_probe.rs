@@ -590,3 +590,43 @@ fn a_2x_cluster_is_seen_and_locked_over_the_v2_api() {
         lock(holder("a", "run-2"), "etcd-a"),
     ));
 }
+
+/// Over TLS, a port that takes connections but never serves (an etcd
+/// without its quorum listens, and does not answer the TLS handshake):
+/// the etcd client's own request timeout starts only once a connection is
+/// ready, so a plain `release` waits with no end (seen: a joiner silent
+/// for 180 s, CI 2026-11-29). `release_within` ends at its bound with an
+/// error naming it; the test fails if it waits for the handshake.
+#[test]
+fn a_lock_release_to_a_tls_port_that_never_serves_ends_within_its_bound() {
+    let dir = temp_dir("lock-silent-tls");
+    let pki = Pki::new(dir.path(), &["a"]);
+    // Held, never accepted from: connections wait in its backlog.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("https://{}", silent.local_addr().expect("address"));
+    let tls = pki.tls("a");
+    block_on(async {
+        let holder = Holder {
+            member: "1".into(),
+            name: "a".into(),
+            run: "test".into(),
+        };
+        let mut lock = V3Lock::connect(&[url], Some(&tls), holder, PROBE_TIMEOUT)
+            .await
+            .expect("a lock client (no request yet)");
+        let bound = Duration::from_millis(500);
+        let started = std::time::Instant::now();
+        let released = tokio::time::timeout(Duration::from_secs(10), lock.release_within(bound))
+            .await
+            .expect("release_within ended by itself, not by the test's 10 s");
+        let took = started.elapsed();
+        match released {
+            Err(LockError::Unreachable { reason, .. }) => {
+                assert!(reason.contains("no answer within"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    });
+    drop(silent);
+}

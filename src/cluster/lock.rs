@@ -221,6 +221,25 @@ impl V3Lock {
         })
     }
 
+    /// [`UpgradeLock::release`] within `bound`, else an `Unreachable`
+    /// error (the lease ends the lock then). A request of the etcd client
+    /// waits for a ready connection before its own timeout starts, and
+    /// over TLS a connection to a port that takes it but never serves (an
+    /// etcd without its quorum) is never ready: the request would wait
+    /// with no end (`e2e/cluster_probe.rs`
+    /// `a_lock_release_to_a_tls_port_that_never_serves_ends_within_its_bound`).
+    /// For the failure paths, where the way on is this run's exit.
+    pub async fn release_within(&mut self, bound: Duration) -> Result<(), LockError> {
+        match tokio::time::timeout(bound, self.release()).await {
+            Ok(released) => released,
+            Err(_) => Err(LockError::Unreachable {
+                key: LOCK_KEY.to_string(),
+                endpoints: self.endpoints.clone(),
+                reason: format!("no answer within {bound:?}"),
+            }),
+        }
+    }
+
     fn unreachable(&self, err: etcd_client::Error) -> LockError {
         LockError::Unreachable {
             key: LOCK_KEY.to_string(),

@@ -1236,7 +1236,7 @@ impl Pausing {
                         Ok(Taken::Ours) => match self.add_self(&converter).await {
                             Ok(joined) => break (lock, joined),
                             Err(AddFailed { why, again }) => {
-                                let _ = lock.release().await;
+                                release_or_leave(&mut lock).await;
                                 if !again {
                                     return Err(self
                                         .io_like("add this member to the converted cluster", why));
@@ -1286,7 +1286,11 @@ impl Pausing {
             .await;
         if outcome.is_err() {
             let _ = joining.stop().await;
-            let _ = lock.release().await;
+            // Bounded: this member's own etcd may be what the converted
+            // cluster lacks for its quorum (a voter that exited while it
+            // joined), and the way back is this run's exit, for its next
+            // start to resume the join.
+            release_or_leave(&mut lock).await;
         }
         outcome.map(Next::Exit)
     }
@@ -1599,7 +1603,7 @@ impl Pausing {
             self.release_lock_left(endpoints).await;
         }
         if let Some(lock) = lock {
-            if let Err(e) = lock.release().await {
+            if let Err(e) = lock.release_within(REQUEST_TIMEOUT).await {
                 log::warn(
                     "pause job: the converted cluster's lock was not released (its lease ends it)",
                     &[("error", e.to_string().into())],
@@ -1632,7 +1636,7 @@ impl Pausing {
                 if current.member == format!("{:x}", self.own.id)
                     && matches!(lock.try_take().await, Ok(Taken::Ours))
                 {
-                    let _ = lock.release().await;
+                    release_or_leave(&mut lock).await;
                 }
             }
         }
@@ -1985,6 +1989,15 @@ pub async fn same_keyspace(
         ));
     }
     Ok(revision)
+}
+
+/// Releases `lock` if the converted cluster answers within
+/// `REQUEST_TIMEOUT`, else leaves it to its lease (a minute): see
+/// [`V3Lock::release_within`]. A joiner whose etcd exited was seen silent
+/// for 180 s in an unbounded release (CI, 2026-11-29), where it must exit
+/// for its next start to resume the join.
+async fn release_or_leave(lock: &mut V3Lock) {
+    let _ = lock.release_within(REQUEST_TIMEOUT).await;
 }
 
 /// Every key of `client`'s member at `revision`, read in pages, as a
