@@ -10,22 +10,14 @@ use std::time::Duration;
 use etcd_migrate::cluster::pause::fit::{v2_misfit, v3_clash};
 
 use crate::harness::etcd::EtcdProcess;
-use crate::harness::ports::free_port;
-use crate::harness::{block_on, temp_dir, Member};
+use crate::harness::{block_on, temp_dir};
 
 const KEYS: usize = 2345;
 
 #[test]
 fn a_key_on_the_last_page_that_does_not_fit_is_named_until_it_is_gone() {
     let dir = temp_dir("pause-fit");
-    let member = Member::new("fit");
-    let mut etcd = EtcdProcess::start(
-        "3.3.25",
-        &member,
-        &dir.path().join("data"),
-        free_port(),
-        dir.path(),
-    );
+    let mut etcd = EtcdProcess::start_in("3.3.25", dir.path(), "data", "fit");
     let endpoint = etcd.endpoint();
     block_on(async {
         etcd.wait_ready().await;

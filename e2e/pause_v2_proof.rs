@@ -16,8 +16,7 @@ use etcd_migrate::cluster::pause::v2proof::{
 };
 
 use crate::harness::etcd::EtcdProcess;
-use crate::harness::ports::free_port;
-use crate::harness::{block_on, temp_dir, Member};
+use crate::harness::{block_on, temp_dir};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -57,14 +56,7 @@ async fn v2(
 #[test]
 fn the_events_between_two_reads_replayed_give_the_later_read() {
     let dir = temp_dir("pause-v2-proof");
-    let member = Member::new("v2-proof");
-    let mut etcd = EtcdProcess::start(
-        "3.3.25",
-        &member,
-        &dir.path().join("data"),
-        free_port(),
-        dir.path(),
-    );
+    let mut etcd = EtcdProcess::start_in("3.3.25", dir.path(), "data", "v2-proof");
     let endpoint = etcd.endpoint();
     block_on(async {
         etcd.wait_ready().await;
@@ -157,14 +149,7 @@ fn the_events_between_two_reads_replayed_give_the_later_read() {
     });
 
     // Another member, one value apart: the proof fails naming the key.
-    let other_member = Member::new("v2-proof-other");
-    let mut other = EtcdProcess::start(
-        "3.3.25",
-        &other_member,
-        &dir.path().join("other"),
-        free_port(),
-        dir.path(),
-    );
+    let mut other = EtcdProcess::start_in("3.3.25", dir.path(), "other", "v2-proof-other");
     let other_endpoint = other.endpoint();
     block_on(async {
         other.wait_ready().await;

@@ -139,6 +139,18 @@ impl EtcdProcess {
         Self::start_with(version, member, data_dir, client_port, log_dir, &[])
     }
 
+    /// [`EtcdProcess::start`] of a member named `name` on `dir/<data>`, on
+    /// a free client port, its log in `dir`: a lone etcd for a test.
+    pub fn start_in(version: &str, dir: &Path, data: &str, name: &str) -> Self {
+        Self::start(
+            version,
+            &Member::new(name),
+            &dir.join(data),
+            super::ports::free_port(),
+            dir,
+        )
+    }
+
     /// [`EtcdProcess::start`] with `extra` flags appended (e.g.
     /// `--enable-v2=true` to read the v2 store of 3.4/3.5).
     pub fn start_with(
