@@ -183,10 +183,11 @@ impl EtcdHealth {
         &self,
         endpoint: &str,
     ) -> Result<etcd_client::MaintenanceClient, ApiError> {
-        let options = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(ATTEMPT_TIMEOUT)
-            .with_timeout(DOWNGRADE_CALL_TIMEOUT);
-        let client = etcd_client::Client::connect([endpoint], Some(options))
+        let bounds = crate::grpc::Bounds {
+            connect: ATTEMPT_TIMEOUT,
+            request: DOWNGRADE_CALL_TIMEOUT,
+        };
+        let client = crate::grpc::connect(&[endpoint.to_string()], None, bounds)
             .await
             .map_err(|err| ApiError::Connect {
                 endpoint: endpoint.to_string(),
@@ -329,14 +330,15 @@ impl EtcdHealth {
     /// revoke, once the put has committed (see [`EtcdHealth::check_versions`]).
     async fn write_v3(&self, endpoint: &str, expected: Expected) -> Result<(), HealthError> {
         let value = expected.release.to_string();
-        let options = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(ATTEMPT_TIMEOUT)
-            .with_timeout(ATTEMPT_TIMEOUT);
+        let bounds = crate::grpc::Bounds {
+            connect: ATTEMPT_TIMEOUT,
+            request: ATTEMPT_TIMEOUT,
+        };
         let not_yet = |what: &str, err: &etcd_client::Error| {
             let text = format!("v3 {what} {endpoint}: {}", error_chain(err));
             auth_refusal(&text).unwrap_or(HealthError::NotYet(text))
         };
-        let mut client = etcd_client::Client::connect([endpoint], Some(options))
+        let mut client = crate::grpc::connect(&[endpoint.to_string()], None, bounds)
             .await
             .map_err(|err| not_yet("connect", &err))?;
         let alarms = client
@@ -577,10 +579,11 @@ impl EtcdApi for EtcdHealth {
     }
 
     async fn compact_history(&self, endpoint: &str) -> Result<i64, ApiError> {
-        let options = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(ATTEMPT_TIMEOUT)
-            .with_timeout(COMPACT_TIMEOUT);
-        let mut client = etcd_client::Client::connect([endpoint], Some(options))
+        let bounds = crate::grpc::Bounds {
+            connect: ATTEMPT_TIMEOUT,
+            request: COMPACT_TIMEOUT,
+        };
+        let mut client = crate::grpc::connect(&[endpoint.to_string()], None, bounds)
             .await
             .map_err(|err| ApiError::Connect {
                 endpoint: endpoint.to_string(),

@@ -21,6 +21,7 @@ pub mod etcd;
 pub mod exec;
 pub mod executor;
 pub mod failpoint;
+pub mod grpc;
 pub mod health;
 pub mod keyspace;
 pub mod listener;

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{AlarmAction, AlarmType, ConnectOptions};
+use etcd_client::{AlarmAction, AlarmType};
 use serde::Deserialize;
 
 use crate::cluster::peer::{self, PeerError, TlsFiles};
@@ -51,30 +51,31 @@ pub enum ClientError {
 }
 
 /// Connects a v3 client to `endpoints`, with the client TLS files when the
-/// cluster serves clients over TLS; every request bounded by `timeout`.
+/// cluster serves clients over TLS; every request ends within twice
+/// `timeout`: once for its connection, TLS handshake included, once for
+/// its answer ([`crate::grpc`]).
 pub async fn connect_v3(
     endpoints: &[String],
     tls: Option<&TlsFiles>,
     timeout: Duration,
 ) -> Result<etcd_client::Client, ClientError> {
-    let mut options = ConnectOptions::new()
-        .with_timeout(timeout)
-        .with_connect_timeout(timeout);
-    if let Some(tls) = tls {
-        crate::tls::ensure_provider();
-        let ca = peer::read("trusted CA", &tls.trusted_ca)?;
-        let cert = peer::read("certificate", &tls.cert)?;
-        let key = peer::read("key", &tls.key)?;
-        options = options.with_tls(
-            etcd_client::TlsOptions::new()
-                .ca_certificate(etcd_client::Certificate::from_pem(ca))
-                .identity(etcd_client::Identity::from_pem(cert, key))
-                // etcd before 3.5 (3.0 at least) answers TLS without ALPN;
-                // its client port speaks HTTP/2 all the same.
-                .assume_http2(true),
-        );
-    }
-    etcd_client::Client::connect(endpoints, Some(options))
+    let tls = match tls {
+        None => None,
+        Some(tls) => {
+            let ca = peer::read("trusted CA", &tls.trusted_ca)?;
+            let cert = peer::read("certificate", &tls.cert)?;
+            let key = peer::read("key", &tls.key)?;
+            Some(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(ca))
+                    .identity(etcd_client::Identity::from_pem(cert, key))
+                    // etcd before 3.5 (3.0 at least) answers TLS without
+                    // ALPN; its client port speaks HTTP/2 all the same.
+                    .assume_http2(true),
+            )
+        }
+    };
+    crate::grpc::connect(endpoints, tls, crate::grpc::Bounds::each(timeout))
         .await
         .map_err(|e| ClientError::Unreachable {
             endpoints: endpoints.join(","),

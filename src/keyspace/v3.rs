@@ -61,10 +61,11 @@ const TO_THE_END: &[u8] = b"\0";
 
 /// A v3 client with generous limits for whole-keyspace reads.
 pub async fn v3_client(endpoint: &str) -> Result<etcd_client::Client, KeyspaceError> {
-    let options = etcd_client::ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(REQUEST_TIMEOUT);
-    etcd_client::Client::connect([endpoint], Some(options))
+    let bounds = crate::grpc::Bounds {
+        connect: Duration::from_secs(5),
+        request: REQUEST_TIMEOUT,
+    };
+    crate::grpc::connect(&[endpoint.to_string()], None, bounds)
         .await
         .map_err(|source| KeyspaceError::Connect {
             endpoint: endpoint.to_string(),
