@@ -26,6 +26,9 @@ pub const ALLOW_CLUSTER_PAUSE: &str = "ALLOW_CLUSTER_PAUSE";
 /// start, on a loaded two-core machine.
 pub const JOB_DEADLINE: Duration = Duration::from_secs(300);
 /// What seeding one key may take, through whichever member answers.
+/// How many times [`Cluster::wait_job_done`] starts a member again that
+/// exited during the job before it calls the exits a crash loop.
+pub const KUBELET_RESTARTS: u32 = 2;
 const SEED_DEADLINE: Duration = Duration::from_secs(60);
 /// What a read of a seeded prefix from one member may take.
 const READ_DEADLINE: Duration = Duration::from_secs(20);
@@ -357,20 +360,37 @@ impl Cluster {
     /// Waits until every member's version.txt records
     /// `<release>/<storage>`, and every member answers `/health` and runs
     /// `release`: a job done. How long it took.
+    ///
+    /// A member whose container exits during the job is started again, as
+    /// the kubelet restarts a static pod's container: an entrypoint that
+    /// fails mid-job (its etcd lost to a member killed in the same
+    /// instant) exits, and its next start resumes. Not restarted, and the
+    /// test fails with its log: an exit 0 (nothing ends a job that way), a
+    /// refusal (exit 2: only the operator can mend it), and a member that
+    /// exits more than [`KUBELET_RESTARTS`] times (a crash loop).
     pub fn wait_job_done(&self, release: &str, storage: &str, deadline: Duration) -> Duration {
         let want = format!("{release}/{storage}");
         let started = Instant::now();
+        let mut restarts = vec![0u32; self.members.len()];
         loop {
-            // No container is restarted by docker: one that exited (a
-            // refusal) never comes back, and the job cannot end.
             for (i, m) in self.members.iter().enumerate() {
-                if let Some(State::Exited(code)) = m.container.as_ref().map(|c| c.state()) {
+                let Some(State::Exited(code)) = m.container.as_ref().map(|c| c.state()) else {
+                    continue;
+                };
+                restarts[i] += 1;
+                if code == 0 || code == 2 || restarts[i] > KUBELET_RESTARTS {
                     panic!(
-                        "member {} exited {code} during the job; its log:\n{}",
+                        "member {} exited {code} during the job (exit {} of it); its log:\n{}",
                         m.name,
+                        restarts[i],
                         self.container(i).logs()
                     );
                 }
+                say(&format!(
+                    "cluster {}: {} exited {code} during the job; started again, as the kubelet would ({} of at most {KUBELET_RESTARTS})",
+                    self.run, m.name, restarts[i]
+                ));
+                self.container(i).start();
             }
             let states: Vec<String> = (0..self.members.len())
                 .map(|i| {
