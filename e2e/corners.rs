@@ -739,3 +739,73 @@ fn v2_content_in_etcd3_data_is_refused_by_name_before_a_release_without_a_v2_sto
     );
     run.assert_stderr_has("etcd-3.6.14");
 }
+
+/// TTL keys each with a TTL of its own (Kubernetes events written over an
+/// hour): one lease per key, granted and filled many at a time, and the
+/// read that proves the copy asks many leases' TTLs per page. Every key
+/// keeps its value and gets a lease of its own, granted what was left of
+/// its own TTL (so consecutive keys' grants differ by exactly their TTLs'
+/// 1 s); the plain keys stay permanent.
+#[test]
+fn ttl_keys_each_with_a_ttl_of_its_own_each_get_their_own_lease() {
+    const TTL_KEYS: i64 = 300;
+    let tmp = temp_dir("v2-many-ttls");
+    let data = tmp.path().join("data");
+    let member = Member::new("v2-many-ttls");
+    let event = |i: i64| format!("/registry/events/default/e{i:04}");
+    let expiring: Vec<V2Key> = (0..TTL_KEYS)
+        .map(|i| V2Key::expiring(event(i), format!("event {i}"), 3600 + i))
+        .collect();
+    let plain: Vec<V2Key> = (0..50)
+        .map(|i| V2Key::plain(format!("/registry/pods/default/p{i:02}"), "pod"))
+        .collect();
+    v2::build("3.3.25", &data, &member, tmp.path(), &[expiring, plain]);
+
+    let run = Migration::new("3.3.25", &data, &member)
+        .bundled("3.3.25")
+        .arg("--target-storage")
+        .arg("etcd3")
+        .run();
+    run.assert_code(0);
+    assert_eq!(run.step_kinds(), ["storage-migration"], "{}", run.explain());
+    let v3 = read_back("3.3.25", &member, &data, tmp.path());
+    v3.assert_no_health_key();
+    let mut granted = Vec::new();
+    for i in 0..TTL_KEYS {
+        let key = event(i);
+        let entry = v3
+            .entries
+            .get(key.as_bytes())
+            .unwrap_or_else(|| panic!("{key} lost"));
+        assert_eq!(entry.value, format!("event {i}").as_bytes(), "{key}");
+        let lease = v3
+            .leases
+            .get(&entry.lease)
+            .unwrap_or_else(|| panic!("{key}: no lease ({:x})", entry.lease));
+        assert_eq!(
+            lease.keys.iter().collect::<Vec<_>>(),
+            [&key.as_bytes().to_vec()],
+            "{key}: a lease of its own"
+        );
+        assert!(
+            lease.remaining_ttl > MIN_REMAINING_TTL + i && lease.remaining_ttl <= 3600 + i,
+            "{key}: {} s left of {}",
+            lease.remaining_ttl,
+            3600 + i
+        );
+        granted.push(lease.granted_ttl);
+    }
+    let steps: Vec<i64> = granted.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        steps.iter().all(|step| *step == 1),
+        "each key granted what was left of its own TTL: {granted:?}"
+    );
+    for i in 0..50 {
+        let key = format!("/registry/pods/default/p{i:02}");
+        assert_eq!(
+            v3.entries.get(key.as_bytes()).map(|e| e.lease),
+            Some(0),
+            "{key} stays permanent"
+        );
+    }
+}

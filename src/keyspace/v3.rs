@@ -165,6 +165,14 @@ async fn sink_page(
     ttls: &mut LeaseTtls<'_>,
     sink: &mut dyn FnMut(Entry),
 ) -> Result<usize, KeyspaceError> {
+    ttls.ask_ahead(
+        response
+            .kvs()
+            .iter()
+            .filter(|kv| kv.lease() != 0 && !ours.holds_key(kv.key()))
+            .map(|kv| kv.lease()),
+    )
+    .await?;
     let mut bytes = 0;
     for kv in response.kvs() {
         bytes += kv.key().len() + kv.value().len();
@@ -223,6 +231,36 @@ impl<'a> LeaseTtls<'a> {
         Ok(ttl)
     }
 
+    /// Asks etcd for the seconds left on each lease of `leases` not asked
+    /// yet, [`LEASE_TTLS_IN_FLIGHT`] at a time, before a page's keys are
+    /// handed on: a page of keys each on a lease of its own (the TTL keys
+    /// of a storage migration, one lease per TTL) then costs a few round
+    /// trips, not one per key. A release without LeaseTimeToLive (3.0)
+    /// leaves them to [`LeaseTtls::ttl`], which takes them from `known`.
+    async fn ask_ahead(
+        &mut self,
+        leases: impl IntoIterator<Item = i64>,
+    ) -> Result<(), KeyspaceError> {
+        if !self.has_time_to_live {
+            return Ok(());
+        }
+        let new: std::collections::BTreeSet<i64> = leases
+            .into_iter()
+            .filter(|lease| !self.ttl_of_lease.contains_key(lease))
+            .collect();
+        for (lease, asked) in
+            lease_ttls(&self.client, self.endpoint, new.into_iter().collect()).await
+        {
+            match asked? {
+                Some(ttl) => {
+                    self.ttl_of_lease.insert(lease, Some(ttl));
+                }
+                None => self.has_time_to_live = false,
+            }
+        }
+        Ok(())
+    }
+
     /// Every lease whose seconds left are known, with them.
     fn known_ttls(self) -> BTreeMap<i64, i64> {
         self.ttl_of_lease
@@ -268,7 +306,8 @@ pub(crate) async fn read_leases(
         .filter(|id| !known.contains_key(id) && !ours.holds_lease(*id))
         .collect();
     let mut lease_client = client.lease_client();
-    let (listed, early) = tokio::join!(lease_client.leases(), lease_ttls(client, endpoint, early));
+    let asker = lease_client.clone();
+    let (listed, early) = tokio::join!(lease_client.leases(), lease_ttls(&asker, endpoint, early));
     let mut early: BTreeMap<i64, Result<Option<i64>, KeyspaceError>> = early.into_iter().collect();
     let listed = match listed {
         Ok(listed) => listed,
@@ -296,7 +335,7 @@ pub(crate) async fn read_leases(
             (None, None) => asked.push(lease.id()),
         }
     }
-    for (id, ttl) in lease_ttls(client, endpoint, asked).await {
+    for (id, ttl) in lease_ttls(&asker, endpoint, asked).await {
         leases.insert(id, ttl?.unwrap_or(0));
     }
     Ok(Some(leases))
@@ -307,12 +346,12 @@ pub(crate) async fn read_leases(
 /// connection (sequential, 1k keys on 10 leases took 3-5 ms of a step's
 /// proof; a cluster holds hundreds).
 async fn lease_ttls(
-    client: &etcd_client::Client,
+    client: &etcd_client::LeaseClient,
     endpoint: &str,
     ids: Vec<i64>,
 ) -> Vec<(i64, Result<Option<i64>, KeyspaceError>)> {
     futures_util::stream::iter(ids.into_iter().map(|id| {
-        let mut lease_client = client.lease_client();
+        let mut lease_client = client.clone();
         async move { (id, lease_ttl(&mut lease_client, endpoint, id).await) }
     }))
     .buffered(LEASE_TTLS_IN_FLIGHT)
@@ -320,7 +359,8 @@ async fn lease_ttls(
     .await
 }
 
-/// How many lease TTL calls [`read_leases`] keeps in flight.
+/// How many lease TTL calls [`read_leases`] and a keyspace read's pages
+/// keep in flight.
 const LEASE_TTLS_IN_FLIGHT: usize = 16;
 
 /// etcd's own hash of its keyspace history up to a revision
