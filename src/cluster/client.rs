@@ -83,6 +83,35 @@ pub async fn connect_v3(
         })
 }
 
+/// The ids of the members that the member at `endpoints` (one member's
+/// client URLs) lists, through the client API.
+///
+/// Not its peer `/members`: an etcd that has just started answers that
+/// while it still replays its log, with the membership of an earlier
+/// index (after a bootstrap with no snapshot yet, any prefix of the
+/// initial cluster; else the last snapshot's, without the members added
+/// since). A leaving member of a pause job read that as its removal,
+/// stopped, and left a cluster that still counted it (CI 2026-11-29).
+/// etcd serves its client API only once its own publish is applied,
+/// which is after every entry its log held: the list is then never of an
+/// index before its start (it may lag the leader's by what is not
+/// applied yet, which only ever delays a conclusion).
+pub async fn membership(
+    endpoints: &[String],
+    tls: Option<&TlsFiles>,
+    timeout: Duration,
+) -> Result<Vec<u64>, ClientError> {
+    let mut client = connect_v3(endpoints, tls, timeout).await?;
+    let listed = client
+        .member_list()
+        .await
+        .map_err(|e| ClientError::Unreachable {
+            endpoints: endpoints.join(","),
+            reason: error_chain(&e),
+        })?;
+    Ok(listed.members().iter().map(|m| m.id()).collect())
+}
+
 /// How [`scan_v3`] reads the keyspace.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Scan {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
-use crate::cluster::client::connect_v3;
+use crate::cluster::client::{self, connect_v3};
 use crate::cluster::join::Peer;
 use crate::cluster::lock::{Holder, Taken, UpgradeLock, V3Lock};
 use crate::cluster::member::SupervisedEtcd;
@@ -342,7 +342,7 @@ impl Pausing {
                 // stops by itself once it is, and the converter may be
                 // converting already (its peer URL silent). Its old data
                 // never serves again either way.
-                if leaving || self.removed(&peer).await {
+                if leaving || self.removed().await {
                     return self.stop_for_job(etcd).await;
                 }
                 return Err(PauseError::Exited {
@@ -388,7 +388,7 @@ impl Pausing {
             let seen = match read {
                 Ok(seen) => seen,
                 Err(why) => {
-                    if self.removed(&peer).await {
+                    if self.removed().await {
                         return self.stop_for_job(etcd).await;
                     }
                     reporter.wait(
@@ -456,7 +456,7 @@ impl Pausing {
                         );
                         leaving = true;
                     }
-                    if self.removed(&peer).await {
+                    if self.removed().await {
                         return self.stop_for_job(etcd).await;
                     }
                     if seen.leave_now.contains(&self.own.id) {
@@ -1059,9 +1059,13 @@ impl Pausing {
         silent
     }
 
-    /// Whether the converter removed this member: the converter's peer
-    /// URL answers a membership without it.
-    async fn removed(&self, peer: &PeerClient) -> bool {
+    /// Whether the converter removed this member: the converter's etcd
+    /// lists, through its client API, a membership without it (the old
+    /// cluster's after the removal, or the converted cluster's, which
+    /// this member has not joined yet). Through the client API, never the
+    /// peer `/members`, which a converter restarted that moment answers
+    /// from the middle of its log's replay ([`client::membership`]).
+    async fn removed(&self) -> bool {
         let Some(go) = self.record.as_ref().and_then(|r| r.go.as_ref()) else {
             return false;
         };
@@ -1071,12 +1075,19 @@ impl Pausing {
         let Some(converter) = self.members.iter().find(|m| m.id == go.converter) else {
             return false;
         };
-        for url in &converter.peer_urls {
-            if let Ok(list) = peer.members(url).await {
-                return !list.iter().any(|m| m.id == self.own.id);
-            }
+        if converter.client_urls.is_empty() {
+            return false;
         }
-        false
+        match client::membership(
+            &converter.client_urls,
+            self.client_tls.as_ref(),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        {
+            Ok(ids) => !ids.contains(&self.own.id),
+            Err(_) => false,
+        }
     }
 
     /// Records that this member left the old cluster for the job (its old
