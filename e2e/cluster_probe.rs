@@ -694,8 +694,8 @@ fn a_restarting_member_never_lists_its_cluster_short_through_the_client_api() {
                 )
                 .await
                 {
-                    Ok(ids) => {
-                        let mut ids = ids.clone();
+                    Ok(members) => {
+                        let mut ids: Vec<u64> = members.iter().map(|m| m.id).collect();
                         ids.sort_unstable();
                         let mut want = all.clone();
                         want.sort_unstable();

@@ -83,8 +83,9 @@ pub async fn connect_v3(
         })
 }
 
-/// The ids of the members that the member at `endpoints` (one member's
-/// client URLs) lists, through the client API.
+/// The membership that the member at `endpoints` (one member's client
+/// URLs) lists, through the client API (each member's reach unknown yet:
+/// down for no time).
 ///
 /// Not its peer `/members`: an etcd that has just started answers that
 /// while it still replays its log, with the membership of an earlier
@@ -100,7 +101,7 @@ pub async fn membership(
     endpoints: &[String],
     tls: Option<&TlsFiles>,
     timeout: Duration,
-) -> Result<Vec<u64>, ClientError> {
+) -> Result<Vec<crate::cluster::decide::Member>, ClientError> {
     let mut client = connect_v3(endpoints, tls, timeout).await?;
     let listed = client
         .member_list()
@@ -109,7 +110,19 @@ pub async fn membership(
             endpoints: endpoints.join(","),
             reason: error_chain(&e),
         })?;
-    Ok(listed.members().iter().map(|m| m.id()).collect())
+    Ok(listed
+        .members()
+        .iter()
+        .map(|m| crate::cluster::decide::Member {
+            id: m.id(),
+            name: m.name().to_string(),
+            peer_urls: m.peer_urls().to_vec(),
+            client_urls: m.client_urls().to_vec(),
+            is_learner: m.is_learner(),
+            reach: crate::cluster::Reach::Down(Duration::ZERO),
+            storage: None,
+        })
+        .collect())
 }
 
 /// How [`scan_v3`] reads the keyspace.

@@ -1085,7 +1085,7 @@ impl Pausing {
         )
         .await
         {
-            Ok(ids) => !ids.contains(&self.own.id),
+            Ok(members) => !members.iter().any(|m| m.id == self.own.id),
             Err(_) => false,
         }
     }
@@ -1317,17 +1317,17 @@ impl Pausing {
         etcd: &SupervisedEtcd,
         converter: &Whom,
     ) -> Result<Option<(SupervisedEtcd, Option<u64>)>, PauseError> {
-        let Ok(peer) = PeerClient::new(self.peer_tls.as_ref(), REQUEST_TIMEOUT) else {
-            return Ok(None);
-        };
-        let mut membership = None;
-        for url in &converter.peer_urls {
-            if let Ok(list) = peer.members(url).await {
-                membership = Some(list);
-                break;
-            }
-        }
-        let Some(membership) = membership else {
+        // Through the client API: a converter restarted that moment
+        // answers its peer `/members` from the middle of its replay
+        // ([`client::membership`]), which could hide our entry or build a
+        // short `--initial-cluster`.
+        let Ok(membership) = client::membership(
+            &converter.client_urls,
+            self.client_tls.as_ref(),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        else {
             return Ok(None);
         };
         let Some(entry) = membership
