@@ -2,6 +2,10 @@
 """Benchmark (not a test): etcd2 data walked from 2.2.1 to 3.0.17 (issue 30
 item 3): to 3.0.17/etcd2 (two in-place steps; the figure the issue names),
 or with --storage etcd3 on to etcd3 (the Kubernetes 1.5 -> 1.6 move).
+--from/--to take other releases (3.3.25/etcd2 -> 3.3.25/etcd3 runs on the
+fetched binaries alone: the storage migration without any walk), and
+--ttl-spread gives each TTL key its own TTL (3600 s plus its index), as
+Kubernetes events written over an hour have: one lease per key.
 
 etcd 2.2.1 is seeded through its v2 API with KEYS keys of VALUE_BYTES
 bytes, TTL_KEYS of them with a 1 h TTL, and stopped; each round then runs
@@ -12,6 +16,7 @@ has come from --bin-dir (ETCD_EXTRA_BIN_DIR beside the fetched ones).
 
 Usage: bench/etcd2_walk.py --bin-dir DIR --migrate target/release/etcd-migrate
        [--migrate OTHER_BUILD] [--storage etcd2|etcd3] [--keys 1000 --ttl-keys 20 --runs 9]
+       [--from 2.2.1 --to 3.0.17] [--ttl-spread]
 """
 
 import argparse
@@ -40,7 +45,7 @@ def put(port, key, value, ttl=None):
         r.read()
 
 
-def seed(bin_dir, data, port, peer, keys, ttl_keys, value_bytes):
+def seed(bin_dir, data, port, peer, keys, ttl_keys, value_bytes, spread):
     peer_url = f"http://127.0.0.1:{peer}"
     client = f"http://127.0.0.1:{port}"
     etcd = subprocess.Popen(
@@ -60,7 +65,8 @@ def seed(bin_dir, data, port, peer, keys, ttl_keys, value_bytes):
             time.sleep(0.1)
     value = "x" * value_bytes
     for i in range(keys):
-        put(port, f"registry/items/k{i:06d}", value, 3600 if i < ttl_keys else None)
+        ttl = (3600 + i if spread else 3600) if i < ttl_keys else None
+        put(port, f"registry/items/k{i:06d}", value, ttl)
     etcd.terminate()
     etcd.wait(30)
     with open(os.path.join(data, "version.txt"), "w") as f:
@@ -76,11 +82,12 @@ def run(migrate, bin_dir, data, port, peer, storage):
     took = time.perf_counter() - t
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
-    way = "offline" if "baseline taken offline" in r.stderr else "start of 2.2.1"
+    way = "offline" if "baseline taken offline" in r.stderr else f"start of {FROM}"
     return took, way
 
 
 def main():
+    global FROM, TO, RELEASES
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True, help="etcd-<v> for 2.2.1, 2.3.7, 3.0.17")
     ap.add_argument("--migrate", action="append", required=True)
@@ -91,15 +98,23 @@ def main():
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--client-port", type=int, default=23891)
     ap.add_argument("--peer-port", type=int, default=23901)
+    ap.add_argument("--from", dest="from_", default=FROM)
+    ap.add_argument("--to", default=TO)
+    ap.add_argument("--ttl-spread", action="store_true")
     a = ap.parse_args()
+    if (a.from_, a.to) != (FROM, TO):
+        FROM, TO = a.from_, a.to
+        RELEASES = sorted({FROM, TO})
     for v in RELEASES:
         if not os.path.exists(f"{a.bin_dir}/etcd-{v}"):
             sys.exit(f"no etcd-{v} in {a.bin_dir}: build it from etcd's tag (see README, ETCD_EXTRA_BIN_DIR)")
+    log(f"{FROM}/etcd2 -> {TO}/{a.storage}")
     root = tempfile.mkdtemp(prefix="etcd2-walk-", dir=os.environ.get("BENCH_TMP"))
     try:
         seeded = os.path.join(root, "seeded")
         log(f"seeding {a.keys} keys ({a.ttl_keys} with a TTL) with etcd {FROM}")
-        seed(a.bin_dir, seeded, a.client_port, a.peer_port, a.keys, a.ttl_keys, a.value_bytes)
+        seed(a.bin_dir, seeded, a.client_port, a.peer_port, a.keys, a.ttl_keys, a.value_bytes,
+             a.ttl_spread)
         times = {m: [] for m in a.migrate}
         ways = {m: set() for m in a.migrate}
         for i in range(a.runs):
@@ -112,7 +127,7 @@ def main():
                 ways[m].add(way)
                 log(f"round {i + 1}: {m}: {took * 1000:.0f} ms ({way})")
         print(f"{FROM}/etcd2 -> {TO}/{a.storage}, {a.keys} v2 keys of {a.value_bytes} B "
-              f"({a.ttl_keys} with a TTL), {a.runs} rounds, {os.cpu_count()} CPUs, "
+              f"({a.ttl_keys} with a TTL{', each its own' if a.ttl_spread else ''}), {a.runs} rounds, {os.cpu_count()} CPUs, "
               f"load {os.getloadavg()[0]:.2f}")
         print()
         print("| build | baseline | median ms | min-max ms |")
