@@ -271,7 +271,7 @@ fn etcd2_to_etcd3(
                 cluster.all_logs()
             );
         };
-        cluster.container(victim).kill();
+        cluster.kill(victim);
         say(&format!(
             "{test}: {} SIGKILLed right after {line:?}",
             cluster.members[victim].name
@@ -1544,7 +1544,7 @@ fn killed_at_to(
                 cluster.all_logs()
             );
         }
-        cluster.container(victim).kill();
+        cluster.kill(victim);
         let role = if cluster.container(victim).count_in_log(GO.line) > 0 {
             "the converter"
         } else {

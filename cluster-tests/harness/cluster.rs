@@ -152,6 +152,10 @@ pub struct Cluster {
     /// More `docker run` options for every member started from now on
     /// (`-e`, `-v`), e.g. a restore's settings and its snapshot file.
     pub extra_options: Vec<String>,
+    /// Whether the test SIGKILLed a member ([`Cluster::kill`]): only
+    /// then may a member exit mid-job and be started again
+    /// ([`Cluster::wait_job_done`]).
+    pub killed: std::cell::Cell<bool>,
 }
 
 /// A v2 key as read back: its key, value and modified index.
@@ -267,6 +271,7 @@ impl Cluster {
             authority,
             pki_root,
             extra_options: Vec::new(),
+            killed: std::cell::Cell::new(false),
         };
         for _ in 0..size {
             cluster.new_member(false);
@@ -735,6 +740,13 @@ impl Cluster {
         // The old container (if any) goes first: the name is reused.
         self.members[i].container = None;
         self.members[i].container = Some(Container::run(&name, args));
+    }
+
+    /// SIGKILLs member `i`'s container (its entrypoint and its etcd), and
+    /// remembers that the test did.
+    pub fn kill(&self, i: usize) {
+        self.killed.set(true);
+        self.container(i).kill();
     }
 
     pub fn container(&self, i: usize) -> &Container {
