@@ -321,7 +321,20 @@ impl UpgradeLock for V3Lock {
             .await
             .map_err(|e| self.unreachable(e))?;
         keeper.keep_alive().await.map_err(|e| self.unreachable(e))?;
-        match stream.message().await.map_err(|e| self.unreachable(e))? {
+        // The stream's opening is bounded by the request's deadline
+        // (`grpc.rs`); its answer is a message on the stream, bounded here
+        // (a member frozen between the two would hold it without end).
+        let answer = tokio::time::timeout(self.timeout, stream.message())
+            .await
+            .map_err(|_| LockError::Unreachable {
+                key: LOCK_KEY.to_string(),
+                endpoints: self.endpoints.clone(),
+                reason: format!(
+                    "no answer to the lease's keep-alive within {:?}",
+                    self.timeout
+                ),
+            })?;
+        match answer.map_err(|e| self.unreachable(e))? {
             Some(answer) if answer.ttl() > 0 => {}
             _ => return Err(self.lost()),
         }
