@@ -307,23 +307,57 @@ fn roll(
         m.sort();
         m
     };
-    // A member that has just restarted publishes its client URLs a moment
-    // after it answers (seen: an empty list once, on a loaded machine):
-    // the membership is compared once every member has, within a deadline.
-    let published = Instant::now() + Duration::from_secs(30);
+    // Every member's own view, through its client API (served once its
+    // etcd is ready, never from the middle of its log's replay, as a peer
+    // `/members` of a member that has just restarted can be). A member
+    // that has just restarted publishes its client URLs a moment after it
+    // answers (seen: an empty list once, on a loaded machine): the views
+    // are compared once each lists every member published, within a
+    // deadline.
+    let before = urls(&cluster.before);
+    let tls = cluster.pki.tls("etcd-a");
+    let views = || -> Vec<Result<Vec<_>, String>> {
+        cluster
+            .nodes
+            .iter()
+            .map(|node| {
+                block_on(etcd_migrate::cluster::client::membership(
+                    std::slice::from_ref(&node.client_url),
+                    Some(&tls),
+                    PROBE_TIMEOUT,
+                ))
+                .map(|members| {
+                    let mut m: Vec<_> = members
+                        .into_iter()
+                        .map(|m| (m.id, m.name, m.peer_urls, m.client_urls))
+                        .collect();
+                    m.sort();
+                    m
+                })
+                .map_err(|e| e.to_string())
+            })
+            .collect()
+    };
+    let published = Instant::now() + Duration::from_secs(60);
     let after = loop {
-        let after = observe(&cluster.peers, &cluster.nodes, Duration::ZERO);
-        let all_published = after.members.iter().all(|m| !m.client_urls.is_empty());
-        if all_published || Instant::now() >= published {
+        let after = views();
+        let settled = after.iter().all(|view| {
+            view.as_ref()
+                .is_ok_and(|m| m.iter().all(|(_, _, _, client)| !client.is_empty()))
+        });
+        if settled || Instant::now() >= published {
             break after;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!(
-        urls(&cluster.before),
-        urls(&after),
-        "the membership changed"
-    );
+    for (name, view) in names.iter().zip(&after) {
+        assert_eq!(
+            view.as_ref(),
+            Ok(&before),
+            "the membership changed, as {name} lists it through its client API; every member's view: {after:#?}\nthe entrypoints' logs:\n{}",
+            all_stderr(&members)
+        );
+    }
     if let Some(i) = backs_up {
         assert_backed_up_once(
             &cluster.tmp.path().join(format!("{}.backup", names[i])),
