@@ -639,18 +639,25 @@ fn a_lock_release_to_a_tls_port_that_never_serves_ends_within_its_bound() {
 /// 2026-11-29). Through the client API (`client::membership`) etcd lists
 /// its membership only once its own publish is applied, after every
 /// earlier entry: asked again and again through five restarts, it never
-/// lists the cluster without a member. (How often the peer view did is
-/// said: that is the window the fix closes, seen or not in a given run.)
+/// lists the cluster without a member. A survivor about to force a new
+/// cluster looks at the others' peer `/members` (only they answer in a
+/// cluster without quorum): it must never take that window for a member
+/// alone in a forced cluster (`force::look` asks again past a replay).
+/// (How often the peer view was short is said: that is the window the
+/// fixes close, seen or not in a given run.)
 #[test]
 fn a_restarting_member_never_lists_its_cluster_short_through_the_client_api() {
     let (tmp, pki, mut nodes, _endpoints) = settled_cluster("cluster-members-restart");
     let tls = pki.tls("etcd-a");
     let peers = PeerClient::new(Some(&tls), PROBE_TIMEOUT).expect("peer client");
-    let all: Vec<u64> = block_on(peers.members(&nodes[0].peer_url))
-        .expect("the settled cluster's membership")
+    let listed =
+        block_on(peers.members(&nodes[0].peer_url)).expect("the settled cluster's membership");
+    let all: Vec<u64> = listed.iter().map(|m| m.id).collect();
+    let restarting = listed
         .iter()
-        .map(|m| m.id)
-        .collect();
+        .find(|m| m.peer_urls.contains(&nodes[0].peer_url))
+        .expect("etcd-a in its own membership")
+        .clone();
     assert_eq!(all.len(), 3, "{all:x?}");
     let (mut peer_short, mut client_full) = (0, 0);
     for round in 0..5 {
@@ -687,6 +694,13 @@ fn a_restarting_member_never_lists_its_cluster_short_through_the_client_api() {
                         peer_short += 1;
                     }
                 }
+                let seen = etcd_migrate::cluster::force::look(&peers, &restarting).await;
+                assert_ne!(
+                    seen,
+                    etcd_migrate::cluster::force::Seen::Answers { alone: true },
+                    "round {round}: a forcing member took etcd-a for a forced cluster {:?} after its spawn",
+                    started.elapsed()
+                );
                 match etcd_migrate::cluster::client::membership(
                     &client_urls,
                     Some(&tls),

@@ -61,6 +61,10 @@ const UNDECIDED_FOR: Duration = Duration::from_secs(60);
 /// What connecting to a peer port and reading its first line may take.
 const RAW_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long after a peer `/members` that lists one member it is asked
+/// again ([`look`]): past the replay of an etcd that has just started.
+const REPLAY_GRACE: Duration = Duration::from_secs(2);
+
 /// The line a forcing member's peer port answers with while it looks,
 /// followed by its member id in hex.
 const ANNOUNCED: &str = "etcd-migrate: forcing a new cluster, member ";
@@ -293,11 +297,26 @@ pub async fn check(
 
 /// What `member` shows on its peer URLs: its etcd's `/version` (and then
 /// its `/members`), else the first line its peer port gives.
-async fn look(peer: &PeerClient, member: &Member) -> Seen {
+pub async fn look(peer: &PeerClient, member: &Member) -> Seen {
     let mut seen = Seen::Gone;
     for url in &member.peer_urls {
         if peer.version(url).await.is_ok() {
-            let alone = matches!(peer.members(url).await, Ok(list) if list.len() == 1);
+            let lists_one =
+                |answer: &Result<Vec<Member>, _>| matches!(answer, Ok(list) if list.len() == 1);
+            let mut alone = lists_one(&peer.members(url).await);
+            if alone {
+                // An etcd that has just started answers its `/members`
+                // from the middle of its log's replay: one member, for a
+                // cluster bootstrapped or grown since its last snapshot.
+                // Asked again once a replay is over, only an answer of more
+                // members overturns it (a failed one never does: that is
+                // the refusing side).
+                tokio::time::sleep(REPLAY_GRACE).await;
+                alone = match peer.members(url).await {
+                    Ok(list) => list.len() == 1,
+                    Err(_) => true,
+                };
+            }
             return Seen::Answers { alone };
         }
         let Some(addr) = socket_addr(url) else {
