@@ -323,6 +323,8 @@ const ADDED: &str = "added this member to the cluster";
 const PROMOTED: &str = "this member, joined as a learner, is a voter now";
 /// The line of a restart that finds a join as a learner cut short.
 const JOIN_AGAIN: &str = "a join as a learner died before its promotion was recorded";
+/// The line of a restart that finds its join recorded.
+const SERVES_AS_RECORDED: &str = "already at target";
 
 /// Members that join by themselves (issue 29 item 3), as learners (3.5):
 /// a fourth member started on an empty data dir with
@@ -362,10 +364,15 @@ fn self_join(test: &str, release: &str) {
         "the new member holds the keyspace"
     );
     let log_d = cluster.container(d).logs();
-    assert_eq!(
-        log_d.matches(JOIN_AGAIN).count(),
-        1,
-        "the restart found the join cut short: {log_d}"
+    // The learner is promoted and recorded about 0.2 s after its add: a
+    // kill that comes later on a loaded machine (seen with two CPU
+    // burners beside the run) finds the join recorded, and the restart
+    // serves as recorded. Either way it is one join, one promotion; the
+    // cut-short path itself is e2e/restores.rs's, at a failpoint.
+    let joined_anew = log_d.matches(JOIN_AGAIN).count();
+    assert!(
+        joined_anew == 1 || (joined_anew == 0 && log_d.contains(SERVES_AS_RECORDED)),
+        "the restart found the join cut short and joined anew, or found it recorded and served: {log_d}"
     );
     assert_eq!(log_d.matches(PROMOTED).count(), 1, "{log_d}");
 
@@ -392,7 +399,12 @@ fn self_join(test: &str, release: &str) {
     put_keys(&cluster, &ip_c, AFTER);
     every_member_holds(&cluster, &[BEFORE, AFTER]);
     say(&format!(
-        "{test}: a member added itself (killed once as a learner), a wiped member replaced its stale entry (killed once after its promotion); {}; passed in {:.1} s",
+        "{test}: a member added itself (killed once as a learner: {}), a wiped member replaced its stale entry (killed once after its promotion); {}; passed in {:.1} s",
+        if joined_anew == 1 {
+            "the kill beat its record: it joined anew"
+        } else {
+            "the kill came after its record: it served as recorded"
+        },
         if log_c.contains(JOIN_AGAIN) {
             "the second kill beat its record: it joined anew"
         } else {
