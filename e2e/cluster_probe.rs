@@ -144,15 +144,7 @@ pub(crate) fn start_cluster_of(
             format!("--cert-file={}", tls.cert.display()),
             format!("--key-file={}", tls.key.display()),
         ];
-        let mut command = Command::new(program);
-        command
-            .args(&args)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup log"))
-            .stderr(log);
-        die_with_parent(&mut command);
-        let child = command.spawn().expect("spawn etcd");
+        let child = spawn_etcd(program, &args, log);
         nodes.push(Node {
             peer_url,
             client_url,
@@ -161,6 +153,20 @@ pub(crate) fn start_cluster_of(
         });
     }
     nodes
+}
+
+/// A member's etcd at `program` with `args`, its output into `log`; it
+/// dies with the test.
+fn spawn_etcd(program: &Path, args: &[String], log: File) -> Child {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("dup log"))
+        .stderr(log);
+    die_with_parent(&mut command);
+    command.spawn().expect("spawn etcd")
 }
 
 /// One round of asking every member, as a member's entrypoint does it.
@@ -669,15 +675,7 @@ fn a_restarting_member_never_lists_its_cluster_short_through_the_client_api() {
             .append(true)
             .open(tmp.path().join("etcd-a.log"))
             .expect("log file");
-        let mut command = Command::new(etcd_binary(RELEASE));
-        command
-            .args(&node.args)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup log"))
-            .stderr(log);
-        die_with_parent(&mut command);
-        node.child = Some(command.spawn().expect("spawn etcd"));
+        node.child = Some(spawn_etcd(&etcd_binary(RELEASE), &node.args, log));
         let client_urls = vec![node.client_url.clone()];
         let started = Instant::now();
         let mut answered = false;

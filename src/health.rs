@@ -688,18 +688,13 @@ impl EtcdApi for EtcdHealth {
     }
 }
 
-/// How many v3 writes [`apply_leases`] keeps in flight: etcd commits the
-/// proposals waiting at once together, so the writes cost about one
-/// commit per batch instead of one round trip each.
-const V3_WRITES_IN_FLIGHT: usize = 64;
-
 /// Grants one lease per group and re-puts its keys under it; puts
 /// `put_back` as given (key, value, lease id: the hidden keys `etcdctl
 /// migrate` skipped, the v3 keys it may have overwritten); deletes the
 /// expired keys that it copied without a TTL. Returns the leases granted,
 /// each TTL counted from just before its grant.
 ///
-/// The writes go out [`V3_WRITES_IN_FLIGHT`] at a time, in no set order:
+/// The writes go out [`keyspace::WRITES_IN_FLIGHT`] at a time, in no set order:
 /// every key is written once (the v2 store names each key once, a key has
 /// one TTL or none, and `check_no_clash` kept the v3 keys apart from the
 /// v2 ones), into the converted copy, which is read back whole before it
@@ -732,53 +727,49 @@ async fn apply_leases(
             key: format!("{}*", ours.key_prefix()),
             source,
         })?;
-    futures_util::stream::iter(put_back)
-        .map(|entry| {
-            let mut client = client.clone();
-            async move {
-                let options = (entry.lease != 0).then(|| PutOptions::new().with_lease(entry.lease));
-                client
-                    .put(entry.key.clone(), entry.value.clone(), options)
-                    .await
-                    .map_err(|source| ApiError::V3Key {
-                        op: "put back",
-                        key: String::from_utf8_lossy(&entry.key).into_owned(),
-                        source,
-                    })
-            }
-        })
-        .buffer_unordered(V3_WRITES_IN_FLIGHT)
-        .try_for_each(|_| async { Ok(()) })
-        .await?;
-    futures_util::stream::iter(&plan.expired)
-        .map(|key| {
-            let mut client = client.clone();
-            async move {
-                client
-                    .delete(key.as_bytes(), None)
-                    .await
-                    .map_err(|source| ApiError::V3Key {
-                        op: "delete expired",
-                        key: key.clone(),
-                        source,
-                    })
-            }
-        })
-        .buffer_unordered(V3_WRITES_IN_FLIGHT)
-        .try_for_each(|_| async { Ok(()) })
-        .await?;
-    // Groups are let in by their keys, at most V3_WRITES_IN_FLIGHT keys'
+    keyspace::each_in_flight(put_back, keyspace::WRITES_IN_FLIGHT, |entry| {
+        let mut client = client.clone();
+        async move {
+            let options = (entry.lease != 0).then(|| PutOptions::new().with_lease(entry.lease));
+            client
+                .put(entry.key.clone(), entry.value.clone(), options)
+                .await
+                .map(drop)
+                .map_err(|source| ApiError::V3Key {
+                    op: "put back",
+                    key: String::from_utf8_lossy(&entry.key).into_owned(),
+                    source,
+                })
+        }
+    })
+    .await?;
+    keyspace::each_in_flight(&plan.expired, keyspace::WRITES_IN_FLIGHT, |key| {
+        let mut client = client.clone();
+        async move {
+            client
+                .delete(key.as_bytes(), None)
+                .await
+                .map(drop)
+                .map_err(|source| ApiError::V3Key {
+                    op: "delete expired",
+                    key: key.clone(),
+                    source,
+                })
+        }
+    })
+    .await?;
+    // Groups are let in by their keys, at most WRITES_IN_FLIGHT keys'
     // worth at once (a group larger than that counts as that many): 64
     // groups of one key each (a TTL each, as events written over an hour
     // have), or one flat lease over many keys with 64 puts in flight. A
     // group's puts follow its grant at once, never behind a queue longer
     // than that, so a short TTL does not run out between the two.
-    let room = tokio::sync::Semaphore::new(V3_WRITES_IN_FLIGHT);
+    let room = tokio::sync::Semaphore::new(keyspace::WRITES_IN_FLIGHT);
     let grants: Vec<(i64, i64, Instant)> = futures_util::stream::iter(&plan.groups)
         .map(|(ttl, entries)| {
             let (client, room) = (client.clone(), &room);
             async move {
-                let weight = entries.len().clamp(1, V3_WRITES_IN_FLIGHT);
+                let weight = entries.len().clamp(1, keyspace::WRITES_IN_FLIGHT);
                 let _room = room
                     .acquire_many(u32::try_from(weight).unwrap_or(1))
                     .await
@@ -790,18 +781,15 @@ async fn apply_leases(
                     .await
                     .map_err(|source| ApiError::Grant { ttl: *ttl, source })?;
                 let (id, granted_ttl) = (lease.id(), lease.ttl());
-                futures_util::stream::iter(entries)
-                    .map(|entry| {
-                        let mut client = client.clone();
-                        async move { put_under_lease(&mut client, entry, id).await }
-                    })
-                    .buffer_unordered(weight)
-                    .try_for_each(|()| async { Ok(()) })
-                    .await?;
+                keyspace::each_in_flight(entries, weight, |entry| {
+                    let mut client = client.clone();
+                    async move { put_under_lease(&mut client, entry, id).await }
+                })
+                .await?;
                 Ok::<_, ApiError>((id, granted_ttl, asked))
             }
         })
-        .buffer_unordered(V3_WRITES_IN_FLIGHT)
+        .buffer_unordered(keyspace::WRITES_IN_FLIGHT)
         .try_collect()
         .await?;
     let mut granted = KnownLeases::new();

@@ -301,9 +301,7 @@ pub async fn look(peer: &PeerClient, member: &Member) -> Seen {
     let mut seen = Seen::Gone;
     for url in &member.peer_urls {
         if peer.version(url).await.is_ok() {
-            let lists_one =
-                |answer: &Result<Vec<Member>, _>| matches!(answer, Ok(list) if list.len() == 1);
-            let mut alone = lists_one(&peer.members(url).await);
+            let mut alone = matches!(peer.members(url).await, Ok(list) if list.len() == 1);
             if alone {
                 // An etcd that has just started answers its `/members`
                 // from the middle of its log's replay: one member, for a

@@ -252,6 +252,33 @@ impl KnownLeases {
 /// Per-request deadline for keyspace calls: a page of a large keyspace.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How many writes a bulk load into a fresh copy keeps in flight (the v2
+/// keys of a rollback to etcd2, the leases and keys of a storage
+/// migration). Neither API batches writes, but etcd commits the proposals
+/// that wait together (one raft append, one fsync), so keys go in at its
+/// batching rate rather than at one round trip and one fsync each.
+pub const WRITES_IN_FLIGHT: usize = 64;
+
+/// Runs `write` on every item, `in_flight` at a time, in no set order;
+/// the first error ends it (the writes still in flight are dropped). For
+/// writes whose order does not matter: each key written once, into a copy
+/// that is read back before it is used.
+pub async fn each_in_flight<T, E, Fut>(
+    items: impl IntoIterator<Item = T>,
+    in_flight: usize,
+    write: impl FnMut(T) -> Fut,
+) -> Result<(), E>
+where
+    Fut: std::future::Future<Output = Result<(), E>>,
+{
+    use futures_util::{StreamExt, TryStreamExt};
+    futures_util::stream::iter(items)
+        .map(write)
+        .buffer_unordered(in_flight.max(1))
+        .try_for_each(|()| async { Ok(()) })
+        .await
+}
+
 /// One leaf key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {

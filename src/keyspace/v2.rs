@@ -265,28 +265,19 @@ pub async fn write_v2(
     })
 }
 
-/// How many v2 writes [`write_all_v2`] keeps in flight. The v2 API has no
-/// batch, but etcd commits the proposals that wait together (one raft
-/// append, one fsync), so keys go in at its batching rate rather than at
-/// one round trip and one fsync each.
-const V2_WRITES_IN_FLIGHT: usize = 64;
-
-/// Writes v2 keys, each with its TTL, `V2_WRITES_IN_FLIGHT` at a time;
-/// the first failure ends it. The order they land in is etcd's: every
-/// caller writes leaves of distinct paths, none the parent of another
-/// (`steps::to_etcd2::check_v2_compatible` and `check_v2_side_fits` refuse
-/// anything else before a write; a v2 store read back gives leaves only),
-/// into a copy that is read back and compared before it is used.
+/// Writes v2 keys, each with its TTL, [`super::WRITES_IN_FLIGHT`] at a
+/// time; the first failure ends it. The order they land in is etcd's:
+/// every caller writes leaves of distinct paths, none the parent of
+/// another (`steps::to_etcd2::check_v2_compatible` and
+/// `check_v2_side_fits` refuse anything else before a write; a v2 store
+/// read back gives leaves only), into a copy that is read back and
+/// compared before it is used.
 pub async fn write_all_v2(endpoint: &str, entries: &[Entry]) -> Result<(), KeyspaceError> {
-    use futures_util::StreamExt;
     let client = http_client()?;
-    let mut writes = futures_util::stream::iter(entries)
-        .map(|entry| write_v2(&client, endpoint, &entry.key, &entry.value, entry.ttl))
-        .buffer_unordered(V2_WRITES_IN_FLIGHT);
-    while let Some(written) = writes.next().await {
-        written?;
-    }
-    Ok(())
+    super::each_in_flight(entries, super::WRITES_IN_FLIGHT, |entry| {
+        write_v2(&client, endpoint, &entry.key, &entry.value, entry.ttl)
+    })
+    .await
 }
 
 /// One v2 DELETE; a node already gone (404) is not an error. True when it

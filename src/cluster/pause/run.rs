@@ -1075,9 +1075,6 @@ impl Pausing {
         let Some(converter) = self.members.iter().find(|m| m.id == go.converter) else {
             return false;
         };
-        if converter.client_urls.is_empty() {
-            return false;
-        }
         match client::membership(
             &converter.client_urls,
             self.client_tls.as_ref(),
