@@ -210,11 +210,12 @@ pub async fn add_self(
             Err(err) => tried.push(format!("{}: {}", other.url, error_chain(&err))),
         }
     }
-    let Some(members) = members else {
+    let Some(listed) = members else {
         return Err(SelfJoinError::NoAnswer {
             tried: tried.join("; "),
         });
     };
+    let members = as_applied(listed, peer_urls, client_tls, timeout).await;
     let what = change(&members, name, peer_urls)?;
     // The others' client URLs, one at a time: a client balancing over all
     // of them sends a call to one that is down (our own stale entry's
@@ -274,6 +275,66 @@ pub async fn add_self(
     Err(last.unwrap_or(SelfJoinError::NoAnswer {
         tried: "no other member publishes a client URL".to_string(),
     }))
+}
+
+/// The membership `listed` by a peer `/members` answer, read again
+/// through the client API of the members it names, one at a time (not
+/// ours: an entry on our peer URLs is our own, not serving).
+///
+/// Why: etcd answers its peer `/members` from the middle of its log's
+/// replay when it has just restarted, so that list can be of an index
+/// long before the cluster's: short of our own stale entry (then the add
+/// is refused, "Peer URLs already exists"), or of a member of our name on
+/// other URLs (then [`change`] does not refuse it). etcd serves its client
+/// API only once its own publish is applied, after every entry its log
+/// held ([`client::membership`]). Where no client API answers (a cluster
+/// whose client TLS is not ours to speak, or every member just started),
+/// the peer list is what there is; the add, asked through the client API
+/// too, then fails and is asked again.
+async fn as_applied(
+    listed: Vec<Member>,
+    peer_urls: &[String],
+    client_tls: Option<&TlsFiles>,
+    timeout: Duration,
+) -> Vec<Member> {
+    let norm = |u: &str| u.trim_end_matches('/').to_string();
+    let ours: Vec<String> = peer_urls.iter().map(|u| norm(u)).collect();
+    let endpoints: Vec<String> = listed
+        .iter()
+        .filter(|m| !m.name.is_empty() && !m.peer_urls.iter().any(|u| ours.contains(&norm(u))))
+        .flat_map(|m| m.client_urls.iter().cloned())
+        .collect();
+    let mut why = Vec::new();
+    for endpoint in &endpoints {
+        match client::membership(std::slice::from_ref(endpoint), client_tls, timeout).await {
+            Ok(applied) => {
+                let ids = |list: &[Member]| {
+                    let mut ids: Vec<u64> = list.iter().map(|m| m.id).collect();
+                    ids.sort_unstable();
+                    ids
+                };
+                if ids(&applied) != ids(&listed) {
+                    log::info(
+                        "the membership read through a member's client API differs from a peer's /members answer (read during that peer's log replay); the client API's is used",
+                        &[
+                            ("endpoint", endpoint.as_str().into()),
+                            ("peer_listed", listed.len().into()),
+                            ("applied", applied.len().into()),
+                        ],
+                    );
+                }
+                return applied;
+            }
+            Err(err) => why.push(err.to_string()),
+        }
+    }
+    if !endpoints.is_empty() {
+        log::warn(
+            "no member's client API answered for the membership; using a peer's /members answer",
+            &[("errors", why.join("; ").into())],
+        );
+    }
+    listed
 }
 
 /// Who asks to be added, and how.
