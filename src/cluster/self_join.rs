@@ -143,6 +143,12 @@ pub enum SelfJoinError {
     },
 }
 
+/// A URL as the membership compares it (etcd keeps what it was given; a
+/// trailing slash is the same URL).
+fn norm(url: &str) -> String {
+    url.trim_end_matches('/').to_string()
+}
+
 /// What must change for a member named `name` advertising `peer_urls` to
 /// join `members` (see the module doc).
 pub fn change(
@@ -150,7 +156,6 @@ pub fn change(
     name: &str,
     peer_urls: &[String],
 ) -> Result<Change, SelfJoinError> {
-    let norm = |u: &str| u.trim_end_matches('/').to_string();
     let ours: Vec<String> = peer_urls.iter().map(|u| norm(u)).collect();
     for member in members {
         let shared = member
@@ -297,7 +302,6 @@ async fn as_applied(
     client_tls: Option<&TlsFiles>,
     timeout: Duration,
 ) -> Vec<Member> {
-    let norm = |u: &str| u.trim_end_matches('/').to_string();
     let ours: Vec<String> = peer_urls.iter().map(|u| norm(u)).collect();
     let endpoints: Vec<String> = listed
         .iter()
