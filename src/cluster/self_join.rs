@@ -308,37 +308,49 @@ async fn as_applied(
         .filter(|m| !m.name.is_empty() && !m.peer_urls.iter().any(|u| ours.contains(&norm(u))))
         .flat_map(|m| m.client_urls.iter().cloned())
         .collect();
-    let mut why = Vec::new();
-    for endpoint in &endpoints {
-        match client::membership(std::slice::from_ref(endpoint), client_tls, timeout).await {
-            Ok(applied) => {
-                let ids = |list: &[Member]| {
-                    let mut ids: Vec<u64> = list.iter().map(|m| m.id).collect();
-                    ids.sort_unstable();
-                    ids
-                };
-                if ids(&applied) != ids(&listed) {
-                    log::info(
-                        "the membership read through a member's client API differs from a peer's /members answer (read during that peer's log replay); the client API's is used",
-                        &[
-                            ("endpoint", endpoint.as_str().into()),
-                            ("peer_listed", listed.len().into()),
-                            ("applied", applied.len().into()),
-                        ],
-                    );
-                }
-                return applied;
+    if endpoints.is_empty() {
+        return listed;
+    }
+    // All at once, the first answer taken: a member that is down and
+    // cut off would hold a one-at-a-time read for its whole timeout.
+    let asked = endpoints.iter().map(|endpoint| {
+        Box::pin(async move {
+            client::membership(std::slice::from_ref(endpoint), client_tls, timeout)
+                .await
+                .map(|applied| (endpoint, applied))
+                .map_err(|err| err.to_string())
+        })
+    });
+    let first = futures_util::future::select_ok(asked)
+        .await
+        .map(|(first, _)| first);
+    match first {
+        Ok((endpoint, applied)) => {
+            let ids = |list: &[Member]| {
+                let mut ids: Vec<u64> = list.iter().map(|m| m.id).collect();
+                ids.sort_unstable();
+                ids
+            };
+            if ids(&applied) != ids(&listed) {
+                log::info(
+                    "the membership read through a member's client API differs from a peer's /members answer (read during that peer's log replay); the client API's is used",
+                    &[
+                        ("endpoint", endpoint.as_str().into()),
+                        ("peer_listed", listed.len().into()),
+                        ("applied", applied.len().into()),
+                    ],
+                );
             }
-            Err(err) => why.push(err.to_string()),
+            applied
+        }
+        Err(last) => {
+            log::warn(
+                "no member's client API answered for the membership; using a peer's /members answer",
+                &[("error", last.into())],
+            );
+            listed
         }
     }
-    if !endpoints.is_empty() {
-        log::warn(
-            "no member's client API answered for the membership; using a peer's /members answer",
-            &[("errors", why.join("; ").into())],
-        );
-    }
-    listed
 }
 
 /// Who asks to be added, and how.
