@@ -731,3 +731,98 @@ fn a_restarting_member_never_lists_its_cluster_short_through_the_client_api() {
         "cluster_probe: the client API listed every member in all {client_full} answers through five restarts; the peer /members listed fewer in {peer_short}"
     );
 }
+
+/// A member whose own etcd does not answer (down for its restart) reads
+/// its cluster's membership from another member's peer `/members`, which
+/// an etcd that has just restarted answers from the middle of its log's
+/// replay, short of members added later (the test above sees it). A
+/// member left out of the view is one whose being down nobody counts, so
+/// a shorter membership from another member is believed only when the
+/// next round's answer agrees; meanwhile the members it lacks stay in the
+/// view, asked as ever (here: down). The short answer is a stand-in built
+/// from a real 3.5.16 member's own.
+#[test]
+fn a_shorter_membership_from_another_member_is_believed_only_when_the_next_round_agrees() {
+    use etcd_migrate::cluster::member::LiveCluster;
+    use etcd_migrate::cluster::roll::Coordination;
+
+    use crate::harness::etcd::EtcdProcess;
+    use crate::harness::stand_in;
+
+    let dir = temp_dir("probe-short");
+    let member = Member::new("probe-short-x");
+    let mut etcd = EtcdProcess::start(
+        "3.5.16",
+        &member,
+        &dir.path().join("x"),
+        free_port(),
+        dir.path(),
+    );
+    block_on(async {
+        etcd.wait_ready().await;
+        let answer = stand_in::peer_members(&member.peer_url());
+        let x = answer[0]["id"].as_u64().expect("the member's id");
+        let short = stand_in::serve(answer.to_string());
+        let known = |id: u64, name: &str, peer_url: String| etcd_migrate::cluster::Member {
+            id,
+            name: name.to_string(),
+            peer_urls: vec![peer_url],
+            client_urls: Vec::new(),
+            is_learner: false,
+            reach: Reach::Down(Duration::ZERO),
+            storage: None,
+        };
+        // Ours (nothing listens on its peer URL: its etcd is down) and a
+        // third member the short answer lacks too.
+        let (own, third) = (0x4242, 0x4343);
+        let members = vec![
+            known(x, &member.name, short),
+            known(
+                own,
+                "probe-short-y",
+                format!("http://127.0.0.1:{}", free_port()),
+            ),
+            known(
+                third,
+                "probe-short-z",
+                format!("http://127.0.0.1:{}", free_port()),
+            ),
+        ];
+        let mut live = LiveCluster::new(
+            own,
+            members,
+            Vec::new(),
+            holder("4242", "test"),
+            None,
+            None,
+            Duration::from_secs(5),
+        )
+        .expect("the member's view");
+        let ids = |view: &etcd_migrate::cluster::View| {
+            let mut ids: Vec<u64> = view.members.iter().map(|m| m.id).collect();
+            ids.sort_unstable();
+            ids
+        };
+        let first = live.peers().await;
+        let mut all = vec![x, own, third];
+        all.sort_unstable();
+        assert_eq!(ids(&first), all, "one short answer is not believed");
+        let lacked = first
+            .members
+            .iter()
+            .find(|m| m.id == third)
+            .expect("the third member");
+        assert!(
+            matches!(lacked.reach, Reach::Down(_)),
+            "the member the answer lacks is asked and found down: {:?}",
+            lacked.reach
+        );
+        let second = live.peers().await;
+        assert_eq!(
+            ids(&second),
+            vec![x],
+            "the same short answer a round later is believed"
+        );
+    });
+    etcd.stop();
+}

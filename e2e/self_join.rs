@@ -22,6 +22,7 @@ use etcd_migrate::cluster::self_join::{add_self, membership_change, Asked, Chang
 
 use crate::harness::etcd::{connect, EtcdProcess};
 use crate::harness::ports::free_port;
+use crate::harness::stand_in;
 use crate::harness::{block_on, temp_dir, Member};
 
 /// Sleeps to just past the start of the next wall-clock second.
@@ -108,46 +109,6 @@ fn a_member_replacing_its_entry_within_the_second_of_that_entrys_add_joins_under
     etcd.stop();
 }
 
-/// Serves `body` as every answer to an HTTP request on a port of its own,
-/// as an etcd peer's `/members` would; returns its URL.
-fn serve_members(body: String) -> String {
-    use std::io::{Read, Write};
-    let listener =
-        std::net::TcpListener::bind(("127.0.0.1", free_port())).expect("bind the peer stand-in");
-    let url = format!("http://{}", listener.local_addr().expect("its address"));
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut request = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                match stream.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => request.extend_from_slice(&buf[..n]),
-                }
-            }
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    url
-}
-
-/// etcd's own peer `/members` answer at `peer_url` (plain HTTP).
-fn peer_members(peer_url: &str) -> serde_json::Value {
-    use std::io::{Read, Write};
-    let address = peer_url.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(address).expect("connect to the peer URL");
-    write!(stream, "GET /members HTTP/1.0\r\nHost: {address}\r\n\r\n").expect("ask /members");
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).expect("read /members");
-    let (_, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
-
 /// A peer's `/members` answer read during that peer's log replay (a
 /// member that has just restarted: `e2e/cluster_probe.rs` sees it) lists
 /// the membership of an earlier index. Here it lacks the entry someone
@@ -182,14 +143,14 @@ fn a_peer_members_answer_short_of_this_members_entry_is_read_again_through_the_c
             .expect("the added member")
             .id();
         // etcd's answer as the peer gives it, short of the added entry.
-        let mut listed = peer_members(&member.peer_url());
+        let mut listed = stand_in::peer_members(&member.peer_url());
         let all = listed.as_array().expect("a list").len();
         listed
             .as_array_mut()
             .expect("a list")
             .retain(|m| m["id"].as_u64() != Some(added));
         assert_eq!(listed.as_array().expect("a list").len(), all - 1);
-        let short = serve_members(listed.to_string());
+        let short = stand_in::serve(listed.to_string());
         let joined = add_self(
             &[Peer {
                 name: member.name.clone(),

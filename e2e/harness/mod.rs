@@ -10,6 +10,7 @@ pub mod migrator;
 pub mod mount;
 pub mod ports;
 pub mod snapshot;
+pub mod stand_in;
 pub mod tree;
 pub mod v2;
 

@@ -102,6 +102,9 @@ pub struct LiveCluster {
     timeout: Duration,
     /// The membership last learned (the data's own at first).
     members: Vec<Member>,
+    /// The ids of a shorter membership another member answered with in
+    /// the last round, not believed yet ([`LiveCluster::refresh_members`]).
+    shrunk_to: Option<Vec<u64>>,
     /// Since when each silent member has not answered.
     silent_since: HashMap<u64, Instant>,
     /// The members whose TLS handshake failed in the last round, with why.
@@ -147,6 +150,7 @@ impl LiveCluster {
             client_tls,
             timeout,
             members,
+            shrunk_to: None,
             silent_since: HashMap::new(),
             tls_refused: BTreeMap::new(),
             cluster_version: None,
@@ -202,6 +206,14 @@ impl LiveCluster {
 
     /// The membership from ourselves, else from the first member that
     /// answers; the last one learned when nobody does.
+    ///
+    /// Another member's answer that lacks members we knew is believed only
+    /// when the next round's says the same: an etcd that has just
+    /// restarted answers its peer `/members` from the middle of its log's
+    /// replay, with the membership of an earlier index (`e2e/
+    /// cluster_probe.rs` sees it), and a member left out of the view is one
+    /// whose being down nobody counts. Our own etcd's answer is believed at
+    /// once: the loop acts only while it is proven, so past its replay.
     async fn refresh_members(&mut self) {
         let mut urls: Vec<String> = vec![self.own_peer_url.clone()];
         urls.extend(
@@ -212,6 +224,11 @@ impl LiveCluster {
         );
         for url in urls.iter().filter(|u| !u.is_empty()) {
             if let Ok(members) = self.peer.members(url).await {
+                if *url == self.own_peer_url {
+                    self.shrunk_to = None;
+                } else if !self.shrink_believed(&members) {
+                    return;
+                }
                 if let Some(me) = members.iter().find(|m| m.id == self.own_id) {
                     if !me.client_urls.is_empty() && self.own_client_urls.is_empty() {
                         self.own_client_urls = me.client_urls.clone();
@@ -221,6 +238,35 @@ impl LiveCluster {
                 return;
             }
         }
+    }
+
+    /// Whether `answer` (another member's) may replace the membership we
+    /// know: yes unless it lacks one of our members and the last round's
+    /// other answer did not lack the same ones.
+    fn shrink_believed(&mut self, answer: &[Member]) -> bool {
+        let mut ids: Vec<u64> = answer.iter().map(|m| m.id).collect();
+        ids.sort_unstable();
+        let lacks = self
+            .members
+            .iter()
+            .any(|m| ids.binary_search(&m.id).is_err());
+        if !lacks {
+            self.shrunk_to = None;
+            return true;
+        }
+        if self.shrunk_to.as_ref() == Some(&ids) {
+            self.shrunk_to = None;
+            return true;
+        }
+        crate::log::info(
+            "another member lists fewer members than this member knew (an etcd just started answers from the middle of its log's replay); believed if the next round's answer agrees",
+            &[
+                ("known", self.members.len().into()),
+                ("listed", answer.len().into()),
+            ],
+        );
+        self.shrunk_to = Some(ids);
+        false
     }
 
     /// Asks every member's peer `/version` at once.
