@@ -283,8 +283,9 @@ pub async fn add_self(
 }
 
 /// The membership `listed` by a peer `/members` answer, read again
-/// through the client API of the members it names, one at a time (not
-/// ours: an entry on our peer URLs is our own, not serving).
+/// through the client API of the members it names, all at once, the first
+/// answer taken (not ours: an entry on our peer URLs is our own, not
+/// serving).
 ///
 /// Why: etcd answers its peer `/members` from the middle of its log's
 /// replay when it has just restarted, so that list can be of an index
