@@ -1601,20 +1601,33 @@ fn killed_at_to(
 }
 
 /// The first member whose log shows `point`'s line, within `deadline`
-/// (its output followed: the kill comes right after the line).
+/// (its output followed: the kill comes right after the line). Followed a
+/// few seconds at a time: in between, a member that exited (its etcd lost
+/// to the member killed before) is started again, as the kubelet would
+/// ([`Cluster::restart_exited`]; CI, 2026-11-30: a joiner added just
+/// before the converter's kill found no converter to join, exited, and
+/// the job waited for it).
 fn wait_for_point(cluster: &Cluster, point: &Point, deadline: Duration) -> usize {
+    const FOLLOW_FOR: Duration = Duration::from_secs(3);
     let containers: Vec<&Container> = (0..cluster.members.len())
         .map(|i| cluster.container(i))
         .collect();
-    match first_to_log(&containers, point.line, deadline) {
-        Some(i) => i,
-        None => panic!(
-            "no member reached {:?} ({:?}) within {deadline:?}; the job: {}; logs:\n{}",
-            point.what,
-            point.line,
-            progress(cluster),
-            cluster.all_logs()
-        ),
+    let started = Instant::now();
+    loop {
+        let left = deadline.saturating_sub(started.elapsed());
+        if let Some(i) = first_to_log(&containers, point.line, left.min(FOLLOW_FOR)) {
+            return i;
+        }
+        if left <= FOLLOW_FOR {
+            panic!(
+                "no member reached {:?} ({:?}) within {deadline:?}; the job: {}; logs:\n{}",
+                point.what,
+                point.line,
+                progress(cluster),
+                cluster.all_logs()
+            );
+        }
+        cluster.restart_exited(&format!("the wait for {:?}", point.what));
     }
 }
 

@@ -156,6 +156,9 @@ pub struct Cluster {
     /// then may a member exit mid-job and be started again
     /// ([`Cluster::wait_job_done`]).
     pub killed: std::cell::Cell<bool>,
+    /// How often each member was started again after it exited
+    /// ([`Cluster::restart_exited`]), over the whole test.
+    pub restarts: std::cell::RefCell<Vec<u32>>,
 }
 
 /// A v2 key as read back: its key, value and modified index.
@@ -272,6 +275,7 @@ impl Cluster {
             pki_root,
             extra_options: Vec::new(),
             killed: std::cell::Cell::new(false),
+            restarts: std::cell::RefCell::new(Vec::new()),
         };
         for _ in 0..size {
             cluster.new_member(false);

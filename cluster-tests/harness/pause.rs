@@ -357,43 +357,54 @@ impl Cluster {
         );
     }
 
+    /// Where the test SIGKILLed a member ([`Cluster::kill`]), a member
+    /// whose container has exited is started again, as the kubelet
+    /// restarts a static pod's container: an entrypoint that fails mid-job
+    /// (its etcd lost to a member killed in the same instant) exits, and
+    /// its next start resumes. Not restarted, and the test fails with its
+    /// log (`during` says what the test was waiting for): any exit in a job
+    /// where nothing was killed, an exit 0 (nothing ends a job that way), a
+    /// refusal (exit 2: only the operator can mend it), and a member that
+    /// exits more than [`KUBELET_RESTARTS`] times in the test (a crash
+    /// loop).
+    pub fn restart_exited(&self, during: &str) {
+        for (i, m) in self.members.iter().enumerate() {
+            let Some(State::Exited(code)) = m.container.as_ref().map(|c| c.state()) else {
+                continue;
+            };
+            let restarts = {
+                let mut all = self.restarts.borrow_mut();
+                if all.len() <= i {
+                    // A member added after the cluster's start.
+                    all.resize(i + 1, 0);
+                }
+                all[i] += 1;
+                all[i]
+            };
+            if !self.killed.get() || code == 0 || code == 2 || restarts > KUBELET_RESTARTS {
+                panic!(
+                    "member {} exited {code} during {during} (exit {restarts} of it); its log:\n{}",
+                    m.name,
+                    self.container(i).logs()
+                );
+            }
+            say(&format!(
+                "cluster {}: {} exited {code} during {during}; started again, as the kubelet would ({restarts} of at most {KUBELET_RESTARTS})",
+                self.run, m.name
+            ));
+            self.container(i).start();
+        }
+    }
+
     /// Waits until every member's version.txt records
     /// `<release>/<storage>`, and every member answers `/health` and runs
-    /// `release`: a job done. How long it took.
-    ///
-    /// Where the test SIGKILLed a member ([`Cluster::kill`]), a member
-    /// whose container exits during the job is started again, as the
-    /// kubelet restarts a static pod's container: an entrypoint that fails
-    /// mid-job (its etcd lost to a member killed in the same instant)
-    /// exits, and its next start resumes. Not restarted, and the test
-    /// fails with its log: any exit in a job where nothing was killed, an
-    /// exit 0 (nothing ends a job that way), a refusal (exit 2: only the
-    /// operator can mend it), and a member that exits more than
-    /// [`KUBELET_RESTARTS`] times (a crash loop).
+    /// `release`: a job done. How long it took. A member that exits
+    /// meanwhile is dealt with by [`Cluster::restart_exited`].
     pub fn wait_job_done(&self, release: &str, storage: &str, deadline: Duration) -> Duration {
         let want = format!("{release}/{storage}");
         let started = Instant::now();
-        let mut restarts = vec![0u32; self.members.len()];
         loop {
-            for (i, m) in self.members.iter().enumerate() {
-                let Some(State::Exited(code)) = m.container.as_ref().map(|c| c.state()) else {
-                    continue;
-                };
-                restarts[i] += 1;
-                if !self.killed.get() || code == 0 || code == 2 || restarts[i] > KUBELET_RESTARTS {
-                    panic!(
-                        "member {} exited {code} during the job (exit {} of it); its log:\n{}",
-                        m.name,
-                        restarts[i],
-                        self.container(i).logs()
-                    );
-                }
-                say(&format!(
-                    "cluster {}: {} exited {code} during the job; started again, as the kubelet would ({} of at most {KUBELET_RESTARTS})",
-                    self.run, m.name, restarts[i]
-                ));
-                self.container(i).start();
-            }
+            self.restart_exited("the job");
             let states: Vec<String> = (0..self.members.len())
                 .map(|i| {
                     let ip = &self.members[i].ip;
