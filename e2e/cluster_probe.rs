@@ -760,7 +760,7 @@ fn a_shorter_membership_from_another_member_is_believed_only_when_the_next_round
     );
     block_on(async {
         etcd.wait_ready().await;
-        let answer = stand_in::peer_members(&member.peer_url());
+        let answer = stand_in::peer_members(&member.peer_url()).await;
         let x = answer[0]["id"].as_u64().expect("the member's id");
         let short = stand_in::serve(answer.to_string());
         let known = |id: u64, name: &str, peer_url: String| etcd_migrate::cluster::Member {

@@ -143,7 +143,7 @@ fn a_peer_members_answer_short_of_this_members_entry_is_read_again_through_the_c
             .expect("the added member")
             .id();
         // etcd's answer as the peer gives it, short of the added entry.
-        let mut listed = stand_in::peer_members(&member.peer_url());
+        let mut listed = stand_in::peer_members(&member.peer_url()).await;
         let all = listed.as_array().expect("a list").len();
         listed
             .as_array_mut()

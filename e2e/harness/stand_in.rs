@@ -36,14 +36,17 @@ pub fn serve(body: String) -> String {
     url
 }
 
-/// etcd's own peer `/members` answer at `peer_url` (plain HTTP).
-pub fn peer_members(peer_url: &str) -> serde_json::Value {
-    use std::io::{Read, Write};
-    let address = peer_url.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(address).expect("connect to the peer URL");
-    write!(stream, "GET /members HTTP/1.0\r\nHost: {address}\r\n\r\n").expect("ask /members");
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).expect("read /members");
-    let (_, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+/// etcd's own peer `/members` answer at `peer_url`, as JSON.
+pub async fn peer_members(peer_url: &str) -> serde_json::Value {
+    let url = format!("{}/members", peer_url.trim_end_matches('/'));
+    let answer = super::v2::http_client()
+        .get(&url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let body = answer
+        .text()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {url}: {e}: {body}"))
 }
