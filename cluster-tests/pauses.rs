@@ -1503,6 +1503,78 @@ pub(crate) fn the_converter_cut_off_after_it_took_the_data() {
     run.finish(test);
 }
 
+/// How long the converter stays frozen while a joiner's etcd is down.
+const CONVERTER_AWAY_FOR: Duration = Duration::from_secs(12);
+/// A joiner's line for each start of its etcd after that etcd exited.
+const STARTS_ITS_ETCD_AGAIN: &str =
+    "pause job: this member's etcd exited before it was proven; starting it again";
+
+/// 3.4.23 back to 3.3.25 (kubeadm style, a writer throughout): right
+/// after a member added itself to the converted cluster (a voter there:
+/// two of two, so that cluster has no quorum without it), the converter
+/// is frozen (`docker pause`: it answers nothing) and that member's etcd
+/// SIGKILLed from the host, its entrypoint left running. The entrypoint
+/// starts its etcd again itself, as often as it exits while the
+/// converter is away, instead of exiting for the kubelet to start it
+/// after its back-off (10 s, then 20 s, 40 s …, the converted cluster
+/// down all that time; CI, 2026-11-30: a joiner whose etcd found no
+/// converter to join exited 1). Thawed, the job ends as without the
+/// faults, and that member's container never exited (the harness would
+/// panic at an exit it did not cause by a kill of its own).
+pub(crate) fn a_joiners_etcd_lost_while_the_converter_is_away_is_started_again_by_its_entrypoint() {
+    let test = "pause-joiner-etcd-lost";
+    let (from, to) = ("3.4.23", "3.3.25");
+    let Some(run) = rolled_out(test, (from, to)) else {
+        return;
+    };
+    let cluster = &run.cluster;
+    let joiner = wait_for_point(cluster, &ADDED, POINT_DEADLINE);
+    let converter = (0..cluster.members.len())
+        .find(|&i| cluster.container(i).count_in_log(GO.line) > 0)
+        .expect("a converter: the member that logged the go");
+    cluster.container(converter).freeze();
+    let frozen = Instant::now();
+    let name = cluster.members[joiner].name.clone();
+    assert_eq!(
+        cluster.container(joiner).count_in_log(PROVEN.line),
+        0,
+        "{name} was proven before the converter froze (the fault came too late for the scenario); its log:\n{}",
+        cluster.container(joiner).logs()
+    );
+    let started_at = cluster.container(joiner).started_at();
+    let killed = cluster.container(joiner).kill_processes("etcd-3");
+    say(&format!(
+        "{test}: {} (the converter) frozen {:.1} s after the rollout, right after {name} added itself; {killed} etcd process(es) of {name} SIGKILLed, its entrypoint left running",
+        cluster.members[converter].name,
+        run.rolled.elapsed().as_secs_f64(),
+    ));
+    wait_line(
+        cluster,
+        joiner,
+        &[STARTS_ITS_ETCD_AGAIN],
+        CONVERTER_AWAY_FOR + Duration::from_secs(30),
+    );
+    let again = cluster
+        .container(joiner)
+        .count_in_log(STARTS_ITS_ETCD_AGAIN);
+    thread::sleep(CONVERTER_AWAY_FOR.saturating_sub(frozen.elapsed()));
+    cluster.container(converter).thaw();
+    let after = cluster.wait_job_done(to, "etcd3", JOB_DEADLINE);
+    run.monitor.excuse_down(false);
+    assert_eq!(
+        cluster.container(joiner).started_at(),
+        started_at,
+        "{name}'s container was started again: its entrypoint exited; its log:\n{}",
+        cluster.container(joiner).logs()
+    );
+    say(&format!(
+        "{test}: {name} started its own etcd again {again} time(s) by the thaw ({} in all), never exiting; every member records and serves {to}/etcd3 {:.1} s after the thaw",
+        cluster.container(joiner).count_in_log(STARTS_ITS_ETCD_AGAIN),
+        after.as_secs_f64()
+    ));
+    run.finish(test);
+}
+
 /// 3 members of `from` (kubeadm style), a v3 client writing throughout;
 /// the operator rolls out TARGET_VERSION=`to` with the consent, 3 s
 /// apart. At each of `points` in turn, the first member whose log shows it

@@ -268,6 +268,12 @@ impl Container {
         }
     }
 
+    /// When the container last started (`docker inspect`): the same
+    /// before and after a wait, the container did not exit in between.
+    pub fn started_at(&self) -> String {
+        docker(&["inspect", "-f", "{{.State.StartedAt}}", &self.name])
+    }
+
     /// Waits (with `deadline`) for the container to exit; its exit code.
     pub fn wait_exit(&self, deadline: Duration) -> i32 {
         let started = Instant::now();
@@ -304,6 +310,30 @@ impl Container {
     /// SIGKILL to the container's PID 1 (`docker kill -s KILL`).
     pub fn kill(&self) {
         docker(&["kill", "-s", "KILL", &self.name]);
+    }
+
+    /// SIGKILLs, from the host, the container's processes whose command
+    /// name starts with `prefix` (their pids as `docker top` gives them):
+    /// the entrypoint's etcd, say, while the entrypoint runs on. How many
+    /// there were.
+    pub fn kill_processes(&self, prefix: &str) -> usize {
+        let top = docker(&["top", &self.name, "-o", "pid,comm"]);
+        let pids: Vec<i32> = top
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let (pid, comm) = line.trim().split_once(char::is_whitespace)?;
+                comm.trim().starts_with(prefix).then(|| pid.parse().ok())?
+            })
+            .collect();
+        for &pid in &pids {
+            // Gone meanwhile (exited by itself) is as good as killed.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        pids.len()
     }
 
     /// A graceful stop: SIGTERM, SIGKILL after `grace_s` seconds.

@@ -291,6 +291,14 @@ pub fn newest_snap_bytes(data_dir: &Path) -> u64 {
     newest_snap(data_dir).map_or(0, |meta| meta.len())
 }
 
+/// Whether etcd wrote a WAL in `data_dir` (a `*.wal` segment in
+/// `member/wal`): an etcd that joined a cluster and never got that far
+/// left nothing of a member in it.
+pub fn has_wal(data_dir: &Path) -> bool {
+    file_names(&data_dir.join("member").join("wal"))
+        .is_ok_and(|names| names.iter().any(|name| name.ends_with(".wal")))
+}
+
 /// The metadata of the newest raft snapshot (`member/snap/*.snap`) in
 /// `data_dir`, if it has one.
 pub fn newest_snap(data_dir: &Path) -> Option<std::fs::Metadata> {

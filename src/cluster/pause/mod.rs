@@ -469,9 +469,45 @@ pub fn publish_lost(signs: &JoinerSigns) -> bool {
         && without_joiner_ok
 }
 
+/// Whether a joiner whose etcd exited before its proof may start that
+/// etcd again on the data dir as it is, with the flags it joined with:
+/// the data holds nothing of a member yet (`wal_written` false: its etcd
+/// never got the cluster, as when the converter was away as it started),
+/// or the data of the member it joined as (`on_disk`, the WAL's member
+/// id, is `entry`; any member where the caller does not know the entry:
+/// a join that recorded the target, whose data is its own). Otherwise
+/// (another member's data, a WAL that does not read) the run ends, and
+/// the next start's resume sorts the data out.
+pub fn joiner_may_restart(wal_written: bool, on_disk: Option<u64>, entry: Option<u64>) -> bool {
+    !wal_written || on_disk.is_some_and(|found| entry.is_none_or(|id| id == found))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_joiner_starts_its_etcd_again_only_on_nothing_or_its_own_member() {
+        #[rustfmt::skip]
+        let rows = [
+            // (a WAL written, its member id, the entry joined as, may restart)
+            (false, None, Some(7), true),
+            (false, None, None, true),
+            (true, Some(7), Some(7), true),
+            (true, Some(7), None, true),
+            (true, Some(8), Some(7), false),
+            // A WAL that does not read (or names no member).
+            (true, None, Some(7), false),
+            (true, None, None, false),
+        ];
+        for (written, on_disk, entry, want) in rows {
+            assert_eq!(
+                joiner_may_restart(written, on_disk, entry),
+                want,
+                "written {written}, on disk {on_disk:?}, entry {entry:?}"
+            );
+        }
+    }
 
     fn signs() -> JoinerSigns {
         // The benchmark's second joiner at 3.3 (no learners): a third

@@ -47,6 +47,11 @@ const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
 /// How often a job to etcd2 storage that found a key the v2 store cannot
 /// hold reads the keyspace again (a whole read: not every round).
 const MISFIT_RECHECK: Duration = Duration::from_secs(5);
+/// How long a joiner waits before it starts its etcd again, when that
+/// etcd exited before its proof ([`Pausing::joiner_running`]): etcd's own
+/// try at the converter's peer URLs takes about as long, so a converter
+/// that is away is asked every few seconds, not in a tight loop.
+const JOINER_RESTART_AFTER: Duration = Duration::from_secs(2);
 
 /// How the member's part ended.
 #[derive(Debug)]
@@ -1459,14 +1464,21 @@ impl Pausing {
         let started = Instant::now();
         let mut reporter = Reporter::new();
         loop {
-            self.still_running(etcd, target).await?;
-            let answer = crate::cluster::self_join::try_promote(
-                endpoints,
-                self.client_tls.as_ref(),
-                REQUEST_TIMEOUT,
-                id,
-            )
-            .await;
+            self.joiner_running(etcd, Some(id)).await?;
+            let Some(answer) = self
+                .unless_ended(
+                    etcd,
+                    crate::cluster::self_join::try_promote(
+                        endpoints,
+                        self.client_tls.as_ref(),
+                        REQUEST_TIMEOUT,
+                        id,
+                    ),
+                )
+                .await
+            else {
+                continue;
+            };
             let why = match answer {
                 Ok(crate::cluster::self_join::Promoted::Done) => {
                     log::info(
@@ -1515,22 +1527,29 @@ impl Pausing {
     ) -> Result<u8, PauseError> {
         let target = self.job.target.version;
         let started = Instant::now();
+        // The entry this member joined as, where the caller knows it.
+        let entry = fresh.or(learner);
         if let Some(id) = learner {
             self.promote(etcd, endpoints, id).await?;
         }
         let mut last;
         let mut restarted = false;
+        // When our etcd last started: a lost publish is judged from there.
+        let mut spawned = started;
         loop {
-            self.still_running(etcd, target).await?;
+            if self.joiner_running(etcd, entry).await? {
+                spawned = Instant::now();
+                restarted = false;
+            }
             if let Some(id) = fresh.filter(|_| !restarted) {
                 // While its etcd does not answer, a proof's connection to
                 // it would wait out its timeout: the signs are read
                 // instead, for the few seconds a restart is worth it.
-                if started.elapsed() < pause::PUBLISH_RETRY_FLOOR
+                if spawned.elapsed() < pause::PUBLISH_RETRY_FLOOR
                     && !self.answers(&self.own.client_urls).await
                 {
                     restarted = self
-                        .restart_if_publish_lost(etcd, endpoints, id, started)
+                        .restart_if_publish_lost(etcd, endpoints, id, spawned)
                         .await?;
                     if !restarted {
                         // A connection that waited for an etcd about to
@@ -1540,18 +1559,31 @@ impl Pausing {
                     }
                 }
             }
-            match self.same_hash(endpoints, target).await {
+            let Some(hash) = self
+                .unless_ended(etcd, self.same_hash(endpoints, target))
+                .await
+            else {
+                continue;
+            };
+            match hash {
                 Ok(revision) if self.job.target.storage == Storage::Etcd2 => {
                     // The data is the v2 store: HashKV covered only the
                     // job's own v3 keys.
-                    match v2proof::same_v2_store(
-                        self.client_tls.as_ref(),
-                        &self.own.client_urls,
-                        endpoints,
-                        REQUEST_TIMEOUT,
-                    )
-                    .await
-                    {
+                    let Some(v2) = self
+                        .unless_ended(
+                            etcd,
+                            v2proof::same_v2_store(
+                                self.client_tls.as_ref(),
+                                &self.own.client_urls,
+                                endpoints,
+                                REQUEST_TIMEOUT,
+                            ),
+                        )
+                        .await
+                    else {
+                        continue;
+                    };
+                    match v2 {
                         Ok(proven) => {
                             log::info(
                                 "pause job: this member serves the converted data (its v2 store equal to the converter's at one index, the events between the two reads replayed)",
@@ -1674,7 +1706,10 @@ impl Pausing {
             // Nothing to read yet: spare the cluster the calls.
             return Ok(false);
         }
-        let Some(signs) = self.joiner_signs(endpoints, id, since_start).await else {
+        let Some(Some(signs)) = self
+            .unless_ended(etcd, self.joiner_signs(endpoints, id, since_start))
+            .await
+        else {
             return Ok(false);
         };
         if !pause::publish_lost(&signs) {
@@ -1862,6 +1897,112 @@ impl Pausing {
                 &format!("{} to join the converted cluster", self.names(&missing)),
             );
             self.sleep().await;
+        }
+    }
+
+    /// [`Self::still_running`] for a joiner's etcd before its proof; `Ok(true)`:
+    /// it had exited, and was started again.
+    ///
+    /// A joiner's etcd exits when the converted cluster is away as it
+    /// starts ("cannot fetch cluster info from peer urls": the converter
+    /// restarting), or when it is killed. This member may be what the
+    /// converted cluster lacks for its quorum (a voter: two of two), so
+    /// ending the run here would leave that cluster down for as long as
+    /// the kubelet's back-off (10 s, then 20 s, 40 s …). Instead, where
+    /// [`pause::joiner_may_restart`] (nothing written yet, or the data of
+    /// `entry`, the member it joined as), its etcd is started again after
+    /// [`JOINER_RESTART_AFTER`], with the same flags, as this member's next
+    /// start would (its `resume_join`); the proof's deadline still bounds
+    /// the whole wait. Any other data: the error, for the next start to
+    /// sort out.
+    async fn joiner_running(
+        &self,
+        etcd: &mut SupervisedEtcd,
+        entry: Option<u64>,
+    ) -> Result<bool, PauseError> {
+        let target = self.job.target.version;
+        let exited = match self.still_running(etcd, target).await {
+            Ok(()) => return Ok(false),
+            Err(e @ PauseError::Exited { .. }) => e,
+            Err(e) => return Err(e),
+        };
+        let written = crate::ondisk::has_wal(&self.data_dir);
+        let on_disk = if written {
+            crate::ondisk::read_with(&self.data_dir, &crate::ondisk::Want::default())
+                .ok()
+                .and_then(|found| found.member_id)
+        } else {
+            None
+        };
+        let ours = pause::joiner_may_restart(written, on_disk, entry);
+        let PauseError::Exited { status, .. } = &exited else {
+            return Err(exited);
+        };
+        if !ours {
+            log::warn(
+                "pause job: this member's etcd exited before it was proven, and its data dir holds another member's data or a WAL that does not read; ending this run for the next start to sort it out",
+                &[
+                    ("status", status.to_string().into()),
+                    (
+                        "on_disk",
+                        on_disk.map_or_else(|| "unreadable".to_string(), |id| format!("{id:x}")).into(),
+                    ),
+                    ("entry", entry.map(|id| format!("{id:x}")).unwrap_or_default().into()),
+                ],
+            );
+            return Err(exited);
+        }
+        log::warn(
+            "pause job: this member's etcd exited before it was proven; starting it again, as this member's next start would (the proof's deadline unchanged)",
+            &[
+                ("status", status.to_string().into()),
+                ("data", if written { "its own, kept" } else { "none written yet" }.into()),
+                ("after_ms", log::ms(JOINER_RESTART_AFTER)),
+            ],
+        );
+        let mut termination = self.termination.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(JOINER_RESTART_AFTER) => {}
+            _ = termination.changed() => {}
+        }
+        if let Some(signal) = self.stop_requested() {
+            return Err(PauseError::Interrupted(signal));
+        }
+        etcd.start(target).await?;
+        Ok(true)
+    }
+
+    /// `work` (requests to the converted cluster), or `None` as soon as
+    /// our etcd exits or a stop request comes; the caller's next look at
+    /// its etcd ([`Self::joiner_running`]) takes it from there. A
+    /// converter that is away holds a request for its whole timeout (5 s,
+    /// and a connect to an address nobody has, longer): a joiner whose
+    /// own etcd ended meanwhile must not wait that out first (seen: 14 s,
+    /// CI 2026-11-30).
+    async fn unless_ended<T>(
+        &self,
+        etcd: &mut SupervisedEtcd,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let mut termination = self.termination.clone();
+        tokio::pin!(work);
+        loop {
+            if termination.borrow().is_some() {
+                return None;
+            }
+            tokio::select! {
+                done = &mut work => return Some(done),
+                _ = etcd.wait() => return None,
+                changed = termination.changed() => {
+                    if changed.is_err() {
+                        // The signal thread is gone: only the etcd's exit remains.
+                        return tokio::select! {
+                            done = &mut work => Some(done),
+                            _ = etcd.wait() => None,
+                        };
+                    }
+                }
+            }
         }
     }
 
