@@ -1542,6 +1542,7 @@ pub(crate) fn a_joiners_etcd_lost_while_the_converter_is_away_is_started_again_b
         cluster.container(joiner).logs()
     );
     let started_at = cluster.container(joiner).started_at();
+    let killed_at = std::time::SystemTime::now();
     let killed = cluster.container(joiner).kill_processes("etcd-3");
     say(&format!(
         "{test}: {} (the converter) frozen {:.1} s after the rollout, right after {name} added itself; {killed} etcd process(es) of {name} SIGKILLed, its entrypoint left running",
@@ -1557,6 +1558,23 @@ pub(crate) fn a_joiners_etcd_lost_while_the_converter_is_away_is_started_again_b
     let again = cluster
         .container(joiner)
         .count_in_log(STARTS_ITS_ETCD_AGAIN);
+    // Said, not asserted: where the kill finds the joiner's loop decides
+    // how long a wait on the frozen converter would have held it.
+    let noticed = cluster
+        .container(joiner)
+        .logs()
+        .lines()
+        .find(|line| line.contains(STARTS_ITS_ETCD_AGAIN))
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|at| humantime::parse_rfc3339(at).ok())
+        .and_then(|at| at.duration_since(killed_at).ok());
+    say(&format!(
+        "{test}: {name}'s entrypoint said its etcd exited {} after the kill",
+        noticed.map_or_else(
+            || "(no time read)".to_string(),
+            |d| format!("{} ms", d.as_millis())
+        )
+    ));
     thread::sleep(CONVERTER_AWAY_FOR.saturating_sub(frozen.elapsed()));
     cluster.container(converter).thaw();
     let after = cluster.wait_job_done(to, "etcd3", JOB_DEADLINE);
