@@ -1464,7 +1464,7 @@ impl Pausing {
         let started = Instant::now();
         let mut reporter = Reporter::new();
         loop {
-            self.joiner_running(etcd, Some(id)).await?;
+            self.joiner_running(etcd, Some(id), started).await?;
             let Some(answer) = self
                 .unless_ended(
                     etcd,
@@ -1537,7 +1537,7 @@ impl Pausing {
         // When our etcd last started: a lost publish is judged from there.
         let mut spawned = started;
         loop {
-            if self.joiner_running(etcd, entry).await? {
+            if self.joiner_running(etcd, entry, started).await? {
                 spawned = Instant::now();
                 restarted = false;
             }
@@ -1913,12 +1913,14 @@ impl Pausing {
     /// `entry`, the member it joined as), its etcd is started again after
     /// [`JOINER_RESTART_AFTER`], with the same flags, as this member's next
     /// start would (its `resume_join`); the proof's deadline still bounds
-    /// the whole wait. Any other data: the error, for the next start to
-    /// sort out.
+    /// the whole wait (from `since`: the caller's loops skip their own
+    /// check when a wait ended on the exit). Any other data: the error,
+    /// for the next start to sort out.
     async fn joiner_running(
         &self,
         etcd: &mut SupervisedEtcd,
         entry: Option<u64>,
+        since: Instant,
     ) -> Result<bool, PauseError> {
         let target = self.job.target.version;
         let exited = match self.still_running(etcd, target).await {
@@ -1938,6 +1940,18 @@ impl Pausing {
         let PauseError::Exited { status, .. } = &exited else {
             return Err(exited);
         };
+        if since.elapsed() > self.prove_deadline {
+            // Its etcd kept exiting: the proof's deadline ends the run as
+            // a proof that never came would.
+            log::warn(
+                "pause job: this member's etcd exited before it was proven, past the proof's deadline; ending this run",
+                &[
+                    ("status", status.to_string().into()),
+                    ("deadline_s", self.prove_deadline.as_secs().into()),
+                ],
+            );
+            return Err(exited);
+        }
         if !ours {
             log::warn(
                 "pause job: this member's etcd exited before it was proven, and its data dir holds another member's data or a WAL that does not read; ending this run for the next start to sort it out",
