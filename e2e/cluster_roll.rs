@@ -759,6 +759,149 @@ const JOIN_HOLD_AT: &str = "pause-join-after-lock";
 #[cfg(feature = "failpoints")]
 const JOIN_HOLD_MS: u64 = 3000;
 
+/// Where a joiner of the pause job is held: added to the converted
+/// cluster, before its etcd starts.
+#[cfg(feature = "failpoints")]
+const JOIN_START_AT: &str = "pause-join-before-etcd";
+
+/// The pause job's joiner whose etcd finds no converter to join (CI,
+/// 2026-11-30: the converter killed 0.3 s after a joiner's add; the
+/// joiner's etcd, "cannot fetch cluster info from peer urls", exited, and
+/// so did the joiner's run, leaving the converted cluster of two voters
+/// down until the kubelet's back-off let it start again) starts that etcd
+/// again itself: 3 members 3.4.23 → 3.3.25 with the operator's consent;
+/// the first joiner frozen right after its add, the converter's etcd
+/// stopped (SIGSTOP: its peer port takes connections and answers none),
+/// the joiner let go. Its etcd exits having written nothing; its run
+/// says so and starts it again, until the converter's etcd, let go,
+/// answers: every member ends on 3.3.25, the joiner's run never ended.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_joiners_etcd_that_finds_no_converter_is_started_again_by_its_run() {
+    let bin_dir = crate::harness::bin_dir();
+    let (from, target, bundled) = ("3.4.23", "3.3.25", "3.3.25,3.4.23");
+    let mut cluster = TestCluster::start(
+        "pause-join-etcd",
+        &bin_dir.join("etcd-3.4.23"),
+        Version::new(3, 4, 23),
+        3,
+    );
+    let names = cluster.names;
+    let mut members: Vec<Running> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        cluster.take_down(i, &format!("{from}/etcd3"));
+        let run = entrypoint(
+            &cluster.nodes[i],
+            name,
+            &cluster.data(i),
+            (target, "etcd3"),
+            bundled,
+            &bin_dir,
+        )
+        .arg("--allow-cluster-pause")
+        .env(
+            "FAILPOINTS",
+            format!("{JOIN_START_AT}=1*sleep({JOIN_HOLD_MS})"),
+        )
+        .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1");
+        members.push(cluster.spawn_serving(i, &run));
+    }
+    let deadline = Instant::now() + ROLL_DEADLINE;
+    let holding = |line: &str| {
+        crate::harness::migrator::is_ours(line, "failpoint")
+            && crate::harness::migrator::field(line, "name") == Some(JOIN_START_AT)
+    };
+    let (joiner, frozen) = loop {
+        let held = (0..names.len()).find(|&i| members[i].stderr().lines().any(holding));
+        if let Some(i) = held {
+            break (i, members[i].freeze());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no joiner was added to the converted cluster: {}",
+            all_stderr(&members)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let converter = (0..names.len())
+        .find(|&i| {
+            members[i]
+                .stderr()
+                .contains("pause job: go; this member carries the data")
+        })
+        .unwrap_or_else(|| panic!("no converter: {}", all_stderr(&members)));
+    // The converter's etcd: the last one its run spawned (serving the
+    // converted data), a process group of its own.
+    let converter_log = members[converter].stderr();
+    let etcd_pid: i32 = converter_log
+        .lines()
+        .rev()
+        .filter(|line| crate::harness::migrator::is_ours(line, "member etcd spawned"))
+        .find_map(|line| crate::harness::migrator::field(line, "pid")?.parse().ok())
+        .unwrap_or_else(|| panic!("the converter spawned no etcd: {converter_log}"));
+    let stopped = StoppedProcess::stop(etcd_pid);
+    say(&format!(
+        "{} added itself and is held; the converter {}'s etcd (pid {etcd_pid}) stopped; the joiner let go",
+        names[joiner], names[converter]
+    ));
+    drop(frozen);
+    let again = "pause job: this member's etcd exited before it was proven; starting it again";
+    loop {
+        let log = members[joiner].stderr();
+        if log
+            .lines()
+            .any(|line| line.contains(again) && line.contains("none written yet"))
+        {
+            break;
+        }
+        assert!(
+            members[joiner].try_status().is_none() && Instant::now() < deadline,
+            "{} did not start its etcd again after it found no converter: {log}",
+            names[joiner]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    say(&format!(
+        "{}'s etcd found no converter and was started again by its run; the converter's etcd goes on",
+        names[joiner]
+    ));
+    drop(stopped);
+    cluster.wait_all_on(target, "etcd3", &mut members);
+    assert!(
+        members[joiner].try_status().is_none(),
+        "{}'s run ended: {}",
+        names[joiner],
+        members[joiner].stderr()
+    );
+    stop_all(members);
+}
+
+/// A process stopped (SIGSTOP) until dropped (SIGCONT).
+#[cfg(feature = "failpoints")]
+struct StoppedProcess(i32);
+
+#[cfg(feature = "failpoints")]
+impl StoppedProcess {
+    fn stop(pid: i32) -> Self {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap_or_else(|e| panic!("SIGSTOP to {pid}: {e}"));
+        StoppedProcess(pid)
+    }
+}
+
+#[cfg(feature = "failpoints")]
+impl Drop for StoppedProcess {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+    }
+}
+
 /// The pause job's joiner whose member add meets the converted cluster
 /// down (its converter SIGKILLed as it began to serve: CI once saw "peer
 /// closed connection") releases the lock and asks again once the

@@ -67,6 +67,10 @@ pub const ALL: &[&str] = &[
     // its member add (e2e/cluster_roll.rs holds it there while the
     // converter is killed)
     "pause-join-after-lock",
+    // pause job: a joiner added to the converted cluster, before its etcd
+    // starts (e2e/cluster_roll.rs holds it there while the converter's
+    // etcd is stopped, so that etcd finds no cluster to join)
+    "pause-join-before-etcd",
     // restore: a snapshot restored into the scratch dir, then swapped in
     // (e2e/restores.rs kills there)
     "restore-after-tool",

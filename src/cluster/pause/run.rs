@@ -1286,6 +1286,9 @@ impl Pausing {
             format!("--initial-cluster={}", joined.initial_cluster),
             "--initial-cluster-state=existing".to_string(),
         ]);
+        // Added, its etcd not started: e2e/cluster_roll.rs holds a joiner
+        // here while it stops the converter's etcd.
+        crate::failpoint!("pause-join-before-etcd");
         joining.start(target).await?;
         let learner = joined.learner.then_some(joined.id);
         let outcome = self
