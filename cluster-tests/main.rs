@@ -139,6 +139,7 @@ fn main() {
         pauses::five_members_gce_style_etcd2_to_etcd3_with_one_pause,
         pauses::the_converter_cut_off_after_it_took_the_data,
         pauses::a_joiners_etcd_lost_while_the_converter_is_away_is_started_again_by_its_entrypoint,
+        pauses::the_converters_etcd_lost_while_it_serves_is_started_again_by_its_entrypoint,
         pauses::members_killed_at_each_phase_converge::converter_at_the_go_then_a_member_that_left,
         pauses::members_killed_at_each_phase_converge::member_leaving_then_converter_taking_the_data,
         pauses::members_killed_at_each_phase_converge::converter_converted_then_member_added_to_it,

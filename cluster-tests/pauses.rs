@@ -1507,7 +1507,7 @@ pub(crate) fn the_converter_cut_off_after_it_took_the_data() {
 const CONVERTER_AWAY_FOR: Duration = Duration::from_secs(12);
 /// A joiner's line for each start of its etcd after that etcd exited.
 const STARTS_ITS_ETCD_AGAIN: &str =
-    "pause job: this member's etcd exited before it was proven; starting it again";
+    "pause job: this member's etcd exited during the job; starting it again";
 
 /// 3.4.23 back to 3.3.25 (kubeadm style, a writer throughout): right
 /// after a member added itself to the converted cluster (a voter there:
@@ -1588,6 +1588,52 @@ pub(crate) fn a_joiners_etcd_lost_while_the_converter_is_away_is_started_again_b
     say(&format!(
         "{test}: {name} started its own etcd again {again} time(s) by the thaw ({} in all), never exiting; every member records and serves {to}/etcd3 {:.1} s after the thaw",
         cluster.container(joiner).count_in_log(STARTS_ITS_ETCD_AGAIN),
+        after.as_secs_f64()
+    ));
+    run.finish(test);
+}
+
+/// 3.4.23 back to 3.3.25 (kubeadm style, a writer throughout): right
+/// after the converter began to serve the converted data alone (the
+/// converted cluster's only member), its etcd is SIGKILLed from the host,
+/// its entrypoint left running. The entrypoint starts that etcd again
+/// itself on its own data, instead of exiting for the kubelet to start it
+/// after its back-off (the converted cluster down all that time, and every
+/// joiner waiting on it); the job ends as without the fault, and the
+/// converter's container never exited (the harness would panic at an exit
+/// it did not cause by a kill of its own).
+pub(crate) fn the_converters_etcd_lost_while_it_serves_is_started_again_by_its_entrypoint() {
+    let test = "pause-converter-etcd-lost";
+    let (from, to) = ("3.4.23", "3.3.25");
+    let Some(run) = rolled_out(test, (from, to)) else {
+        return;
+    };
+    let cluster = &run.cluster;
+    let converter = wait_for_point(cluster, &SERVING, POINT_DEADLINE);
+    let name = cluster.members[converter].name.clone();
+    let started_at = cluster.container(converter).started_at();
+    let killed = cluster.container(converter).kill_processes("etcd-3");
+    say(&format!(
+        "{test}: {killed} etcd process(es) of {name} (the converter) SIGKILLed {:.1} s after the rollout, right after it began to serve the converted data; its entrypoint left running",
+        run.rolled.elapsed().as_secs_f64(),
+    ));
+    wait_line(
+        cluster,
+        converter,
+        &[STARTS_ITS_ETCD_AGAIN],
+        Duration::from_secs(30),
+    );
+    let after = cluster.wait_job_done(to, "etcd3", JOB_DEADLINE);
+    run.monitor.excuse_down(false);
+    assert_eq!(
+        cluster.container(converter).started_at(),
+        started_at,
+        "{name}'s container was started again: its entrypoint exited; its log:\n{}",
+        cluster.container(converter).logs()
+    );
+    say(&format!(
+        "{test}: {name} started its own etcd again ({} time(s)), never exiting; every member records and serves {to}/etcd3 {:.1} s after the kill",
+        cluster.container(converter).count_in_log(STARTS_ITS_ETCD_AGAIN),
         after.as_secs_f64()
     ));
     run.finish(test);

@@ -845,7 +845,7 @@ fn a_joiners_etcd_that_finds_no_converter_is_started_again_by_its_run() {
         names[joiner], names[converter]
     ));
     drop(frozen);
-    let again = "pause job: this member's etcd exited before it was proven; starting it again";
+    let again = "pause job: this member's etcd exited during the job; starting it again";
     loop {
         let log = members[joiner].stderr();
         if log

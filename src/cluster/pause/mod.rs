@@ -469,16 +469,17 @@ pub fn publish_lost(signs: &JoinerSigns) -> bool {
         && without_joiner_ok
 }
 
-/// Whether a joiner whose etcd exited before its proof may start that
-/// etcd again on the data dir as it is, with the flags it joined with:
-/// the data holds nothing of a member yet (`wal_written` false: its etcd
+/// Whether a member whose etcd exited during the job (a joiner before its
+/// proof, the converter before every member joined) may start that etcd
+/// again on the data dir as it is, with the same flags: the data holds
+/// nothing of a member yet (`wal_written` false: a joiner's etcd that
 /// never got the cluster, as when the converter was away as it started),
 /// or the data of the member it joined as (`on_disk`, the WAL's member
-/// id, is `entry`; any member where the caller does not know the entry:
-/// a join that recorded the target, whose data is its own). Otherwise
-/// (another member's data, a WAL that does not read) the run ends, and
-/// the next start's resume sorts the data out.
-pub fn joiner_may_restart(wal_written: bool, on_disk: Option<u64>, entry: Option<u64>) -> bool {
+/// id, is `entry`), or any member's where the caller has no entry to hold
+/// it to (the converter, and a joiner that recorded the target: the data
+/// is its own). Otherwise (another member's data, a WAL that does not
+/// read) the run ends, and the next start sorts the data out.
+pub fn may_start_again(wal_written: bool, on_disk: Option<u64>, entry: Option<u64>) -> bool {
     !wal_written || on_disk.is_some_and(|found| entry.is_none_or(|id| id == found))
 }
 
@@ -487,7 +488,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_joiner_starts_its_etcd_again_only_on_nothing_or_its_own_member() {
+    fn an_etcd_of_the_job_starts_again_only_on_nothing_or_its_own_member() {
         #[rustfmt::skip]
         let rows = [
             // (a WAL written, its member id, the entry joined as, may restart)
@@ -502,7 +503,7 @@ mod tests {
         ];
         for (written, on_disk, entry, want) in rows {
             assert_eq!(
-                joiner_may_restart(written, on_disk, entry),
+                may_start_again(written, on_disk, entry),
                 want,
                 "written {written}, on disk {on_disk:?}, entry {entry:?}"
             );

@@ -47,11 +47,11 @@ const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
 /// How often a job to etcd2 storage that found a key the v2 store cannot
 /// hold reads the keyspace again (a whole read: not every round).
 const MISFIT_RECHECK: Duration = Duration::from_secs(5);
-/// How long a joiner waits before it starts its etcd again, when that
-/// etcd exited before its proof ([`Pausing::joiner_running`]): etcd's own
-/// try at the converter's peer URLs takes about as long, so a converter
-/// that is away is asked every few seconds, not in a tight loop.
-const JOINER_RESTART_AFTER: Duration = Duration::from_secs(2);
+/// How long a member waits before it starts its etcd again, when that
+/// etcd exited during the job ([`Pausing::running_or_started_again`]):
+/// a joiner's etcd tries the converter's peer URLs for about as long, so a
+/// converter that is away is asked every few seconds, not in a tight loop.
+const ETCD_RESTART_AFTER: Duration = Duration::from_secs(2);
 
 /// How the member's part ended.
 #[derive(Debug)]
@@ -1467,7 +1467,8 @@ impl Pausing {
         let started = Instant::now();
         let mut reporter = Reporter::new();
         loop {
-            self.joiner_running(etcd, Some(id), started).await?;
+            self.running_or_started_again(etcd, Some(id), started)
+                .await?;
             let Some(answer) = self
                 .unless_ended(
                     etcd,
@@ -1540,7 +1541,7 @@ impl Pausing {
         // When our etcd last started: a lost publish is judged from there.
         let mut spawned = started;
         loop {
-            if self.joiner_running(etcd, entry, started).await? {
+            if self.running_or_started_again(etcd, entry, started).await? {
                 spawned = Instant::now();
                 restarted = false;
             }
@@ -1812,8 +1813,13 @@ impl Pausing {
         let mut reporter = Reporter::new();
         let go = self.record.as_ref().and_then(|r| r.go.clone());
         let mut served = false;
+        // Since when our etcd keeps exiting (none since it last answered).
+        let mut exiting_since: Option<Instant> = None;
         loop {
-            self.still_running(etcd, target).await?;
+            let window = exiting_since.unwrap_or_else(Instant::now);
+            if self.running_or_started_again(etcd, None, window).await? {
+                exiting_since = Some(window);
+            }
             let mut client = match connect_v3(
                 &self.own.client_urls,
                 self.client_tls.as_ref(),
@@ -1857,9 +1863,13 @@ impl Pausing {
                     }
                 }
             }
-            let seen = keys::read(&mut client, &self.job.id, false)
-                .await
-                .unwrap_or_default();
+            let seen = match keys::read(&mut client, &self.job.id, false).await {
+                Ok(seen) => {
+                    exiting_since = None;
+                    seen
+                }
+                Err(_) => Seen::default(),
+            };
             let others = go.as_ref().map(Go::others).unwrap_or_default();
             let missing: Vec<u64> = others
                 .iter()
@@ -1903,23 +1913,27 @@ impl Pausing {
         }
     }
 
-    /// [`Self::still_running`] for a joiner's etcd before its proof; `Ok(true)`:
-    /// it had exited, and was started again.
+    /// [`Self::still_running`] for our etcd during the job, a joiner's
+    /// before its proof or the converter's before every member joined;
+    /// `Ok(true)`: it had exited, and was started again.
     ///
     /// A joiner's etcd exits when the converted cluster is away as it
     /// starts ("cannot fetch cluster info from peer urls": the converter
-    /// restarting), or when it is killed. This member may be what the
-    /// converted cluster lacks for its quorum (a voter: two of two), so
-    /// ending the run here would leave that cluster down for as long as
-    /// the kubelet's back-off (10 s, then 20 s, 40 s …). Instead, where
-    /// [`pause::joiner_may_restart`] (nothing written yet, or the data of
-    /// `entry`, the member it joined as), its etcd is started again after
-    /// [`JOINER_RESTART_AFTER`], with the same flags, as this member's next
-    /// start would (its `resume_join`); the proof's deadline still bounds
-    /// the whole wait (from `since`: the caller's loops skip their own
-    /// check when a wait ended on the exit). Any other data: the error,
-    /// for the next start to sort out.
-    async fn joiner_running(
+    /// restarting), or when it is killed; the converter's, when it is
+    /// killed or crashes. Either may be what the converted cluster lacks
+    /// for its quorum (the converter always; a joiner that is a voter: two
+    /// of two), so ending the run here would leave that cluster down for as
+    /// long as the kubelet's back-off (10 s, then 20 s, 40 s …). Instead,
+    /// where [`pause::may_start_again`] (nothing written yet, or the
+    /// data of `entry`, the member it joined as; the converter's own data,
+    /// `entry` `None`), its etcd is started again after
+    /// [`ETCD_RESTART_AFTER`], with the same flags, as this member's next
+    /// start would; within the proof's deadline from `since` (a joiner:
+    /// its wait's start, for the caller's loops skip their own check when
+    /// a wait ended on the exit; the converter: the first of the exits
+    /// since its etcd last answered). Any other data, or past that: the
+    /// error, for the next start to sort out.
+    async fn running_or_started_again(
         &self,
         etcd: &mut SupervisedEtcd,
         entry: Option<u64>,
@@ -1939,7 +1953,7 @@ impl Pausing {
         } else {
             None
         };
-        let ours = pause::joiner_may_restart(written, on_disk, entry);
+        let ours = pause::may_start_again(written, on_disk, entry);
         let PauseError::Exited { status, .. } = &exited else {
             return Err(exited);
         };
@@ -1947,7 +1961,7 @@ impl Pausing {
             // Its etcd kept exiting: the proof's deadline ends the run as
             // a proof that never came would.
             log::warn(
-                "pause job: this member's etcd exited before it was proven, past the proof's deadline; ending this run",
+                "pause job: this member's etcd kept exiting past the proof's deadline; ending this run",
                 &[
                     ("status", status.to_string().into()),
                     ("deadline_s", self.prove_deadline.as_secs().into()),
@@ -1957,7 +1971,7 @@ impl Pausing {
         }
         if !ours {
             log::warn(
-                "pause job: this member's etcd exited before it was proven, and its data dir holds another member's data or a WAL that does not read; ending this run for the next start to sort it out",
+                "pause job: this member's etcd exited during the job, and its data dir holds another member's data or a WAL that does not read; ending this run for the next start to sort it out",
                 &[
                     ("status", status.to_string().into()),
                     (
@@ -1970,16 +1984,16 @@ impl Pausing {
             return Err(exited);
         }
         log::warn(
-            "pause job: this member's etcd exited before it was proven; starting it again, as this member's next start would (the proof's deadline unchanged)",
+            "pause job: this member's etcd exited during the job; starting it again, as this member's next start would",
             &[
                 ("status", status.to_string().into()),
                 ("data", if written { "its own, kept" } else { "none written yet" }.into()),
-                ("after_ms", log::ms(JOINER_RESTART_AFTER)),
+                ("after_ms", log::ms(ETCD_RESTART_AFTER)),
             ],
         );
         let mut termination = self.termination.clone();
         tokio::select! {
-            _ = tokio::time::sleep(JOINER_RESTART_AFTER) => {}
+            _ = tokio::time::sleep(ETCD_RESTART_AFTER) => {}
             _ = termination.changed() => {}
         }
         if let Some(signal) = self.stop_requested() {
@@ -1991,7 +2005,7 @@ impl Pausing {
 
     /// `work` (requests to the converted cluster), or `None` as soon as
     /// our etcd exits or a stop request comes; the caller's next look at
-    /// its etcd ([`Self::joiner_running`]) takes it from there. A
+    /// its etcd ([`Self::running_or_started_again`]) takes it from there. A
     /// converter that is away holds a request for its whole timeout (5 s,
     /// and a connect to an address nobody has, longer): a joiner whose
     /// own etcd ended meanwhile must not wait that out first (seen: 14 s,
