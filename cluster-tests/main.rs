@@ -138,7 +138,6 @@ fn main() {
         pauses::a_target_raised_before_the_go_cancels_the_job,
         pauses::five_members_gce_style_etcd2_to_etcd3_with_one_pause,
         pauses::the_converter_cut_off_after_it_took_the_data,
-        pauses::a_joiners_etcd_lost_while_the_converter_is_away_is_started_again_by_its_entrypoint,
         pauses::the_converters_etcd_lost_while_it_serves_is_started_again_by_its_entrypoint,
         pauses::members_killed_at_each_phase_converge::converter_at_the_go_then_a_member_that_left,
         pauses::members_killed_at_each_phase_converge::member_leaving_then_converter_taking_the_data,

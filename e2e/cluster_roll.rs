@@ -763,117 +763,205 @@ const JOIN_HOLD_MS: u64 = 3000;
 /// cluster, before its etcd starts.
 #[cfg(feature = "failpoints")]
 const JOIN_START_AT: &str = "pause-join-before-etcd";
+/// Where a joiner of the pause job is held: its etcd started on the
+/// converted cluster, before its proof.
+#[cfg(feature = "failpoints")]
+const JOIN_PROOF_AT: &str = "pause-join-before-proof";
+/// A joiner's line for each start of its etcd after that etcd exited.
+#[cfg(feature = "failpoints")]
+const STARTS_ITS_ETCD_AGAIN: &str =
+    "pause job: this member's etcd exited during the job; starting it again";
+
+/// A pause job of 3 members 3.4.23 → 3.3.25 with the operator's consent,
+/// its first joiner frozen at failpoint `point` (the others pass it
+/// later, once the lock is theirs).
+#[cfg(feature = "failpoints")]
+struct HeldJoiner {
+    cluster: TestCluster,
+    members: Vec<Running>,
+    joiner: usize,
+    frozen: crate::harness::migrator::Frozen,
+    converter: usize,
+    deadline: Instant,
+}
+
+#[cfg(feature = "failpoints")]
+impl HeldJoiner {
+    fn start(test: &str, point: &'static str) -> Self {
+        let bin_dir = crate::harness::bin_dir();
+        let (from, target, bundled) = ("3.4.23", "3.3.25", "3.3.25,3.4.23");
+        let mut cluster = TestCluster::start(
+            test,
+            &bin_dir.join("etcd-3.4.23"),
+            Version::new(3, 4, 23),
+            3,
+        );
+        let names = cluster.names;
+        let mut members: Vec<Running> = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            cluster.take_down(i, &format!("{from}/etcd3"));
+            let run = entrypoint(
+                &cluster.nodes[i],
+                name,
+                &cluster.data(i),
+                (target, "etcd3"),
+                bundled,
+                &bin_dir,
+            )
+            .arg("--allow-cluster-pause")
+            .env("FAILPOINTS", format!("{point}=1*sleep({JOIN_HOLD_MS})"))
+            .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1");
+            members.push(cluster.spawn_serving(i, &run));
+        }
+        let deadline = Instant::now() + ROLL_DEADLINE;
+        let holding = |line: &str| {
+            crate::harness::migrator::is_ours(line, "failpoint")
+                && crate::harness::migrator::field(line, "name") == Some(point)
+        };
+        let (joiner, frozen) = loop {
+            let held = (0..names.len()).find(|&i| members[i].stderr().lines().any(holding));
+            if let Some(i) = held {
+                break (i, members[i].freeze());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no joiner reached {point}: {}",
+                all_stderr(&members)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let converter = (0..names.len())
+            .find(|&i| {
+                members[i]
+                    .stderr()
+                    .contains("pause job: go; this member carries the data")
+            })
+            .unwrap_or_else(|| panic!("no converter: {}", all_stderr(&members)));
+        HeldJoiner {
+            cluster,
+            members,
+            joiner,
+            frozen,
+            converter,
+            deadline,
+        }
+    }
+
+    /// The pid of the etcd member `i`'s run spawned last (a process group
+    /// of its own).
+    fn etcd_pid(&self, i: usize) -> i32 {
+        let log = self.members[i].stderr();
+        log.lines()
+            .rev()
+            .filter(|line| crate::harness::migrator::is_ours(line, "member etcd spawned"))
+            .find_map(|line| crate::harness::migrator::field(line, "pid")?.parse().ok())
+            .unwrap_or_else(|| panic!("{} spawned no etcd: {log}", self.cluster.names[i]))
+    }
+
+    /// Lets the joiner go, waits for its line saying it started its etcd
+    /// again on `data` ("none written yet", "its own, kept"), then `after`;
+    /// every member ends on 3.3.25 and the joiner's run never ended.
+    fn let_go_and_converge(self, data: &str, after: impl FnOnce()) {
+        let HeldJoiner {
+            cluster,
+            mut members,
+            joiner,
+            frozen,
+            deadline,
+            ..
+        } = self;
+        let name = cluster.names[joiner];
+        drop(frozen);
+        loop {
+            let log = members[joiner].stderr();
+            if log
+                .lines()
+                .any(|line| line.contains(STARTS_ITS_ETCD_AGAIN) && line.contains(data))
+            {
+                break;
+            }
+            assert!(
+                members[joiner].try_status().is_none() && Instant::now() < deadline,
+                "{name} did not start its etcd again on {data:?}: {log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        say(&format!(
+            "{name}'s etcd exited and was started again by its run ({data})"
+        ));
+        after();
+        cluster.wait_all_on("3.3.25", "etcd3", &mut members);
+        assert!(
+            members[joiner].try_status().is_none(),
+            "{name}'s run ended: {}",
+            members[joiner].stderr()
+        );
+        stop_all(members);
+    }
+}
 
 /// The pause job's joiner whose etcd finds no converter to join (CI,
 /// 2026-11-30: the converter killed 0.3 s after a joiner's add; the
 /// joiner's etcd, "cannot fetch cluster info from peer urls", exited, and
 /// so did the joiner's run, leaving the converted cluster of two voters
 /// down until the kubelet's back-off let it start again) starts that etcd
-/// again itself: 3 members 3.4.23 → 3.3.25 with the operator's consent;
-/// the first joiner frozen right after its add, the converter's etcd
-/// stopped (SIGSTOP: its peer port takes connections and answers none),
-/// the joiner let go. Its etcd exits having written nothing; its run
-/// says so and starts it again, until the converter's etcd, let go,
-/// answers: every member ends on 3.3.25, the joiner's run never ended.
+/// again itself: the first joiner frozen right after its add, the
+/// converter's etcd stopped (SIGSTOP: its peer port takes connections and
+/// answers none), the joiner let go. Its etcd exits having written
+/// nothing; its run says so and starts it again, until the converter's
+/// etcd, let go, answers: every member ends on 3.3.25, the joiner's run
+/// never ended (with the restart taken out it exits 1: tried).
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_joiners_etcd_that_finds_no_converter_is_started_again_by_its_run() {
-    let bin_dir = crate::harness::bin_dir();
-    let (from, target, bundled) = ("3.4.23", "3.3.25", "3.3.25,3.4.23");
-    let mut cluster = TestCluster::start(
-        "pause-join-etcd",
-        &bin_dir.join("etcd-3.4.23"),
-        Version::new(3, 4, 23),
-        3,
-    );
-    let names = cluster.names;
-    let mut members: Vec<Running> = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        cluster.take_down(i, &format!("{from}/etcd3"));
-        let run = entrypoint(
-            &cluster.nodes[i],
-            name,
-            &cluster.data(i),
-            (target, "etcd3"),
-            bundled,
-            &bin_dir,
-        )
-        .arg("--allow-cluster-pause")
-        .env(
-            "FAILPOINTS",
-            format!("{JOIN_START_AT}=1*sleep({JOIN_HOLD_MS})"),
-        )
-        .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1");
-        members.push(cluster.spawn_serving(i, &run));
-    }
-    let deadline = Instant::now() + ROLL_DEADLINE;
-    let holding = |line: &str| {
-        crate::harness::migrator::is_ours(line, "failpoint")
-            && crate::harness::migrator::field(line, "name") == Some(JOIN_START_AT)
-    };
-    let (joiner, frozen) = loop {
-        let held = (0..names.len()).find(|&i| members[i].stderr().lines().any(holding));
-        if let Some(i) = held {
-            break (i, members[i].freeze());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no joiner was added to the converted cluster: {}",
-            all_stderr(&members)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let converter = (0..names.len())
-        .find(|&i| {
-            members[i]
-                .stderr()
-                .contains("pause job: go; this member carries the data")
-        })
-        .unwrap_or_else(|| panic!("no converter: {}", all_stderr(&members)));
-    // The converter's etcd: the last one its run spawned (serving the
-    // converted data), a process group of its own.
-    let converter_log = members[converter].stderr();
-    let etcd_pid: i32 = converter_log
-        .lines()
-        .rev()
-        .filter(|line| crate::harness::migrator::is_ours(line, "member etcd spawned"))
-        .find_map(|line| crate::harness::migrator::field(line, "pid")?.parse().ok())
-        .unwrap_or_else(|| panic!("the converter spawned no etcd: {converter_log}"));
+    let held = HeldJoiner::start("pause-join-etcd", JOIN_START_AT);
+    let etcd_pid = held.etcd_pid(held.converter);
     let stopped = StoppedProcess::stop(etcd_pid);
     say(&format!(
         "{} added itself and is held; the converter {}'s etcd (pid {etcd_pid}) stopped; the joiner let go",
-        names[joiner], names[converter]
+        held.cluster.names[held.joiner], held.cluster.names[held.converter]
     ));
-    drop(frozen);
-    let again = "pause job: this member's etcd exited during the job; starting it again";
-    loop {
-        let log = members[joiner].stderr();
-        if log
-            .lines()
-            .any(|line| line.contains(again) && line.contains("none written yet"))
-        {
-            break;
-        }
+    held.let_go_and_converge("none written yet", || drop(stopped));
+}
+
+/// The pause job's joiner whose etcd is killed after it started on the
+/// converted cluster's data and before the joiner's proof (an OOM kill,
+/// say) starts that etcd again on the data it received (its own member's
+/// WAL) instead of ending its run: the first joiner frozen before its
+/// proof, its etcd SIGKILLed once its WAL is on disk, the joiner let go:
+/// its run starts the etcd again, is proven, and every member ends on
+/// 3.3.25, the joiner's run never ended.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_joiners_etcd_killed_before_its_proof_is_started_again_on_its_own_data() {
+    let held = HeldJoiner::start("pause-join-proof", JOIN_PROOF_AT);
+    let wal = held.cluster.data(held.joiner).join("member").join("wal");
+    let written = || {
+        std::fs::read_dir(&wal).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".wal"))
+        })
+    };
+    while !written() {
         assert!(
-            members[joiner].try_status().is_none() && Instant::now() < deadline,
-            "{} did not start its etcd again after it found no converter: {log}",
-            names[joiner]
+            Instant::now() < held.deadline,
+            "the joiner's etcd wrote no WAL in {}",
+            wal.display()
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
+    let etcd_pid = held.etcd_pid(held.joiner);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(etcd_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap_or_else(|e| panic!("SIGKILL to {etcd_pid}: {e}"));
     say(&format!(
-        "{}'s etcd found no converter and was started again by its run; the converter's etcd goes on",
-        names[joiner]
+        "{}'s etcd (pid {etcd_pid}) SIGKILLed before its proof, its WAL written; the joiner let go",
+        held.cluster.names[held.joiner]
     ));
-    drop(stopped);
-    cluster.wait_all_on(target, "etcd3", &mut members);
-    assert!(
-        members[joiner].try_status().is_none(),
-        "{}'s run ended: {}",
-        names[joiner],
-        members[joiner].stderr()
-    );
-    stop_all(members);
+    held.let_go_and_converge("its own, kept", || {});
 }
 
 /// A process stopped (SIGSTOP) until dropped (SIGCONT).

@@ -71,6 +71,9 @@ pub const ALL: &[&str] = &[
     // starts (e2e/cluster_roll.rs holds it there while the converter's
     // etcd is stopped, so that etcd finds no cluster to join)
     "pause-join-before-etcd",
+    // pause job: a joiner's etcd started, before its proof (e2e/cluster_roll.rs
+    // holds it there while it kills that etcd)
+    "pause-join-before-proof",
     // restore: a snapshot restored into the scratch dir, then swapped in
     // (e2e/restores.rs kills there)
     "restore-after-tool",
