@@ -787,9 +787,21 @@ struct HeldJoiner {
 
 #[cfg(feature = "failpoints")]
 impl HeldJoiner {
+    /// Member `i`'s entrypoint, TARGET_VERSION=3.3.25 with the consent.
+    fn entry(cluster: &TestCluster, i: usize) -> Migration {
+        entrypoint(
+            &cluster.nodes[i],
+            cluster.names[i],
+            &cluster.data(i),
+            ("3.3.25", "etcd3"),
+            "3.3.25,3.4.23",
+            &crate::harness::bin_dir(),
+        )
+        .arg("--allow-cluster-pause")
+    }
+
     fn start(test: &str, point: &'static str) -> Self {
         let bin_dir = crate::harness::bin_dir();
-        let (from, target, bundled) = ("3.4.23", "3.3.25", "3.3.25,3.4.23");
         let mut cluster = TestCluster::start(
             test,
             &bin_dir.join("etcd-3.4.23"),
@@ -798,19 +810,11 @@ impl HeldJoiner {
         );
         let names = cluster.names;
         let mut members: Vec<Running> = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            cluster.take_down(i, &format!("{from}/etcd3"));
-            let run = entrypoint(
-                &cluster.nodes[i],
-                name,
-                &cluster.data(i),
-                (target, "etcd3"),
-                bundled,
-                &bin_dir,
-            )
-            .arg("--allow-cluster-pause")
-            .env("FAILPOINTS", format!("{point}=1*sleep({JOIN_HOLD_MS})"))
-            .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1");
+        for i in 0..names.len() {
+            cluster.take_down(i, "3.4.23/etcd3");
+            let run = Self::entry(&cluster, i)
+                .env("FAILPOINTS", format!("{point}=1*sleep({JOIN_HOLD_MS})"))
+                .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1");
             members.push(cluster.spawn_serving(i, &run));
         }
         let deadline = Instant::now() + ROLL_DEADLINE;
@@ -1001,63 +1005,15 @@ impl Drop for StoppedProcess {
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_joiner_whose_add_meets_the_converter_down_asks_again() {
-    let bin_dir = crate::harness::bin_dir();
-    let (from, target, bundled) = ("3.4.23", "3.3.25", "3.3.25,3.4.23");
-    let mut cluster = TestCluster::start(
-        "pause-join",
-        &bin_dir.join("etcd-3.4.23"),
-        Version::new(3, 4, 23),
-        3,
-    );
+    let HeldJoiner {
+        cluster,
+        mut members,
+        joiner,
+        frozen,
+        converter,
+        deadline,
+    } = HeldJoiner::start("pause-join", JOIN_HOLD_AT);
     let names = cluster.names;
-    let entry = |cluster: &TestCluster, i: usize| {
-        entrypoint(
-            &cluster.nodes[i],
-            names[i],
-            &cluster.data(i),
-            (target, "etcd3"),
-            bundled,
-            &bin_dir,
-        )
-        .arg("--allow-cluster-pause")
-    };
-    let mut members: Vec<Running> = Vec::new();
-    for i in 0..names.len() {
-        cluster.take_down(i, &format!("{from}/etcd3"));
-        let run = entry(&cluster, i)
-            .env(
-                "FAILPOINTS",
-                format!("{JOIN_HOLD_AT}=1*sleep({JOIN_HOLD_MS})"),
-            )
-            .env("ETCD_MIGRATE_FAILPOINT_TRACE", "1");
-        members.push(cluster.spawn_serving(i, &run));
-    }
-    let deadline = Instant::now() + ROLL_DEADLINE;
-    let holding = |line: &str| {
-        crate::harness::migrator::is_ours(line, "failpoint")
-            && crate::harness::migrator::field(line, "name") == Some(JOIN_HOLD_AT)
-    };
-    // The first joiner to take the lock, frozen at its hold; the converter
-    // by its own line.
-    let (joiner, frozen) = loop {
-        let held = (0..names.len()).find(|&i| members[i].stderr().lines().any(holding));
-        if let Some(i) = held {
-            break (i, members[i].freeze());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no joiner took the converted cluster's lock: {}",
-            all_stderr(&members)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let converter = (0..names.len())
-        .find(|&i| {
-            members[i]
-                .stderr()
-                .contains("pause job: go; this member carries the data")
-        })
-        .unwrap_or_else(|| panic!("no converter: {}", all_stderr(&members)));
     say(&format!(
         "{} holds the lock before its add; killing the converter {}",
         names[joiner], names[converter]
@@ -1072,7 +1028,7 @@ fn a_joiner_whose_add_meets_the_converter_down_asks_again() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let history = members[converter].stderr();
-    let again = entry(&cluster, converter);
+    let again = HeldJoiner::entry(&cluster, converter);
     again.wait_for_ports_free(Duration::from_secs(30));
     drop(frozen);
     let asked = "to add this member (";
@@ -1090,7 +1046,7 @@ fn a_joiner_whose_add_meets_the_converter_down_asks_again() {
         names[joiner]
     ));
     members[converter] = cluster.spawn_serving(converter, &again);
-    cluster.wait_all_on(target, "etcd3", &mut members);
+    cluster.wait_all_on("3.3.25", "etcd3", &mut members);
     assert!(
         members[joiner].try_status().is_none(),
         "{}'s run ended: {}",
