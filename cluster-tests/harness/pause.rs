@@ -401,8 +401,14 @@ impl Cluster {
     /// `release`: a job done. How long it took. A member that exits
     /// meanwhile is dealt with by [`Cluster::restart_exited`].
     pub fn wait_job_done(&self, release: &str, storage: &str, deadline: Duration) -> Duration {
+        /// A job still not done this long after the wait began is slow
+        /// for a scenario of these sizes (8–20 s, as a rule): where each
+        /// member is then is said once, so that a slow run that passes
+        /// still tells what held it.
+        const SLOW: Duration = Duration::from_secs(40);
         let want = format!("{release}/{storage}");
         let started = Instant::now();
+        let mut said_slow = false;
         loop {
             self.restart_exited("the job");
             let states: Vec<String> = (0..self.members.len())
@@ -423,6 +429,30 @@ impl Cluster {
                 .collect();
             if states.is_empty() {
                 return started.elapsed();
+            }
+            if !said_slow && started.elapsed() > SLOW {
+                said_slow = true;
+                let lasts: Vec<String> = (0..self.members.len())
+                    .map(|i| {
+                        let log = self.container(i).logs();
+                        let ours: Vec<&str> = log
+                            .lines()
+                            .filter(|line| line.starts_with("[etcd-migrate]"))
+                            .collect();
+                        format!(
+                            "{}:\n    {}",
+                            self.members[i].name,
+                            ours[ours.len().saturating_sub(4)..].join("\n    ")
+                        )
+                    })
+                    .collect();
+                say(&format!(
+                    "cluster {}: the job is not done {:.0} s into the wait ({}); each member's last lines:\n  {}",
+                    self.run,
+                    started.elapsed().as_secs_f64(),
+                    states.join("; "),
+                    lasts.join("\n  ")
+                ));
             }
             assert!(
                 started.elapsed() < deadline,
