@@ -3,8 +3,9 @@
 Stdlib only; the members, the writer's HTTP and the probes are
 bench/roll.py's. Not a test: prints figures.
 
-Per case (etcd2: 3.3.25 etcd2 -> etcd3, the storage migration; F-T:
-etcd3 F -> T, e.g. 3.4.23-3.3.25, the snapshot rollback) and round, on
+Per case (etcd2: 3.3.25 etcd2 -> etcd3, the storage migration;
+etcd3-etcd2: 3.3.25 etcd3 -> etcd2, the storage rollback; F-T: etcd3
+F -> T, e.g. 3.4.23-3.3.25, the snapshot rollback) and round, on
 fresh data, two variants (the order alternates between rounds):
 
 - cluster: three members created at FROM under etcd-migrate (empty data
@@ -12,14 +13,14 @@ fresh data, two variants (the order alternates between rounds):
   the data written (--keys small keys, --leased of them with a TTL of 1 h
   (etcd2) or on 10 leases of 1 h (etcd3), then --big values of
   --big-bytes); then each member's etcd-migrate restarted (SIGTERM, wait
-  for the exit, start) with TARGET_VERSION=TARGET TARGET_STORAGE=etcd3
-  ALLOW_CLUSTER_PAUSE=1, one after the other as a rollout does: the next
+  for the exit, start) with TARGET_VERSION=TARGET TARGET_STORAGE=<the
+  case's target storage> ALLOW_CLUSTER_PAUSE=1, one after the other as a rollout does: the next
   once a write through the one before commits (the job waits for every
   member's agreement, so each serves its old data until then); the last
   is not waited for. The members run the pause job themselves.
 - step: one member, created and written the same way (a cluster of one),
   stopped, then started by etcd-migrate in single-member mode with
-  TARGET_VERSION=TARGET TARGET_STORAGE=etcd3 (exec mode, as the members
+  TARGET_VERSION=TARGET and the case's target storage (exec mode, as the members
   run): the step is timed from its spawn to the first write its target
   etcd accepts on the member's client URL (a put tried every --poll-ms).
   Exec mode rather than --no-exec: the pause ends at the converter's
@@ -41,7 +42,10 @@ What is measured in the cluster variant, from the first SIGTERM (t0):
   converter's, once its data is converted: from then on the old cluster
   is gone), and through v3 after (as that client does once restarted with
   --storage-backend=etcd3). A v2 write acknowledged before the conversion
-  must be a v3 key after it;
+  must be a v3 key after it. The storage rollback the other way: v3 until
+  any member records TARGET/etcd2, v2 after; every v3 write acknowledged
+  before it must be a v2 key after it, and the keys are read and counted
+  through v2;
 - per member, unavailability: a put through its client URL every
   --probe-ms (roll.py's Prober, on the same API rule);
 - the phases, from the members' own log lines (their timestamps): the go,
@@ -71,7 +75,6 @@ sys.dont_write_bytecode = True  # no bench/__pycache__ from the import below
 from roll import (  # noqa: E402
     NAMES, PATH_ENV, Http, Member, Prober, RollFailure, Round, Sampler, b64, git_commit, med, minor, mr, read_text)
 
-STORAGE = "etcd3"  # every case's target storage
 TTL_S = 3600
 SOLO = "etcd-solo"
 # The members' own log lines that mark the job's phases.
@@ -89,21 +92,28 @@ def log(msg):
 
 
 class Case:
-    """`etcd2` (3.3.25 etcd2 -> etcd3) or `F-T` (etcd3 F -> T)."""
+    """`etcd2` (3.3.25 etcd2 -> etcd3), `etcd3-etcd2` (3.3.25 etcd3 ->
+    etcd2) or `F-T` (etcd3 F -> T)."""
 
     def __init__(self, name):
         self.name = name
+        self.to_storage = "etcd3"
         if name == "etcd2":
             self.from_, self.from_storage, self.target = "3.3.25", "etcd2", "3.3.25"
             self.title = "3.3.25 etcd2 → etcd3 (the storage migration)"
+        elif name == "etcd3-etcd2":
+            self.from_, self.from_storage, self.target = "3.3.25", "etcd3", "3.3.25"
+            self.to_storage = "etcd2"
+            self.title = "3.3.25 etcd3 → etcd2 (the storage rollback)"
         else:
             try:
                 self.from_, self.target = name.split("-")
             except ValueError:
-                raise SystemExit(f"bench: pause: case {name!r}: etcd2 or FROM-TARGET (e.g. 3.4.23-3.3.25)")
+                raise SystemExit(f"bench: pause: case {name!r}: etcd2, etcd3-etcd2 or FROM-TARGET (e.g. 3.4.23-3.3.25)")
             self.from_storage = "etcd3"
             self.title = f"{self.from_} → {self.target} (the snapshot rollback)"
         self.v2 = self.from_storage == "etcd2"
+        self.to_v2 = self.to_storage == "etcd2"
         self.bundle = ",".join(sorted({self.from_, self.target}))
 
 
@@ -167,14 +177,14 @@ class PauseRound(Round):
 
     # ---------- the API rule ----------
     def v2_now(self):
-        """etcd2 data: v2 until any member records TARGET/etcd3."""
-        if not self.case.v2 or self.converted:
-            return False
-        want = f"{self.case.target}/{STORAGE}"
-        if any(read_text(os.path.join(m.data, "version.txt")) == want for m in self.members):
-            self.converted = True
-            return False
-        return True
+        """The data's API: the old storage's until any member records
+        TARGET and the target storage, the target storage's from then on
+        (etcd2: v2)."""
+        if not self.converted:
+            want = f"{self.case.target}/{self.case.to_storage}"
+            if any(read_text(os.path.join(m.data, "version.txt")) == want for m in self.members):
+                self.converted = True
+        return self.case.to_v2 if self.converted else self.case.v2
 
     def put(self, h, key, value):
         if self.v2_now():
@@ -232,10 +242,19 @@ class PauseRound(Round):
             raise RollFailure(f"counting {prefix} failed: {payload!r}")
         return int(json.loads(payload).get("count", 0))
 
+    def count_v2(self, h, prefix):
+        """The keys under `prefix` of a v2 store (the values come along:
+        v2 has no keys-only read)."""
+        ok, status, payload = h.request("GET", f"/v2/keys{prefix[:-1]}?recursive=true")
+        if not ok:
+            raise RollFailure(f"counting {prefix} through v2 failed: {status} {payload[:200]!r}")
+        return len(v2_leaves(json.loads(payload).get("node", {})))
+
     def check_counts(self, port):
-        h = Http(port, 30.0)
+        h = Http(port, 60.0)
+        count = self.count_v2 if self.case.to_v2 else self.count
         try:
-            got = {p: self.count(h, p) for p in ("/small/", "/big/")}
+            got = {p: count(h, p) for p in ("/small/", "/big/")}
         finally:
             h.close()
         want = {"/small/": self.a.keys, "/big/": self.a.big}
@@ -300,7 +319,7 @@ class PauseRound(Round):
 
     def job_done(self):
         c = self.case
-        want = f"{c.target}/{STORAGE}"
+        want = f"{c.target}/{c.to_storage}"
         if not all(read_text(os.path.join(m.data, "version.txt")) == want for m in self.members):
             return False
         return all(v is not None and v[0] == c.target for v in self.versions())
@@ -315,23 +334,26 @@ class PauseRound(Round):
         last = self.members[-1]
         for m in self.members:
             rc = self.stop_member(m)
-            self.spawn(m, c.target, STORAGE, consent=True)
+            self.spawn(m, c.target, c.to_storage, consent=True)
             if m is not last:
                 self.wait_until(f"{m.name} serves again after its restart with the consent",
                                 lambda: self.write_commits(m), poll=a.poll_ms / 1000)
             log(f"round {self.index + 1} {c.name}: {m.name} restarted with the consent (it exited {rc}) "
                 f"at {time.monotonic() - marks['t0']:.1f} s")
         marks["rollout_done"] = time.monotonic()
-        marks["end"] = self.wait_until(f"every member serves {c.target} and records {c.target}/{STORAGE}",
+        marks["end"] = self.wait_until(f"every member serves {c.target} and records {c.target}/{c.to_storage}",
                                        self.job_done, poll=0.05)
         marks["records_gone"] = self.wait_until("every member's .etcd-migrate.pause removed",
                                                 self.records_gone, poll=0.05)
         return marks
 
     def verify_cluster(self):
-        """Every acknowledged write is a v3 key; the seeded keys are there."""
+        """Every acknowledged write is a key of the target storage; the
+        seeded keys are there."""
         counts = self.check_counts(self.members[1].client_port)
         prefix = f"/bench/w/{self.tag}/"
+        if self.case.to_v2:
+            return self.verify_cluster_v2(counts, prefix)
         h = Http(self.members[2].client_port, 30.0)
         try:
             ok, _, payload = h.request("POST", "/kv/range", {"key": b64(prefix), "range_end": b64(prefix[:-1] + "0"),
@@ -354,6 +376,22 @@ class PauseRound(Round):
             h.close()
         return dict(counts=counts, acked=len(acked), acked_v2=sum(1 for _, api in acked if api == "v2"),
                     present=len(present), lost=len(lost), lost_seqs=lost[:20], in_v2_store=len(in_v2))
+
+    def verify_cluster_v2(self, counts, prefix):
+        """Every acknowledged write (v3 before the rollback, v2 after) is a
+        key of the v2 store."""
+        h = Http(self.members[2].client_port, 60.0)
+        try:
+            ok, status, payload = h.request("GET", f"/v2/keys{prefix[:-1]}?recursive=true")
+        finally:
+            h.close()
+        if not ok:
+            raise RollFailure(f"reading the writer's keys through v2 failed: {status} {payload[:200]!r}")
+        present = set(v2_leaves(json.loads(payload).get("node", {})))
+        acked = [(x[3][0], x[3][2]) for x in self.writer.samples if x[2]]
+        lost = [s for s, _ in acked if f"{prefix}{s:08d}" not in present]
+        return dict(counts=counts, acked=len(acked), acked_v2=sum(1 for _, api in acked if api == "v2"),
+                    present=len(present), lost=len(lost), lost_seqs=lost[:20], in_v2_store=0)
 
     def phases(self):
         """(phase, member, seconds from t0) from the members' log lines."""
@@ -478,21 +516,21 @@ class PauseRound(Round):
             self.create()
             rc = self.stop_member(m)
             log(f"round {self.index + 1} {c.name} step: {m.name} at {c.from_}/{c.from_storage} stopped "
-                f"(exit {rc}); starting it with TARGET_VERSION={c.target} TARGET_STORAGE={STORAGE}")
+                f"(exit {rc}); starting it with TARGET_VERSION={c.target} TARGET_STORAGE={c.to_storage}")
             h = Http(m.client_port, a.request_timeout_s)
             t0 = time.monotonic()
             self.t0_wall = time.time()
-            self.spawn(m, c.target, STORAGE)
+            self.spawn(m, c.target, c.to_storage)
             attempts = [0]
 
             def accepted():
                 attempts[0] += 1
-                ok, _, _ = h.put("/bench/step", "x")
+                ok, _, _ = h.put_v2("/bench/step", "x") if c.to_v2 else h.put("/bench/step", "x")
                 return ok
 
             end = self.wait_until(f"{m.name}'s target takes a write", accepted, poll=a.poll_ms / 1000)
             h.close()
-            want = f"{c.target}/{STORAGE}"
+            want = f"{c.target}/{c.to_storage}"
             recorded = self.wait_until(f"{m.name} records {want}",
                                        lambda: read_text(os.path.join(m.data, "version.txt")) == want, poll=0.05)
             v = self.ctl[m.name].version()
@@ -623,6 +661,16 @@ def b64d(s):
     return base64.b64decode(s).decode()
 
 
+def v2_leaves(node):
+    """The keys of the leaves under a v2 `node` (a recursive GET's)."""
+    if not node.get("dir"):
+        return [node["key"]] if "key" in node else []
+    out = []
+    for child in node.get("nodes", []):
+        out.extend(v2_leaves(child))
+    return out
+
+
 def log_time(line):
     """The wall time of an `[etcd-migrate] <rfc3339 ms, UTC> ...` line."""
     ts = line.split(" ", 2)[1]
@@ -672,22 +720,26 @@ def table(a, case, results, load, started, notes=()):
         p(note)
         p("")
     p(f"- **cluster**: 3 members at {case.from_} under etcd-migrate; each one's etcd-migrate restarted with "
-      f"`TARGET_VERSION={case.target} TARGET_STORAGE={STORAGE} ALLOW_CLUSTER_PAUSE=1`, one after the "
+      f"`TARGET_VERSION={case.target} TARGET_STORAGE={case.to_storage} ALLOW_CLUSTER_PAUSE=1`, one after the "
       f"other, each once a write through the one before commits (the last not waited for); the "
       f"members do the pause job themselves.")
     p(f"- **job**: first SIGTERM → every member's `/version` says {case.target} and its `version.txt` "
-      f"says `{case.target}/{STORAGE}`.")
+      f"says `{case.target}/{case.to_storage}`.")
     p(f"- **pause**: a writer puts one key every {a.write_ms} ms through one member's client URL, "
       f"moving to the next member after a failure, each put with a {a.request_timeout_s:g} s deadline; "
       f"the longest span from a failed put's start to the end of the first put accepted after it. "
       + ("On this etcd2 data the writer (and the probes) put through the v2 API until the converter "
          "records 3.3.25/etcd3, through v3 after, as an etcd2 client restarted onto etcd3 would; "
          "every v2 write acknowledged before the pause must be a v3 key after it. " if case.v2 else "")
+      + ("The writer (and the probes) put through v3 until the converter records 3.3.25/etcd2, "
+         "through the v2 API after, as a client restarted onto etcd2 storage would; every v3 write "
+         "acknowledged before the pause must be a v2 key after it, read (and the seeded keys "
+         "counted) through v2. " if case.to_v2 else "")
       + "**Server side**: the converter's own log, from its line that it is alone and stops to "
         "its line that the converted data serves.")
     p(f"- **step**: one member created and written the same way (a cluster of one), stopped, then "
-      f"started by etcd-migrate with `TARGET_VERSION={case.target} TARGET_STORAGE={STORAGE}` (single-member "
-      f"mode, exec, as the members run): spawn → the first v3 put its target etcd accepts on the "
+      f"started by etcd-migrate with `TARGET_VERSION={case.target} TARGET_STORAGE={case.to_storage}` (single-member "
+      f"mode, exec, as the members run): spawn → the first {'v2' if case.to_v2 else 'v3'} put its target etcd accepts on the "
       f"member's client URL (tried every {a.poll_ms} ms). The pause likewise ends at the converter's "
       f"target taking a write, and includes the old etcd's stop, which the step does not.")
     p("")
@@ -756,8 +808,9 @@ def table(a, case, results, load, started, notes=()):
         p(f"- `{w}`")
     if warns:
         p("")
-    p(f"After every round: the {a.keys} small and {a.big} big keys counted through v3 on the members' "
-      f"target and on the step's, every acknowledged write of the writer read back through v3.")
+    api = "v2" if case.to_v2 else "v3"
+    p(f"After every round: the {a.keys} small and {a.big} big keys counted through {api} on the members' "
+      f"target and on the step's, every acknowledged write of the writer read back through {api}.")
     return "\n".join(out)
 
 

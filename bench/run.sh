@@ -49,8 +49,8 @@
 #   BENCH_PAUSE=1         the pause bench instead (issue 28, item 9): per case, 3
 #                         members on loopback created at FROM under etcd-migrate,
 #                         data written, then each member's etcd-migrate restarted
-#                         with TARGET_VERSION=3.3.25 TARGET_STORAGE=etcd3
-#                         ALLOW_CLUSTER_PAUSE=1, one after the other (a rollout):
+#                         with TARGET_VERSION=<target> TARGET_STORAGE=<the
+#                         case's> ALLOW_CLUSTER_PAUSE=1, one after the other (a rollout):
 #                         the writer's pause (first failed put -> first accepted
 #                         put after it) and the whole job (first restart -> every
 #                         member serves and records the target), against the
@@ -61,8 +61,11 @@
 #                         pause-<case>.{md,json} to BENCH_OUT (default
 #                         <repo>/bench/results) (bench/pause.py)
 #   BENCH_PAUSE_CASES=etcd2,3.4.23-3.3.25   etcd2: 3.3.25 etcd2 -> etcd3 (the
-#                         data written through the v2 API); F-T: etcd3 F -> T
-#                         (written through v3 by `floor seed`)
+#                         data written through the v2 API); etcd3-etcd2: 3.3.25
+#                         etcd3 -> etcd2 (written through v3, read back and
+#                         counted through v2: keep BENCH_PAUSE_BIG small, the v2
+#                         read has no keys-only); F-T: etcd3 F -> T (written
+#                         through v3 by `floor seed`)
 #   BENCH_PAUSE_VARIANTS=cluster,step  one alone only logs its figures (to look
 #                         into one; no results written)
 #   BENCH_PAUSE_RUNS=1    rounds per case (each: the cluster and the step, on
