@@ -182,7 +182,7 @@ pub(crate) fn a_member_offline_holds_the_downgrade_until_it_is_back() {
         s.retarget(i, "3.6.14");
         s.cluster.wait_healthy(i, START_DEADLINE);
     }
-    s.monitor.excuse_down(false);
+    s.monitor.end_excuse_once_answering(&[0, 1], START_DEADLINE);
     let waiting = format!("waiting for member {name}");
     s.wait_for_line(&waiting, &[0; 3], Duration::from_secs(120));
     assert_eq!(

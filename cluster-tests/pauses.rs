@@ -697,7 +697,7 @@ pub(crate) fn a_member_down_when_the_job_is_due_holds_it() {
     monitor.excuse_down(true);
     cluster.restart_as(2, &consenting("3.3.25", "etcd3"));
     cluster.wait_healthy(2, START_DEADLINE);
-    monitor.excuse_down(false);
+    monitor.end_excuse_once_answering(&[1, 2], START_DEADLINE);
     let says = format!("{down} (");
     let needle = "to answer on its peer URL";
     let watched = serving_for(

@@ -620,7 +620,8 @@ fn all_at_once(test: &'static str, line: Line) {
     for i in 0..3 {
         s.cluster.wait_healthy(i, START_DEADLINE);
     }
-    s.monitor.excuse_down(false);
+    s.monitor
+        .end_excuse_once_answering(&[0, 1, 2], START_DEADLINE);
     s.writes("writes once the members formed the quorum again");
     s.finish(line.to);
 }
@@ -639,7 +640,7 @@ fn offline_through_a_wave(test: &'static str, line: Line) {
         s.retarget(i, line.to);
         s.cluster.wait_healthy(i, START_DEADLINE);
     }
-    s.monitor.excuse_down(false);
+    s.monitor.end_excuse_once_answering(&[0, 1], START_DEADLINE);
     // Both start the release between (one minor ahead of the cluster
     // version, as etcd allows) and wait for the offline member, saying so;
     // the cluster version cannot move without it, so neither goes on.

@@ -165,6 +165,42 @@ impl Monitor {
         self.excuse.store(on, Ordering::SeqCst);
     }
 
+    /// Ends the excuse ([`Monitor::excuse_down`]) once a round begun after
+    /// this call finds every one of `members` answering. The scenario's
+    /// own check that a member it restarted is healthy and the monitor's
+    /// next probe of it are two requests, not one instant: the excuse
+    /// ended on the first alone, and a round just after found that member
+    /// not answering yet beside one the scenario keeps down (CI,
+    /// 2026-11-30, `pause-member-down`: "2 members down at once" with the
+    /// restarted member's etcd serving since 0.1 s before).
+    pub fn end_excuse_once_answering(&self, members: &[usize], deadline: Duration) {
+        // A round in flight now may have begun before the call.
+        let from = self.rounds.lock().expect("rounds").len() + 1;
+        let started = Instant::now();
+        loop {
+            let seen = self
+                .rounds
+                .lock()
+                .expect("rounds")
+                .iter()
+                .skip(from)
+                .any(|r| {
+                    members
+                        .iter()
+                        .all(|&i| r.answers.get(i).is_some_and(Option::is_some))
+                });
+            if seen {
+                self.excuse_down(false);
+                return;
+            }
+            assert!(
+                started.elapsed() < deadline,
+                "no monitor round within {deadline:?} found members {members:?} answering"
+            );
+            thread::sleep(POLL);
+        }
+    }
+
     /// Waits (with `deadline`) until a round matching `pred` was recorded.
     pub fn wait_round(&self, deadline: Duration, what: &str, pred: impl Fn(&Round) -> bool) {
         let started = Instant::now();
