@@ -1090,11 +1090,25 @@ impl Cluster {
                 };
                 // A linearizable read: the member has applied everything
                 // committed before it, so the first member's revision is a
-                // revision every later member can hash.
-                let resp = match tokio::time::timeout(
-                    Duration::from_secs(20),
-                    c.get(writer::PREFIX, Some(GetOptions::new().with_prefix())),
-                )
+                // revision every later member can hash. Asked again within
+                // 20 s: each call ends at the client's own 3 s, and a member
+                // just back from a cut (its read index asked of a leader it
+                // reconnects to) may take longer on a loaded machine (CI,
+                // 2026-11-30: `kill-cut`, "Timeout expired" once).
+                let resp = match tokio::time::timeout(Duration::from_secs(20), async {
+                    loop {
+                        match c
+                            .get(writer::PREFIX, Some(GetOptions::new().with_prefix()))
+                            .await
+                        {
+                            Ok(r) => break Ok(r),
+                            Err(e) if e.to_string().contains("Timeout expired") => {
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                            Err(e) => break Err(e),
+                        }
+                    }
+                })
                 .await
                 {
                     Ok(Ok(r)) => r,
