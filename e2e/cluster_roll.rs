@@ -920,7 +920,7 @@ impl HeldJoiner {
 fn a_joiners_etcd_that_finds_no_converter_is_started_again_by_its_run() {
     let held = HeldJoiner::start("pause-join-etcd", JOIN_START_AT);
     let etcd_pid = held.etcd_pid(held.converter);
-    let stopped = StoppedProcess::stop(etcd_pid);
+    let stopped = crate::harness::migrator::Frozen::stop(etcd_pid);
     say(&format!(
         "{} added itself and is held; the converter {}'s etcd (pid {etcd_pid}) stopped; the joiner let go",
         held.cluster.names[held.joiner], held.cluster.names[held.converter]
@@ -966,32 +966,6 @@ fn a_joiners_etcd_killed_before_its_proof_is_started_again_on_its_own_data() {
         held.cluster.names[held.joiner]
     ));
     held.let_go_and_converge("its own, kept", || {});
-}
-
-/// A process stopped (SIGSTOP) until dropped (SIGCONT).
-#[cfg(feature = "failpoints")]
-struct StoppedProcess(i32);
-
-#[cfg(feature = "failpoints")]
-impl StoppedProcess {
-    fn stop(pid: i32) -> Self {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGSTOP,
-        )
-        .unwrap_or_else(|e| panic!("SIGSTOP to {pid}: {e}"));
-        StoppedProcess(pid)
-    }
-}
-
-#[cfg(feature = "failpoints")]
-impl Drop for StoppedProcess {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0),
-            nix::sys::signal::Signal::SIGCONT,
-        );
-    }
 }
 
 /// The pause job's joiner whose member add meets the converted cluster

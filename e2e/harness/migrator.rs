@@ -528,11 +528,23 @@ impl Drop for Running {
     }
 }
 
-/// An etcd-migrate stopped by [`Running::freeze`]; continued (SIGCONT)
-/// when this drops, also when the test fails first.
+/// An etcd-migrate stopped by [`Running::freeze`], or any process by
+/// [`Frozen::stop`]; continued (SIGCONT) when this drops, also when the
+/// test fails first.
 #[cfg(feature = "failpoints")]
 pub struct Frozen {
     pid: i32,
+}
+
+#[cfg(feature = "failpoints")]
+impl Frozen {
+    /// Stops process `pid` (SIGSTOP): a run's etcd, say, a process group
+    /// of its own.
+    pub fn stop(pid: i32) -> Frozen {
+        kill(Pid::from_raw(pid), Signal::SIGSTOP)
+            .unwrap_or_else(|err| panic!("kill -SIGSTOP {pid}: {err}"));
+        Frozen { pid }
+    }
 }
 
 #[cfg(feature = "failpoints")]
